@@ -1,0 +1,1 @@
+from shardmd.engine.x import hello

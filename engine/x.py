@@ -1,0 +1,1 @@
+def hello(): return "hi"
