@@ -1,1 +1,6 @@
-import sys; from shardmd.engine.x import hello; print(hello(), __name__, __file__)
+"""``python -m engine ...``: see ``shardmd.engine.cli``."""
+import sys
+
+from shardmd.engine.cli import main
+
+sys.exit(main())

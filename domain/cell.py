@@ -1,0 +1,59 @@
+"""Periodic-cell geometry: volumes, perpendicular widths, wrapping with image flags.
+
+The cell is a (3, 3) tensor whose rows are the lattice vectors ``a_0, a_1, a_2`` (Å), as in
+ASE.  Fractional coordinates ``f`` satisfy ``x = f @ cell``.
+"""
+from __future__ import annotations
+
+import torch
+
+
+def volume(cell: torch.Tensor) -> torch.Tensor:
+    """0-d tensor: cell volume |det(cell)| in Å^3."""
+    return torch.det(cell).abs()
+
+
+def perpendicular_widths(cell: torch.Tensor) -> torch.Tensor:
+    """(3,) distance between the two faces spanned by the other two lattice vectors (Å).
+
+    ``w_k = V / |a_i x a_j|``.  A slab of fractional thickness ``t`` along axis ``k`` is
+    ``t * w_k`` thick.
+    """
+    c = cell.to(torch.float64)
+    v = volume(c)
+    cross = torch.stack([
+        torch.linalg.cross(c[1], c[2]),
+        torch.linalg.cross(c[2], c[0]),
+        torch.linalg.cross(c[0], c[1]),
+    ])
+    return v / cross.norm(dim=1)
+
+
+def to_fractional(positions: torch.Tensor, cell: torch.Tensor) -> torch.Tensor:
+    """(n, 3) fractional coordinates of Cartesian ``positions`` (n, 3) Å."""
+    return torch.linalg.solve(cell.T, positions.T).T
+
+
+def wrap(positions: torch.Tensor, cell: torch.Tensor, pbc: torch.Tensor, images: torch.Tensor):
+    """Fold points into the cell on periodic axes and update their image flags.
+
+    positions: (n, 3) Å; images: (n, 3) int32, so that ``positions + images @ cell`` (the
+    unwrapped position) is unchanged by the fold.  Returns new (positions, images).
+    """
+    if positions.shape[0] == 0 or not bool(pbc.any()):
+        return positions, images
+    f = to_fractional(positions, cell)
+    shift = torch.floor(f) * pbc.to(f.dtype)
+    new_pos = positions - shift @ cell
+    # floating round-off can leave f == 1.0 after the fold; fold it once more
+    f2 = to_fractional(new_pos, cell)
+    extra = torch.floor(f2) * pbc.to(f.dtype)
+    if bool(extra.any()):
+        new_pos = new_pos - extra @ cell
+        shift = shift + extra
+    return new_pos, images + shift.to(images.dtype)
+
+
+def unwrap(positions: torch.Tensor, cell: torch.Tensor, images: torch.Tensor) -> torch.Tensor:
+    """(n, 3) unwrapped positions ``positions + images @ cell`` (Å)."""
+    return positions + images.to(positions.dtype) @ cell

@@ -1,0 +1,231 @@
+"""Cell-list neighbour lists with a skin (Warp kernels, CPU and CUDA alike).
+
+``build_neighbor_list`` returns a *full* list in CSR form: for every query point ``i`` the
+points ``j`` (and the periodic image ``S`` of ``j``) with ``|x[j] + S @ cell - x[i]| <
+cutoff``.  Both ``(i, j, S)`` and ``(j, i, -S)`` appear; a point's own periodic images
+appear when the box is smaller than the cutoff.  Triclinic cells, any mix of periodic and
+open axes, boxes smaller than the cutoff (many images) and positions outside the cell are
+handled.
+
+``SkinNeighborList`` adds the Verlet-skin policy: the list is built with radius
+``cutoff + skin`` and is rebuilt when some point has moved more than ``skin / 2`` since the
+last build.  The displacement is measured on the positions the caller integrates, which
+the engine never wraps between rebuilds, so a fold through a periodic boundary can never
+hide a move (a bug other engines shipped: see docs/design.md).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from . import neighbor_kernels as nk
+from .cell import perpendicular_widths
+from .warp_setup import as_array, as_mat33, as_vec3, as_vec3i, init_warp, scalar_type, wp_device
+
+wp = init_warp()
+
+
+@dataclass(frozen=True)
+class NeighborList:
+    """A full neighbour list in CSR form.
+
+    offsets:   (n_query + 1,) int32, edges of query point i are ``offsets[i]:offsets[i+1]``
+    neighbors: (E,) int32, the neighbour j of each edge
+    shifts:    (E, 3) int32, lattice image S of each edge: ``r_ij = x[j] + S @ cell - x[i]``
+    cutoff:    the radius the list was built with (Å)
+    n_points:  number of points searched (query points are the first ``n_query`` of them)
+    """
+
+    offsets: torch.Tensor
+    neighbors: torch.Tensor
+    shifts: torch.Tensor
+    cutoff: float
+    n_points: int
+
+    @property
+    def n_query(self) -> int:
+        return int(self.offsets.shape[0]) - 1
+
+    @property
+    def n_edges(self) -> int:
+        return int(self.neighbors.shape[0])
+
+    def centers(self) -> torch.Tensor:
+        """(E,) int64 index i of each edge (the centre / receiver)."""
+        counts = (self.offsets[1:] - self.offsets[:-1]).long()
+        return torch.repeat_interleave(
+            torch.arange(self.n_query, device=self.offsets.device), counts
+        )
+
+    def edge_index(self) -> torch.Tensor:
+        """(2, E) int64: row 0 the centre i, row 1 the neighbour j."""
+        return torch.stack([self.centers(), self.neighbors.long()])
+
+    def shift_vectors(self, cell: torch.Tensor) -> torch.Tensor:
+        """(E, 3) Cartesian image offsets ``S @ cell`` in Å for the given (current) cell."""
+        return self.shifts.to(cell.dtype) @ cell
+
+
+def _bin_grid(cell: torch.Tensor, pbc: tuple[bool, bool, bool], cutoff: float, n: int):
+    """Bins per axis (each at least ``cutoff`` wide, perpendicular to its faces) and the
+    number of bins to scan on each side."""
+    widths = perpendicular_widths(cell)
+    nb, reach = [], []
+    for k in range(3):
+        w = float(widths[k])
+        nbk = max(1, int(math.floor(w / cutoff))) if cutoff > 0 else 1
+        # keep the grid small for tiny systems and sparse open axes
+        nbk = min(nbk, max(1, int(round(n ** (1.0 / 3.0))) * 2 + 1), 1024)
+        nb.append(nbk)
+        bin_width = w / nbk
+        reach.append(max(1, int(math.ceil(cutoff / bin_width))))
+        if not pbc[k]:
+            reach[k] = min(reach[k], nbk - 1) if nbk > 1 else 0
+    return nb, reach
+
+
+def build_neighbor_list(
+    positions: torch.Tensor,
+    cell: torch.Tensor,
+    pbc,
+    cutoff: float,
+    ids: torch.Tensor | None = None,
+    n_query: int | None = None,
+) -> NeighborList:
+    """Build a full neighbour list.
+
+    positions: (n, 3) Å, float32 or float64, any values (need not be wrapped)
+    cell:      (3, 3) Å, rows are lattice vectors; ignored on open axes except as a frame
+    pbc:       three bools (tensor or sequence): periodic axes
+    cutoff:    search radius in Å (the model cutoff plus any skin)
+    ids:       (n,) int64 global ids: points in a bin are visited in id order, so the
+               edge order of a point never depends on memory order (default: index)
+    n_query:   build lists for the first ``n_query`` points only (default: all)
+    """
+    n = int(positions.shape[0])
+    dtype, device = positions.dtype, positions.device
+    pbc_t = tuple(bool(p) for p in (pbc.tolist() if torch.is_tensor(pbc) else pbc))
+    nq = n if n_query is None else int(n_query)
+    if n == 0 or nq == 0:
+        return NeighborList(
+            offsets=torch.zeros(nq + 1, dtype=torch.int32, device=device),
+            neighbors=torch.zeros(0, dtype=torch.int32, device=device),
+            shifts=torch.zeros(0, 3, dtype=torch.int32, device=device),
+            cutoff=float(cutoff),
+            n_points=n,
+        )
+    cell = cell.to(dtype=dtype, device=device).contiguous()
+    # An open axis needs a usable frame vector even if the user gave a zero one.
+    cell = _regularise_open_axes(cell, pbc_t, positions, cutoff)
+    hinv = torch.linalg.inv(cell.T).contiguous()
+    nb, reach = _bin_grid(cell, pbc_t, cutoff, n)
+    dev = wp_device(positions)
+    pbc_v, nb_v, reach_v = wp.vec3i(*[int(p) for p in pbc_t]), wp.vec3i(*nb), wp.vec3i(*reach)
+
+    x = positions.contiguous()
+    xw = torch.empty_like(x)
+    img = torch.empty(n, 3, dtype=torch.int32, device=device)
+    bin_of = torch.empty(n, dtype=torch.int32, device=device)
+    cell_w, hinv_w = as_mat33(cell[None]), as_mat33(hinv[None])
+    wp.launch(
+        nk.bin_points, dim=n, device=dev,
+        inputs=[as_vec3(x), hinv_w, cell_w, pbc_v, nb_v, as_vec3(xw), as_vec3i(img), as_array(bin_of)],
+    )
+    # points sorted by (bin, id): a stable sort by id, then a stable sort by bin
+    if ids is None:
+        order = torch.argsort(bin_of, stable=True)
+    else:
+        by_id = torch.argsort(ids, stable=True)
+        order = by_id[torch.argsort(bin_of[by_id], stable=True)]
+    n_bins = nb[0] * nb[1] * nb[2]
+    bin_start = torch.zeros(n_bins + 1, dtype=torch.int64, device=device)
+    bin_start[1:] = torch.cumsum(torch.bincount(bin_of.long(), minlength=n_bins), 0)
+    order32, start32 = order.to(torch.int32).contiguous(), bin_start.to(torch.int32).contiguous()
+
+    counts = torch.zeros(nq, dtype=torch.int32, device=device)
+    offsets = torch.zeros(nq + 1, dtype=torch.int32, device=device)
+    dummy_n = torch.zeros(1, dtype=torch.int32, device=device)
+    dummy_s = torch.zeros(1, 3, dtype=torch.int32, device=device)
+    scal = scalar_type(dtype)
+    common = [as_vec3(xw), as_vec3i(img), as_array(bin_of), as_array(order32), as_array(start32),
+              cell_w, pbc_v, nb_v, reach_v, scal(float(cutoff) ** 2)]
+    wp.launch(nk.scan_neighbors, dim=nq, device=dev,
+              inputs=common + [0, as_array(offsets), as_array(counts), as_array(dummy_n), as_vec3i(dummy_s)])
+    offsets[1:] = torch.cumsum(counts, 0)
+    n_edges = int(offsets[-1])
+    neighbors = torch.empty(max(n_edges, 1), dtype=torch.int32, device=device)
+    shifts = torch.empty(max(n_edges, 1), 3, dtype=torch.int32, device=device)
+    wp.launch(nk.scan_neighbors, dim=nq, device=dev,
+              inputs=common + [1, as_array(offsets), as_array(counts), as_array(neighbors), as_vec3i(shifts)])
+    return NeighborList(
+        offsets=offsets, neighbors=neighbors[:n_edges], shifts=shifts[:n_edges],
+        cutoff=float(cutoff), n_points=n,
+    )
+
+
+def _regularise_open_axes(cell: torch.Tensor, pbc, positions: torch.Tensor, cutoff: float):
+    """Replace a degenerate lattice vector on an open axis by one orthogonal to the others.
+
+    Open axes only need a frame to bin in; a zero or parallel vector (common for molecules
+    read from files) would make the cell singular.
+    """
+    if all(pbc):
+        return cell
+    vol = torch.det(cell).abs()
+    if float(vol) > 1e-6 * float(cell.norm(dim=1).prod().clamp_min(1e-30)) and float(vol) > 0:
+        return cell
+    cell = cell.clone()
+    extent = float((positions.max(0).values - positions.min(0).values).max()) + 2 * cutoff
+    eye = torch.eye(3, dtype=cell.dtype, device=cell.device)
+    for k in range(3):
+        if not pbc[k] and float(cell[k].norm()) < 1e-9:
+            cell[k] = eye[k] * extent
+    if float(torch.det(cell).abs()) < 1e-9:
+        raise ValueError("cell is singular: give three independent lattice vectors")
+    return cell
+
+
+class SkinNeighborList:
+    """Verlet-skin bookkeeping around :func:`build_neighbor_list`.
+
+    cutoff: model cutoff (Å); skin: extra radius (Å). The list radius is ``cutoff + skin``.
+    ``needs_rebuild`` is true when any point moved more than ``skin / 2`` (on the positions
+    the caller integrates, never wrapped between builds) or the cell changed.
+    """
+
+    def __init__(self, cutoff: float, skin: float):
+        if skin < 0:
+            raise ValueError("neighbor.skin must be >= 0 Å")
+        self.cutoff = float(cutoff)
+        self.skin = float(skin)
+        self.current: NeighborList | None = None
+        self._x0: torch.Tensor | None = None
+        self._cell0: torch.Tensor | None = None
+        self.n_builds = 0
+
+    @property
+    def radius(self) -> float:
+        return self.cutoff + self.skin
+
+    def max_displacement(self, positions: torch.Tensor) -> torch.Tensor:
+        """0-d tensor: largest displacement (Å) of any point since the last build."""
+        if self._x0 is None or self._x0.shape != positions.shape:
+            return torch.tensor(float("inf"), dtype=positions.dtype)
+        return (positions - self._x0).square().sum(1).max().sqrt() if positions.shape[0] else (
+            torch.zeros((), dtype=positions.dtype))
+
+    def needs_rebuild(self, positions: torch.Tensor, cell: torch.Tensor) -> bool:
+        if self.current is None or self._x0 is None or self._x0.shape != positions.shape:
+            return True
+        if not torch.equal(cell, self._cell0):
+            return True
+        return bool(self.max_displacement(positions) > 0.5 * self.skin)
+
+    def build(self, positions, cell, pbc, ids=None, n_query=None) -> NeighborList:
+        self.current = build_neighbor_list(positions, cell, pbc, self.radius, ids=ids, n_query=n_query)
+        self._x0 = positions.detach().clone()
+        self._cell0 = cell.detach().clone()
+        self.n_builds += 1
+        return self.current

@@ -1,0 +1,111 @@
+"""Warp initialisation and torch <-> Warp array views (no copies).
+
+One place decides how Warp is started (quietly, once) and how torch tensors are
+viewed as Warp arrays, so every kernel module shares the same conventions:
+
+- float32 tensors map to ``wp.float32`` / ``wp.vec3f`` / ``wp.mat33f``,
+  float64 tensors to ``wp.float64`` / ``wp.vec3d`` / ``wp.mat33d``;
+- a torch device ``cpu`` maps to Warp's ``cpu``, ``cuda:k`` to ``cuda:k``.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+
+_initialised = False
+
+
+def init_warp():
+    """Import and initialise Warp once, quietly; return the ``warp`` module."""
+    global _initialised
+    import warp as wp
+
+    if not _initialised:
+        if not os.environ.get("SHARDMD_WARP_VERBOSE"):
+            # warp >= 1.10 has log_level; older releases have config.quiet
+            if hasattr(wp.config, "log_level"):
+                wp.config.log_level = getattr(wp, "LOG_WARNING", 30)
+            else:
+                wp.config.quiet = True
+        _init_hiding_driver_warning(wp)
+        _initialised = True
+    return wp
+
+
+def _init_hiding_driver_warning(wp) -> None:
+    """``wp.init()``, dropping the native "no CUDA driver" warning on CPU-only machines."""
+    import sys
+    import tempfile
+
+    try:
+        fd = sys.stderr.fileno()
+    except (AttributeError, ValueError, OSError):
+        wp.init()
+        return
+    sys.stderr.flush()
+    saved = os.dup(fd)
+    with tempfile.TemporaryFile(mode="w+b") as tmp:
+        os.dup2(tmp.fileno(), fd)
+        try:
+            wp.init()
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, fd)
+            os.close(saved)
+        tmp.seek(0)
+        text = tmp.read().decode(errors="replace")
+    kept = [ln for ln in text.splitlines() if "CUDA driver" not in ln]
+    if kept:
+        sys.stderr.write("\n".join(kept) + "\n")
+
+
+def wp_device(t: torch.Tensor) -> str:
+    """Warp device string for the device of tensor ``t``."""
+    if t.device.type == "cuda":
+        return f"cuda:{t.device.index if t.device.index is not None else torch.cuda.current_device()}"
+    return "cpu"
+
+
+def scalar_type(dtype: torch.dtype):
+    """Warp scalar type for a torch floating dtype."""
+    wp = init_warp()
+    if dtype == torch.float64:
+        return wp.float64
+    if dtype == torch.float32:
+        return wp.float32
+    raise TypeError(f"unsupported floating dtype {dtype}: use torch.float32 or torch.float64")
+
+
+def vec3_type(dtype: torch.dtype):
+    wp = init_warp()
+    return wp.vec3d if dtype == torch.float64 else wp.vec3f
+
+
+def mat33_type(dtype: torch.dtype):
+    wp = init_warp()
+    return wp.mat33d if dtype == torch.float64 else wp.mat33f
+
+
+def as_vec3(t: torch.Tensor):
+    """View a contiguous ``(n, 3)`` float tensor as a Warp ``vec3`` array (shared memory)."""
+    wp = init_warp()
+    return wp.from_torch(t.contiguous(), dtype=vec3_type(t.dtype))
+
+
+def as_mat33(t: torch.Tensor):
+    """View a contiguous ``(n, 3, 3)`` float tensor as a Warp ``mat33`` array (shared memory)."""
+    wp = init_warp()
+    return wp.from_torch(t.contiguous(), dtype=mat33_type(t.dtype))
+
+
+def as_vec3i(t: torch.Tensor):
+    """View a contiguous ``(n, 3)`` int32 tensor as a Warp ``vec3i`` array (shared memory)."""
+    wp = init_warp()
+    return wp.from_torch(t.contiguous(), dtype=wp.vec3i)
+
+
+def as_array(t: torch.Tensor):
+    """View a contiguous 1-d tensor as a Warp array of its own scalar type (shared memory)."""
+    wp = init_warp()
+    return wp.from_torch(t.contiguous())

@@ -1,0 +1,11 @@
+"""User-facing errors: one line naming the problem and the fix, never a traceback."""
+from __future__ import annotations
+
+
+class UserError(Exception):
+    """Bad input (config, files, structures).  The CLI prints ``error: <message>`` and exits 2."""
+
+    exit_code = 2
+
+    def one_line(self) -> str:
+        return " ".join(str(self).split())

@@ -1,0 +1,242 @@
+"""The run loop: a thin, explicit driver the CLI and Python users share.
+
+    sim = Simulation.from_args(["model=lj", "steps=100"])   # or Simulation(cfg)
+    sim.run()
+
+Each step: integrator first half -> (skin check -> wrap, sort, rebuild) -> forces ->
+integrator second half -> thermo / trajectory.  Atoms are wrapped into the cell and (with
+``neighbor.sort_by_id``) put in id order at every neighbour rebuild, and only then, so the
+positions the skin check measures are continuous between rebuilds.
+"""
+from __future__ import annotations
+
+import os
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from shardmd.domain.neighbors import SkinNeighborList
+from shardmd.integrators import INTEGRATORS
+from shardmd.models import build_model
+
+from .config import compose_config, to_container
+from .errors import UserError
+from .observables import thermo
+from .reporting import Reporter
+from .state import State
+from .system import initial_state
+
+DTYPES = {"float64": torch.float64, "float32": torch.float32}
+
+
+def make_integrator(cfg: DictConfig):
+    icfg = cfg.integrator
+    if icfg.name == "verlet":
+        return INTEGRATORS["verlet"](dt=float(cfg.dt))
+    if icfg.name == "langevin":
+        return INTEGRATORS["langevin"](dt=float(cfg.dt), temperature=float(cfg.temperature),
+                                       friction=float(icfg.friction), seed=int(cfg.seed))
+    raise UserError(f"integrator={icfg.name!r} is not available; choose one of: {', '.join(INTEGRATORS)}")
+
+
+class Simulation:
+    """One MD run.  ``cfg`` is a composed config (see :func:`engine.config.compose_config`).
+
+    state: optional initial :class:`State` (else built from ``cfg.system``);
+    model: optional model object (else built from ``cfg.model``).
+    """
+
+    def __init__(self, cfg: DictConfig, state: State | None = None, model=None, reporter: Reporter | None = None):
+        self.cfg = cfg
+        if cfg.domains != 1:
+            raise UserError(f"domains={cfg.domains}: domain decomposition over MPI ranks is not available "
+                            "in this version yet; run with domains=1")
+        self.dtype = DTYPES[cfg.precision]
+        self.device = torch.device(cfg.device)
+        if self.device.type == "cuda" and not torch.cuda.is_available():
+            raise UserError(f"device={cfg.device}: CUDA is not available on this machine; use device=cpu")
+        torch.set_num_threads(int(cfg.threads) or max(os.cpu_count() or 1, 1))
+        self.integrator = make_integrator(cfg)
+        if model is None:
+            try:
+                model = build_model(to_container(cfg.model), self.dtype, self.device)
+            except (ValueError, KeyError) as exc:
+                raise UserError(str(exc)) from None
+            except NotImplementedError as exc:
+                raise UserError(str(exc)) from None
+        self.model = model
+        if state is None:
+            state = initial_state(cfg, self.dtype, self.device, self.integrator.degrees_of_freedom,
+                                  zero_momentum=self.integrator.conserves_momentum)
+        self.state = state
+        if hasattr(model, "check_species"):
+            try:
+                model.check_species(state.numbers)
+            except ValueError as exc:
+                raise UserError(str(exc)) from None
+        self.nl = SkinNeighborList(model.cutoff, float(cfg.neighbor.skin))
+        self.reporter = reporter or Reporter(self.log_path, quiet=cfg.quiet, progress=cfg.thermo.progress)
+        self.timers: dict[str, float] = defaultdict(float)
+        self.results: dict[str, torch.Tensor] = {}
+        self.writer = None
+        self.last_thermo: dict | None = None
+
+    # -- construction helpers ---------------------------------------------------------
+    @classmethod
+    def from_args(cls, args: list[str], **kw) -> "Simulation":
+        return cls(compose_config(args), **kw)
+
+    @property
+    def output_path(self) -> Path:
+        return Path(self.cfg.output)
+
+    @property
+    def log_path(self) -> Path:
+        return self.output_path.with_suffix(".log")
+
+    # -- physics ---------------------------------------------------------------------
+    def rebuild(self) -> None:
+        """Wrap into the cell, canonical order (optional), new neighbour list."""
+        t = time.perf_counter()
+        s = self.state
+        s.wrap()
+        if self.cfg.neighbor.sort_by_id:
+            s.sort_by_id()
+        self.nl.build(s.positions, s.cell, s.pbc, ids=s.ids)
+        self.timers["neighbor"] += time.perf_counter() - t
+
+    def maybe_rebuild(self) -> bool:
+        n = self.cfg.neighbor
+        s = self.state
+        if (s.step % n.every) != 0 and self.nl.current is not None:
+            return False
+        t = time.perf_counter()
+        need = (not n.check) or self.nl.needs_rebuild(s.positions, s.cell)
+        self.timers["neighbor"] += time.perf_counter() - t
+        if need:
+            self.rebuild()
+        return need
+
+    def compute_forces(self) -> None:
+        t = time.perf_counter()
+        s = self.state
+        out = self.model.compute(s.positions, s.cell, s.pbc, s.numbers, self.nl.current)
+        s.forces = out["forces"].to(s.dtype)
+        self.results = out
+        self.timers["model"] += time.perf_counter() - t
+
+    def observables(self) -> dict:
+        s = self.state
+        return thermo(s.velocities, s.masses, s.cell, self.results["energy"], self.results["virial"],
+                      self.integrator.degrees_of_freedom(s.n_atoms))
+
+    # -- output ----------------------------------------------------------------------
+    def _open_writer(self) -> None:
+        if self.cfg.trajectory.every <= 0:
+            return
+        from .h5md import H5MDWriter
+
+        s = self.state
+        order = torch.argsort(s.ids)
+        self.output_path.parent.mkdir(parents=True, exist_ok=True)
+        from . import __version__
+
+        self.writer = H5MDWriter(
+            self.output_path, species=s.numbers[order].cpu().numpy(), masses=s.masses[order].double().cpu().numpy(),
+            ids=s.ids[order].cpu().numpy(), pbc=s.pbc.cpu().numpy(), dtype=self.cfg.precision,
+            config=to_container(self.cfg), fields=tuple(self.cfg.trajectory.fields),
+            creator="ShardMD", creator_version=__version__, mode="w",
+        )
+
+    def _write(self, obs: dict) -> None:
+        t = time.perf_counter()
+        s = self.state
+        order = torch.argsort(s.ids)
+        np_ = lambda x: x[order].detach().cpu().numpy()  # noqa: E731
+        self.writer.write_frame(s.step, s.time, s.cell.detach().cpu().numpy(), positions=np_(s.positions),
+                                images=np_(s.images), velocities=np_(s.velocities), forces=np_(s.forces))
+        self.writer.write_observables(s.step, s.time, {k: obs[k] for k in (
+            "potential_energy", "kinetic_energy", "total_energy", "temperature", "pressure", "stress")})
+        self.timers["output"] += time.perf_counter() - t
+
+    def _report(self, force_traj=False, force_thermo=False) -> None:
+        s, c = self.state, self.cfg
+        traj_due = self.writer is not None and (force_traj or s.step % c.trajectory.every == 0)
+        thermo_due = force_thermo or (c.thermo.every > 0 and s.step % c.thermo.every == 0)
+        if not (traj_due or thermo_due):
+            return
+        obs = self.observables()
+        self.last_thermo = obs
+        if traj_due:
+            self._write(obs)
+        if thermo_due:
+            self.reporter.thermo(s.step, s.time, obs)
+
+    # -- the loop --------------------------------------------------------------------
+    def setup(self) -> None:
+        """Neighbour list, first forces, output files, header; frame and thermo at the start."""
+        r = self.reporter
+        s = self.state
+        r.line(f"ShardMD: {s.n_atoms} atoms, model {self.cfg.model.name}, integrator {self.integrator.name}, "
+               f"dt {self.integrator.dt} fs, {self.cfg.precision} on {self.device}, domains 1")
+        self.rebuild()
+        self.compute_forces()
+        self._open_writer()
+        self._report(force_traj=True, force_thermo=True)
+
+    def step(self) -> None:
+        s = self.state
+        t = time.perf_counter()
+        self.integrator.first_half(s.positions, s.velocities, s.forces, s.masses, s.ids, s.step)
+        self.timers["integrate"] += time.perf_counter() - t
+        s.step += 1
+        s.time += self.integrator.dt
+        self.maybe_rebuild()
+        self.compute_forces()
+        t = time.perf_counter()
+        self.integrator.second_half(s.velocities, s.forces, s.masses)
+        self.timers["integrate"] += time.perf_counter() - t
+
+    def run(self, steps: int | None = None) -> dict:
+        """Run until step ``steps`` (default ``cfg.steps``); returns the final observables."""
+        last = int(self.cfg.steps if steps is None else steps)
+        r = self.reporter
+        try:
+            if self.nl.current is None:
+                self.setup()
+            s = self.state
+            r.start(s.step)
+            t_run = time.perf_counter()
+            while s.step < last:
+                self.step()
+                self._report(force_traj=False, force_thermo=(s.step == last))
+                r.progress_update(s.step, last, self.integrator.dt, s.n_atoms)
+            if self.writer is not None and s.step % self.cfg.trajectory.every != 0:
+                self._write(self.observables())
+            wall = time.perf_counter() - t_run
+            r.progress_update(s.step, last, self.integrator.dt, s.n_atoms, force=True)
+            self._summary(wall)
+            return self.last_thermo or self.observables()
+        finally:
+            self.close()
+
+    def _summary(self, wall: float) -> None:
+        s = self.state
+        rates = self.reporter.rates(s.step, self.integrator.dt, s.n_atoms)
+        lines = [f"Loop: {wall:.3f} s, {rates['steps_per_s']:.3f} steps/s, {rates['ns_per_day']:.4f} ns/day, "
+                 f"{rates['atom_steps_per_s']:.4g} atom-steps/s, {self.nl.n_builds} neighbour builds"]
+        total = max(sum(self.timers.values()), 1e-12)
+        lines.append("Time split: " + ", ".join(
+            f"{k} {v:.3f} s ({100 * v / max(wall, 1e-12):.1f}%)" for k, v in sorted(self.timers.items())))
+        self.reporter.summary(lines)
+        self.summary = {"wall_s": wall, "builds": self.nl.n_builds, **rates, **dict(self.timers),
+                        "timed_s": total}
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = None
+        self.reporter.close()

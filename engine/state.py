@@ -1,0 +1,103 @@
+"""The MD system state: per-atom arrays of the atoms a rank owns, plus the global cell.
+
+Units: positions Å (wrapped into the cell on periodic axes at every neighbour rebuild, never
+between), images int (so ``positions + images @ cell`` is the unwrapped position, always
+valid), velocities Å/fs, forces eV/Å, masses amu, numbers = atomic numbers, ids = global atom
+ids (0-based, unique, stable for the whole run), time fs.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from shardmd.domain.cell import unwrap, volume, wrap
+from shardmd.integrators.units import ASE_VEL_TO_A_PER_FS
+
+#: names of the per-atom arrays; everything that moves with an atom (migration, sorting,
+#: checkpoints) iterates over this tuple.
+PER_ATOM = ("positions", "velocities", "forces", "masses", "numbers", "ids", "images")
+
+
+@dataclass
+class State:
+    positions: torch.Tensor    # (n, 3) Å
+    velocities: torch.Tensor   # (n, 3) Å/fs
+    forces: torch.Tensor       # (n, 3) eV/Å
+    masses: torch.Tensor       # (n,) amu
+    numbers: torch.Tensor      # (n,) int64 atomic numbers
+    ids: torch.Tensor          # (n,) int64 global ids
+    images: torch.Tensor       # (n, 3) int32 image flags
+    cell: torch.Tensor         # (3, 3) Å, rows are lattice vectors
+    pbc: torch.Tensor          # (3,) bool
+    step: int = 0
+    time: float = 0.0          # fs
+    extras: dict = field(default_factory=dict)
+
+    @property
+    def n_atoms(self) -> int:
+        return int(self.positions.shape[0])
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.positions.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.positions.device
+
+    def volume(self) -> float:
+        return float(volume(self.cell))
+
+    def unwrapped_positions(self) -> torch.Tensor:
+        """(n, 3) Å, continuous trajectories across periodic boundaries."""
+        return unwrap(self.positions, self.cell, self.images)
+
+    def wrap(self) -> None:
+        """Fold positions into the cell on periodic axes, updating image flags."""
+        self.positions, self.images = wrap(self.positions, self.cell, self.pbc, self.images)
+
+    def permute(self, order: torch.Tensor) -> None:
+        """Reorder every per-atom array by index tensor ``order`` (n,)."""
+        for name in PER_ATOM:
+            setattr(self, name, getattr(self, name)[order].contiguous())
+
+    def sort_by_id(self) -> None:
+        """Put atoms in canonical order (ascending global id)."""
+        if self.n_atoms and not bool((self.ids[1:] > self.ids[:-1]).all()):
+            self.permute(torch.argsort(self.ids))
+
+    # -- ASE interop ------------------------------------------------------------------
+    @classmethod
+    def from_atoms(cls, atoms, dtype=torch.float64, device="cpu", ids=None) -> "State":
+        """State from ``ase.Atoms`` (ASE velocities are converted to Å/fs)."""
+        n = len(atoms)
+        t = lambda a, dt=dtype: torch.as_tensor(np.asarray(a), dtype=dt, device=device).contiguous()  # noqa: E731
+        cell = np.asarray(atoms.cell.array, dtype=np.float64)
+        return cls(
+            positions=t(atoms.positions),
+            velocities=t(atoms.get_velocities() * ASE_VEL_TO_A_PER_FS),
+            forces=torch.zeros(n, 3, dtype=dtype, device=device),
+            masses=t(atoms.get_masses()),
+            numbers=t(atoms.numbers, torch.int64),
+            ids=t(np.arange(n) if ids is None else ids, torch.int64),
+            images=torch.zeros(n, 3, dtype=torch.int32, device=device),
+            cell=t(cell),
+            pbc=torch.as_tensor(np.asarray(atoms.pbc, dtype=bool), device=device),
+        )
+
+    def to_atoms(self, unwrapped: bool = False):
+        """``ase.Atoms`` in id order with velocities in ASE units and forces attached."""
+        from ase import Atoms
+        from ase.calculators.singlepoint import SinglePointCalculator
+
+        order = torch.argsort(self.ids)
+        pos = (self.unwrapped_positions() if unwrapped else self.positions)[order]
+        atoms = Atoms(numbers=self.numbers[order].cpu().numpy(), positions=pos.double().cpu().numpy(),
+                      cell=self.cell.double().cpu().numpy(), pbc=self.pbc.cpu().numpy(),
+                      masses=self.masses[order].double().cpu().numpy())
+        atoms.set_velocities(self.velocities[order].double().cpu().numpy() / ASE_VEL_TO_A_PER_FS)
+        atoms.arrays["image"] = self.images[order].cpu().numpy()
+        atoms.calc = SinglePointCalculator(atoms, forces=self.forces[order].double().cpu().numpy())
+        return atoms

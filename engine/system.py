@@ -1,0 +1,104 @@
+"""Initial systems: a structure file (anything ASE reads) or a lattice builder; velocities.
+
+Atom ids are the atoms' order in the file or builder (0-based).  Thermal velocities come from
+the counter-based generator keyed by (seed, atom id): they never depend on memory order.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from shardmd.integrators.random import STREAM_INIT_VELOCITY, gaussian_noise
+from shardmd.integrators.units import KB, MVV_TO_EV
+
+from .errors import UserError
+from .state import State
+
+
+def build_atoms(system_cfg):
+    """``ase.Atoms`` from ``system.file`` (if set) or from the lattice builder."""
+    if system_cfg.get("file"):
+        return read_structure(system_cfg["file"], system_cfg.get("index", -1))
+    from ase.build import bulk
+
+    lattice, element, a = system_cfg["lattice"], system_cfg["element"], float(system_cfg["a"])
+    rep = system_cfg["repeat"]
+    rep = tuple(int(r) for r in (rep if isinstance(rep, (list, tuple)) else list(rep)))
+    try:
+        if lattice == "hcp":
+            unit = bulk(element, "hcp", a=a, orthorhombic=True)
+        else:
+            unit = bulk(element, lattice, a=a, cubic=True)
+    except Exception as exc:  # ASE refuses e.g. impossible combinations
+        raise UserError(f"system.lattice={lattice} with system.element={element}: {exc}") from None
+    atoms = unit.repeat(rep)
+    atoms.pbc = [bool(p) for p in system_cfg["pbc"]]
+    return atoms
+
+
+def read_structure(path: str, index: int = -1):
+    from ase.io import read
+
+    p = Path(path)
+    if not p.is_file():
+        raise UserError(f"system.file={path!r}: no such file")
+    try:
+        atoms = read(str(p), index=index)
+    except Exception as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise UserError(f"system.file={path!r}: ASE cannot read it ({first}); give a structure "
+                        "file such as .extxyz, .cif or POSCAR") from None
+    if len(atoms) == 0:
+        raise UserError(f"system.file={path!r} holds no atoms")
+    pbc = np.asarray(atoms.pbc)
+    lengths = np.linalg.norm(atoms.cell.array, axis=1)
+    bad = [k for k in range(3) if pbc[k] and lengths[k] < 1e-9]
+    if bad:
+        raise UserError(f"system.file={path!r}: axis {bad[0]} is periodic but has no cell vector; "
+                        "give the cell or make that axis non-periodic")
+    return atoms
+
+
+def thermal_velocities(state: State, temperature: float, seed: int, dof: int,
+                       zero_momentum: bool = True) -> torch.Tensor:
+    """(n, 3) Å/fs Maxwell-Boltzmann velocities at exactly ``temperature`` for ``dof`` degrees
+    of freedom.  Noise keyed by (seed, atom id); the momentum removal and the rescaling sum in
+    id order, so the result is independent of memory order."""
+    n = state.n_atoms
+    if n == 0 or temperature <= 0:
+        return torch.zeros_like(state.positions)
+    order = torch.argsort(state.ids)
+    m = state.masses.double()[order]
+    xi = gaussian_noise(seed, 0, STREAM_INIT_VELOCITY, state.ids[order], dtype=torch.float64)
+    v = xi * torch.sqrt(KB * temperature / (m * MVV_TO_EV))[:, None]
+    if zero_momentum and n > 1:
+        v = v - (m[:, None] * v).sum(0) / m.sum()
+    ke = 0.5 * float((m[:, None] * v * v).sum()) * MVV_TO_EV
+    if ke > 0:
+        v = v * np.sqrt(0.5 * dof * KB * temperature / ke)
+    out = torch.empty_like(v)
+    out[order] = v
+    return out.to(state.dtype)
+
+
+def initial_state(cfg, dtype: torch.dtype, device, dof_of, zero_momentum: bool) -> State:
+    """State from the ``system`` config node, with velocities per ``system.velocities``.
+
+    dof_of: callable n_atoms -> degrees of freedom (from the integrator)
+    """
+    s = cfg.system
+    atoms = build_atoms(s)
+    state = State.from_atoms(atoms, dtype=dtype, device=device)
+    has_v = bool(np.any(atoms.get_velocities() != 0)) if atoms.has("momenta") else False
+    mode = s.velocities
+    if mode == "file" and not has_v:
+        raise UserError("system.velocities=file but the structure has no velocities; "
+                        "use system.velocities=thermal")
+    if mode == "zero":
+        state.velocities.zero_()
+    elif mode == "thermal" or (mode == "auto" and not has_v):
+        state.velocities = thermal_velocities(state, float(cfg.temperature), int(cfg.seed),
+                                              dof_of(state.n_atoms), zero_momentum).to(device)
+    return state

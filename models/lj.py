@@ -1,0 +1,160 @@
+"""Lennard-Jones pair potential for several species (Warp kernel, CPU and CUDA).
+
+    U(r) = 4 eps_ab [(sigma_ab / r)^12 - (sigma_ab / r)^6]  (- U(r_c) when ``shift``)  for r < r_c
+
+Parameters are given per species (element symbol or atomic number) and mixed
+(Lorentz-Berthelot: sigma arithmetic, eps geometric; or ``geometric`` for both), or per
+pair through ``pairs={"Ar-Kr": {"epsilon": .., "sigma": ..}}``.  Units: eV, Å.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+import torch
+from ase.data import atomic_numbers, chemical_symbols
+
+from shardmd.domain.neighbors import NeighborList
+from shardmd.domain.warp_setup import as_array, as_mat33, as_vec3, as_vec3i, init_warp, scalar_type, wp_device
+
+from . import lj_kernels as lk
+
+wp = init_warp()
+
+MIXING_RULES = ("lorentz-berthelot", "geometric")
+
+
+def _z(key) -> int:
+    if isinstance(key, int):
+        return key
+    k = str(key).strip()
+    if k.isdigit():
+        return int(k)
+    if k not in atomic_numbers:
+        raise ValueError(f"model: unknown element {key!r} in LJ parameters (use a symbol such as 'Ar')")
+    return atomic_numbers[k]
+
+
+def _per_species(value, name: str) -> dict[int, float]:
+    if isinstance(value, Mapping):
+        return {_z(k): float(v) for k, v in value.items()}
+    return {0: float(value)}  # 0: applies to every species
+
+
+class LennardJones:
+    """Multi-species Lennard-Jones with mixing rules and optional energy shift.
+
+    epsilon, sigma: per species, ``{"Ar": 0.0104}`` (eV, Å) or one float for all species
+    cutoff:         r_c in Å (one for all pairs)
+    shift:          subtract U(r_c) so the energy is continuous at the cutoff
+    mixing:         'lorentz-berthelot' or 'geometric'
+    pairs:          explicit pair parameters overriding the mixing rule
+    """
+
+    name = "lj"
+    #: forces come from the kernel, not from autograd; each owned atom's sums see all its
+    #: neighbours when ghosts cover the cutoff (receiver-owned edges).
+    needs_autograd = False
+
+    def __init__(self, epsilon, sigma, cutoff: float, shift: bool = True,
+                 mixing: str = "lorentz-berthelot", pairs: Mapping | None = None):
+        if mixing not in MIXING_RULES:
+            raise ValueError(f"model.mixing={mixing!r} is not a mixing rule; use one of {MIXING_RULES}")
+        if not cutoff > 0:
+            raise ValueError(f"model.cutoff must be > 0 Å, got {cutoff}")
+        self.epsilon = _per_species(epsilon, "epsilon")
+        self.sigma = _per_species(sigma, "sigma")
+        if set(self.epsilon) != set(self.sigma):
+            raise ValueError("model.epsilon and model.sigma must name the same species")
+        self.cutoff = float(cutoff)
+        self.shift = bool(shift)
+        self.mixing = mixing
+        self.pairs = {}
+        for key, p in (pairs or {}).items():
+            a, b = (_z(s) for s in str(key).split("-"))
+            self.pairs[(a, b)] = self.pairs[(b, a)] = (float(p["epsilon"]), float(p["sigma"]))
+        self._tables: dict = {}
+
+    # -- parameters -----------------------------------------------------------------
+    def species(self) -> list[int]:
+        return sorted(self.epsilon)
+
+    def check_species(self, numbers) -> None:
+        """Raise a one-line error naming species the parameters do not cover."""
+        if 0 in self.epsilon:
+            return
+        missing = sorted(set(int(z) for z in torch.as_tensor(numbers).unique().tolist()) - set(self.epsilon))
+        if missing:
+            names = ", ".join(chemical_symbols[z] for z in missing)
+            raise ValueError(f"model: no LJ parameters for {names}; add them under model.epsilon and model.sigma")
+
+    def pair_parameters(self, za: int, zb: int) -> tuple[float, float]:
+        """(epsilon eV, sigma Å) for species za, zb."""
+        if (za, zb) in self.pairs:
+            return self.pairs[(za, zb)]
+        ea, eb = self.epsilon.get(za, self.epsilon.get(0)), self.epsilon.get(zb, self.epsilon.get(0))
+        sa, sb = self.sigma.get(za, self.sigma.get(0)), self.sigma.get(zb, self.sigma.get(0))
+        eps = math.sqrt(ea * eb)
+        sig = 0.5 * (sa + sb) if self.mixing == "lorentz-berthelot" else math.sqrt(sa * sb)
+        return eps, sig
+
+    def _table(self, numbers: torch.Tensor, dtype, device):
+        zs = sorted(set(int(z) for z in numbers.unique().tolist()))
+        key = (tuple(zs), dtype, str(device))
+        if key not in self._tables:
+            t = len(zs)
+            c12 = torch.zeros(t * t, dtype=torch.float64)
+            c6 = torch.zeros(t * t, dtype=torch.float64)
+            us = torch.zeros(t * t, dtype=torch.float64)
+            for a, za in enumerate(zs):
+                for b, zb in enumerate(zs):
+                    eps, sig = self.pair_parameters(za, zb)
+                    c12[a * t + b] = 4 * eps * sig**12
+                    c6[a * t + b] = 4 * eps * sig**6
+                    if self.shift:
+                        us[a * t + b] = c12[a * t + b] / self.cutoff**12 - c6[a * t + b] / self.cutoff**6
+            lut = torch.full((max(zs) + 1,), -1, dtype=torch.int32)
+            lut[torch.tensor(zs)] = torch.arange(t, dtype=torch.int32)
+            self._tables[key] = (t, lut.to(device), c12.to(dtype=dtype, device=device),
+                                 c6.to(dtype=dtype, device=device), us.to(dtype=dtype, device=device))
+        return self._tables[key]
+
+    # -- evaluation -----------------------------------------------------------------
+    def compute(self, positions: torch.Tensor, cell: torch.Tensor, pbc, numbers: torch.Tensor,
+                nl: NeighborList) -> dict[str, torch.Tensor]:
+        """Energy, forces, virial and per-atom energies of the query atoms of ``nl``.
+
+        positions: (n, 3) Å (the points ``nl`` was built on; query atoms first)
+        cell: (3, 3) Å; numbers: (n,) atomic numbers; nl: built with radius >= cutoff
+        Returns ``energy`` () eV, ``forces`` (n_query, 3) eV/Å, ``virial`` (3, 3) eV
+        (= sum over pairs of r_ij (x) f_ij = -V * stress), ``energies`` (n_query,) eV.
+        """
+        if nl.cutoff < self.cutoff:
+            raise ValueError(f"neighbour list radius {nl.cutoff} Å < LJ cutoff {self.cutoff} Å")
+        dtype, device = positions.dtype, positions.device
+        nq = nl.n_query
+        t, lut, c12, c6, us = self._table(numbers, dtype, device)
+        types = lut[numbers.long()].contiguous()
+        forces = torch.empty(nq, 3, dtype=dtype, device=device)
+        energies = torch.empty(nq, dtype=dtype, device=device)
+        virials = torch.empty(nq, 3, 3, dtype=dtype, device=device)
+        if nq:
+            wp.launch(
+                lk.lj_full_list, dim=nq, device=wp_device(positions),
+                inputs=[as_vec3(positions.contiguous()), as_mat33(cell.to(dtype).contiguous()[None]),
+                        as_array(types), as_array(nl.offsets), as_array(nl.neighbors),
+                        as_vec3i(nl.shifts), as_array(c12), as_array(c6), as_array(us), t,
+                        scalar_type(dtype)(self.cutoff**2), as_vec3(forces), as_array(energies),
+                        as_mat33(virials)],
+            )
+        return {
+            "energy": energies.sum(),
+            "forces": forces,
+            "virial": virials.sum(0),
+            "energies": energies,
+        }
+
+    def describe(self) -> str:
+        parts = [f"{chemical_symbols[z] if z else '*'}: eps={self.epsilon[z]} eV sigma={self.sigma[z]} A"
+                 for z in sorted(self.epsilon)]
+        return f"LennardJones(cutoff={self.cutoff} A, shift={self.shift}, {self.mixing}; " + "; ".join(parts) + ")"
