@@ -23,6 +23,8 @@ from typing import Any
 from .warp_setup import init_warp
 
 wp = init_warp()
+# forward-only kernels: no adjoint code (halves compile time)
+wp.set_module_options({"enable_backward": False})
 
 
 @wp.func
@@ -72,29 +74,57 @@ def _bin_coords(b: int, nb: wp.vec3i):
     return wp.vec3i(c0, c1, c2)
 
 
+@wp.func
+def _fold(b: int, n: int):
+    """Bin index ``b`` on a periodic axis of ``n`` bins folded into ``[0, n)``, and the
+    number of periods folded (``b = folded + periods * n``)."""
+    folded = ((b % n) + n) % n
+    return folded, (b - folded) / n
+
+
 @wp.kernel
 def scan_neighbors(
-    xw: wp.array(dtype=Any),
-    img: wp.array(dtype=wp.vec3i),
-    bin_of: wp.array(dtype=wp.int32),
+    xs: wp.array(dtype=Any),
     order: wp.array(dtype=wp.int32),
+    rank: wp.array(dtype=wp.int32),
     bin_start: wp.array(dtype=wp.int32),
+    bin_of: wp.array(dtype=wp.int32),
+    img: wp.array(dtype=wp.vec3i),
     cell: wp.array(dtype=Any),
     pbc: wp.vec3i,
     nb: wp.vec3i,
     reach: wp.vec3i,
     cutoff2: Any,
+    words: int,
     write: int,
+    mask: wp.array(dtype=wp.uint32),
     offsets: wp.array(dtype=wp.int32),
     counts: wp.array(dtype=wp.int32),
     neighbors: wp.array(dtype=wp.int32),
     shifts: wp.array(dtype=wp.vec3i),
 ):
-    """Count (``write == 0``) or write (``write == 1``) the neighbours of query point ``i``."""
+    """Neighbours of query point ``i`` in two passes over the same candidates.
+
+    The candidates are the points of the ``(2 reach + 1)^3`` bins around ``i``'s bin, in a
+    fixed order (bin offsets lexicographically, then the bin's points in (bin, id) order);
+    ``xs`` holds the wrapped positions in that sorted order, so a bin's points are read
+    contiguously.  Candidate ``c`` owns bit ``c`` of ``i``'s ``words`` mask words.
+
+    ``write == 0`` (mark): distance test, set the bit of each hit, ``counts[i]`` = hits.
+    ``write == 1`` (emit): walk the same candidates and write the marked ones at
+    ``offsets[i]`` onwards: no distances are computed twice.
+    """
     i = wp.tid()
     h = cell[0]
-    xi = xw[i]
+    slot = rank[i]
+    xi = xs[slot]
     ci = _bin_coords(bin_of[i], nb)
+    zero = type(xi[0])(0.0)
+    word = i * words
+    bits = wp.uint32(0)
+    if write != 0:
+        bits = mask[word]
+    c = int(0)
     n_found = int(0)
     base = int(0)
     if write != 0:
@@ -103,41 +133,49 @@ def scan_neighbors(
         b0 = ci[0] + d0
         s0 = int(0)
         if pbc[0] != 0:
-            s0 = int(wp.floor(float(b0) / float(nb[0])))
-            b0 = b0 - s0 * nb[0]
+            b0, s0 = _fold(b0, nb[0])
         elif b0 < 0 or b0 >= nb[0]:
             continue
         for d1 in range(-reach[1], reach[1] + 1):
             b1 = ci[1] + d1
             s1 = int(0)
             if pbc[1] != 0:
-                s1 = int(wp.floor(float(b1) / float(nb[1])))
-                b1 = b1 - s1 * nb[1]
+                b1, s1 = _fold(b1, nb[1])
             elif b1 < 0 or b1 >= nb[1]:
                 continue
             for d2 in range(-reach[2], reach[2] + 1):
                 b2 = ci[2] + d2
                 s2 = int(0)
                 if pbc[2] != 0:
-                    s2 = int(wp.floor(float(b2) / float(nb[2])))
-                    b2 = b2 - s2 * nb[2]
+                    b2, s2 = _fold(b2, nb[2])
                 elif b2 < 0 or b2 >= nb[2]:
                     continue
                 b = (b0 * nb[1] + b1) * nb[2] + b2
-                zero = type(xi[0])(0.0)
-                sv = type(xi)(type(zero)(s0), type(zero)(s1), type(zero)(s2))
-                offset = sv[0] * h[0] + sv[1] * h[1] + sv[2] * h[2]
+                self_image = s0 == 0 and s1 == 0 and s2 == 0
+                offset = type(zero)(s0) * h[0] + type(zero)(s1) * h[1] + type(zero)(s2) * h[2] - xi
                 for p in range(bin_start[b], bin_start[b + 1]):
-                    j = order[p]
-                    if j == i and s0 == 0 and s1 == 0 and s2 == 0:
-                        continue
-                    dx = xw[j] + offset - xi
-                    if wp.dot(dx, dx) < cutoff2:
-                        if write != 0:
-                            neighbors[base + n_found] = j
-                            shifts[base + n_found] = wp.vec3i(s0, s1, s2) - img[j] + img[i]
+                    bit = wp.uint32(1) << wp.uint32(c & 31)
+                    if write == 0:
+                        dx = xs[p] + offset
+                        if wp.dot(dx, dx) < cutoff2 and not (self_image and p == slot):
+                            bits = bits | bit
+                            n_found += 1
+                    elif (bits & bit) != wp.uint32(0):
+                        j = order[p]
+                        neighbors[base + n_found] = j
+                        shifts[base + n_found] = wp.vec3i(s0, s1, s2) - img[j] + img[i]
                         n_found += 1
+                    c += 1
+                    if (c & 31) == 0:  # next mask word
+                        if write == 0:
+                            mask[word] = bits
+                            bits = wp.uint32(0)
+                        word += 1
+                        if write != 0:
+                            bits = mask[word]  # the mask has one spare word at the end
     if write == 0:
+        if (c & 31) != 0:
+            mask[word] = bits
         counts[i] = n_found
 
 
@@ -152,8 +190,9 @@ for _vec, _mat, _s in (
     )
     wp.overload(
         scan_neighbors,
-        [wp.array(dtype=_vec), wp.array(dtype=wp.vec3i), wp.array(dtype=wp.int32),
-         wp.array(dtype=wp.int32), wp.array(dtype=wp.int32), wp.array(dtype=_mat), wp.vec3i,
-         wp.vec3i, wp.vec3i, _s, int, wp.array(dtype=wp.int32), wp.array(dtype=wp.int32),
+        [wp.array(dtype=_vec), wp.array(dtype=wp.int32), wp.array(dtype=wp.int32),
+         wp.array(dtype=wp.int32), wp.array(dtype=wp.int32), wp.array(dtype=wp.vec3i),
+         wp.array(dtype=_mat), wp.vec3i, wp.vec3i, wp.vec3i, _s, int, int,
+         wp.array(dtype=wp.uint32), wp.array(dtype=wp.int32), wp.array(dtype=wp.int32),
          wp.array(dtype=wp.int32), wp.array(dtype=wp.vec3i)],
     )

