@@ -77,9 +77,22 @@ def _bin_coords(b: int, nb: wp.vec3i):
 @wp.func
 def _fold(b: int, n: int):
     """Bin index ``b`` on a periodic axis of ``n`` bins folded into ``[0, n)``, and the
-    number of periods folded (``b = folded + periods * n``)."""
-    folded = ((b % n) + n) % n
-    return folded, (b - folded) / n
+    number of periods folded (``b = folded + periods * n``).  Integer division is slow on
+    CPUs and ``b`` is rarely more than one period out, so this steps."""
+    s = int(0)
+    while b < 0:
+        b += n
+        s -= 1
+    while b >= n:
+        b -= n
+        s += 1
+    return b, s
+
+
+@wp.func
+def _lowest_bit(bits: wp.uint32):
+    """Index of the lowest set bit of a non-zero word."""
+    return wp.bit_count((bits & (wp.uint32(0) - bits)) - wp.uint32(1))
 
 
 @wp.kernel
@@ -106,13 +119,16 @@ def scan_neighbors(
     """Neighbours of query point ``i`` in two passes over the same candidates.
 
     The candidates are the points of the ``(2 reach + 1)^3`` bins around ``i``'s bin, in a
-    fixed order (bin offsets lexicographically, then the bin's points in (bin, id) order);
-    ``xs`` holds the wrapped positions in that sorted order, so a bin's points are read
-    contiguously.  Candidate ``c`` owns bit ``c`` of ``i``'s ``words`` mask words.
+    fixed order: bin offsets lexicographically, then each bin's points in (bin, id) order.
+    ``xs`` holds the wrapped positions in that sorted order, so the bins ``d2 = -reach ..
+    reach`` of a row are one contiguous *run* of ``xs`` (split in two where the row wraps
+    around a periodic boundary).  Candidate number ``c`` owns bit ``c`` of ``i``'s
+    ``words`` mask words.
 
-    ``write == 0`` (mark): distance test, set the bit of each hit, ``counts[i]`` = hits.
-    ``write == 1`` (emit): walk the same candidates and write the marked ones at
-    ``offsets[i]`` onwards: no distances are computed twice.
+    ``write == 0`` (mark): distance test of every candidate (branch-free), set the bit of
+    each hit; ``counts[i]`` = number of hits.
+    ``write == 1`` (emit): visit only the set bits, in candidate order, and write those
+    neighbours from ``offsets[i]`` on.
     """
     i = wp.tid()
     h = cell[0]
@@ -120,15 +136,18 @@ def scan_neighbors(
     xi = xs[slot]
     ci = _bin_coords(bin_of[i], nb)
     zero = type(xi[0])(0.0)
-    word = i * words
+    first_word = i * words
     bits = wp.uint32(0)
-    if write != 0:
-        bits = mask[word]
     c = int(0)
     n_found = int(0)
-    base = int(0)
     if write != 0:
-        base = offsets[i]
+        n_found = offsets[i]
+    # the d2 extent of every row: all of it on a periodic axis, clipped to the grid if open
+    lo2 = -reach[2]
+    hi2 = reach[2]
+    if pbc[2] == 0:
+        lo2 = wp.max(lo2, -ci[2])
+        hi2 = wp.min(hi2, nb[2] - 1 - ci[2])
     for d0 in range(-reach[0], reach[0] + 1):
         b0 = ci[0] + d0
         s0 = int(0)
@@ -143,39 +162,54 @@ def scan_neighbors(
                 b1, s1 = _fold(b1, nb[1])
             elif b1 < 0 or b1 >= nb[1]:
                 continue
-            for d2 in range(-reach[2], reach[2] + 1):
+            row = (b0 * nb[1] + b1) * nb[2]
+            d2 = lo2
+            while d2 <= hi2:
+                # one run: bins b2 .. b2 + n_bins - 1 of this row, all with image s2
                 b2 = ci[2] + d2
                 s2 = int(0)
                 if pbc[2] != 0:
                     b2, s2 = _fold(b2, nb[2])
-                elif b2 < 0 or b2 >= nb[2]:
-                    continue
-                b = (b0 * nb[1] + b1) * nb[2] + b2
-                self_image = s0 == 0 and s1 == 0 and s2 == 0
-                offset = type(zero)(s0) * h[0] + type(zero)(s1) * h[1] + type(zero)(s2) * h[2] - xi
-                for p in range(bin_start[b], bin_start[b + 1]):
-                    bit = wp.uint32(1) << wp.uint32(c & 31)
-                    if write == 0:
+                n_bins = wp.min(hi2 - d2 + 1, nb[2] - b2)
+                d2 += n_bins
+                first = bin_start[row + b2]
+                last = bin_start[row + b2 + n_bins]
+                if write == 0:
+                    offset = type(zero)(s0) * h[0] + type(zero)(s1) * h[1] + type(zero)(s2) * h[2] - xi
+                    # i itself is no neighbour of its own zero image
+                    own = -1
+                    if s0 == 0 and s1 == 0 and s2 == 0:
+                        own = slot
+                    for p in range(first, last):
                         dx = xs[p] + offset
-                        if wp.dot(dx, dx) < cutoff2 and not (self_image and p == slot):
-                            bits = bits | bit
-                            n_found += 1
-                    elif (bits & bit) != wp.uint32(0):
-                        j = order[p]
-                        neighbors[base + n_found] = j
-                        shifts[base + n_found] = wp.vec3i(s0, s1, s2) - img[j] + img[i]
-                        n_found += 1
-                    c += 1
-                    if (c & 31) == 0:  # next mask word
-                        if write == 0:
-                            mask[word] = bits
+                        hit = wp.where(wp.dot(dx, dx) < cutoff2, wp.where(p != own, 1, 0), 0)
+                        bits = bits | (wp.uint32(hit) << wp.uint32(c & 31))
+                        c += 1
+                        if (c & 31) == 0:
+                            mask[first_word + (c >> 5) - 1] = bits
+                            n_found += wp.bit_count(bits)
                             bits = wp.uint32(0)
-                        word += 1
-                        if write != 0:
-                            bits = mask[word]  # the mask has one spare word at the end
+                else:
+                    shift = wp.vec3i(s0, s1, s2) + img[i]
+                    c_first = c  # candidate number of xs[first]
+                    end = c + last - first
+                    while c < end:
+                        # the bits of this run held by word c >> 5
+                        n_bits = wp.min(32 - (c & 31), end - c)
+                        w = mask[first_word + (c >> 5)] >> wp.uint32(c & 31)
+                        if n_bits < 32:
+                            w = w & ((wp.uint32(1) << wp.uint32(n_bits)) - wp.uint32(1))
+                        while w != wp.uint32(0):
+                            j = order[first + c - c_first + _lowest_bit(w)]
+                            neighbors[n_found] = j
+                            shifts[n_found] = shift - img[j]
+                            n_found += 1
+                            w = w & (w - wp.uint32(1))
+                        c += n_bits
     if write == 0:
         if (c & 31) != 0:
-            mask[word] = bits
+            mask[first_word + (c >> 5)] = bits
+            n_found += wp.bit_count(bits)
         counts[i] = n_found
 
 

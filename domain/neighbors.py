@@ -68,14 +68,19 @@ class NeighborList:
         return self.shifts.to(cell.dtype) @ cell
 
 
+#: bins per cutoff length: bins of ~cutoff/2 scanned 2 deep (5^3 bins) cover 0.66x the volume
+#: of cutoff-wide bins scanned 1 deep (3^3); docs/benchmarks.md has the measurements.
+BINS_PER_CUTOFF = 2
+
+
 def _bin_grid(cell: torch.Tensor, pbc: tuple[bool, bool, bool], cutoff: float, n: int):
-    """Bins per axis (each at least ``cutoff`` wide, perpendicular to its faces) and the
-    number of bins to scan on each side."""
+    """Bins per axis (each at least ``cutoff / BINS_PER_CUTOFF`` wide, perpendicular to its
+    faces) and the number of bins to scan on each side."""
     widths = perpendicular_widths(cell)
     nb, reach = [], []
     for k in range(3):
         w = float(widths[k])
-        nbk = max(1, int(math.floor(w / cutoff))) if cutoff > 0 else 1
+        nbk = max(1, int(math.floor(w * BINS_PER_CUTOFF / cutoff))) if cutoff > 0 else 1
         # keep the grid small for tiny systems and sparse open axes
         nbk = min(nbk, max(1, int(round(n ** (1.0 / 3.0))) * 2 + 1), 1024)
         nb.append(nbk)
@@ -140,25 +145,36 @@ def build_neighbor_list(
         by_id = torch.argsort(ids, stable=True)
         order = by_id[torch.argsort(bin_of[by_id], stable=True)]
     n_bins = nb[0] * nb[1] * nb[2]
+    per_bin = torch.bincount(bin_of.long(), minlength=n_bins)
     bin_start = torch.zeros(n_bins + 1, dtype=torch.int64, device=device)
-    bin_start[1:] = torch.cumsum(torch.bincount(bin_of.long(), minlength=n_bins), 0)
+    bin_start[1:] = torch.cumsum(per_bin, 0)
     order32, start32 = order.to(torch.int32).contiguous(), bin_start.to(torch.int32).contiguous()
+    rank = torch.empty_like(order32)
+    rank[order] = torch.arange(n, dtype=torch.int32, device=device)
+    xs = xw[order].contiguous()  # wrapped positions in (bin, id) order: bins read contiguously
+    # one mask bit per candidate: at most (largest bin) x (bins scanned) candidates per point
+    n_scan = (2 * reach[0] + 1) * (2 * reach[1] + 1) * (2 * reach[2] + 1)
+    words = max(1, -(-int(per_bin.max()) * n_scan // 32))
+    mask = torch.empty(nq * words + 1, dtype=torch.int32, device=device)
 
     counts = torch.zeros(nq, dtype=torch.int32, device=device)
     offsets = torch.zeros(nq + 1, dtype=torch.int32, device=device)
     dummy_n = torch.zeros(1, dtype=torch.int32, device=device)
     dummy_s = torch.zeros(1, 3, dtype=torch.int32, device=device)
     scal = scalar_type(dtype)
-    common = [as_vec3(xw), as_vec3i(img), as_array(bin_of), as_array(order32), as_array(start32),
-              cell_w, pbc_v, nb_v, reach_v, scal(float(cutoff) ** 2)]
+    common = [as_vec3(xs), as_array(order32), as_array(rank), as_array(start32), as_array(bin_of),
+              as_vec3i(img), cell_w, pbc_v, nb_v, reach_v, scal(float(cutoff) ** 2), words]
+    mask_w = wp.from_torch(mask, dtype=wp.uint32)
     wp.launch(nk.scan_neighbors, dim=nq, device=dev,
-              inputs=common + [0, as_array(offsets), as_array(counts), as_array(dummy_n), as_vec3i(dummy_s)])
+              inputs=common + [0, mask_w, as_array(offsets), as_array(counts), as_array(dummy_n),
+                               as_vec3i(dummy_s)])
     offsets[1:] = torch.cumsum(counts, 0)
     n_edges = int(offsets[-1])
     neighbors = torch.empty(max(n_edges, 1), dtype=torch.int32, device=device)
     shifts = torch.empty(max(n_edges, 1), 3, dtype=torch.int32, device=device)
     wp.launch(nk.scan_neighbors, dim=nq, device=dev,
-              inputs=common + [1, as_array(offsets), as_array(counts), as_array(neighbors), as_vec3i(shifts)])
+              inputs=common + [1, mask_w, as_array(offsets), as_array(counts), as_array(neighbors),
+                               as_vec3i(shifts)])
     return NeighborList(
         offsets=offsets, neighbors=neighbors[:n_edges], shifts=shifts[:n_edges],
         cutoff=float(cutoff), n_points=n,

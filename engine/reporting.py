@@ -34,13 +34,16 @@ class Reporter:
     """
 
     def __init__(self, log_path: str | Path | None, quiet: bool = False, progress: bool = True,
-                 enabled: bool = True, stream=None):
+                 enabled: bool = True, stream=None, log_mode: str = "w"):
         self.enabled = enabled
         self.quiet = quiet
         self.progress = progress and not quiet
         self.out = stream or sys.stdout
         self.err = sys.stderr
-        self.log = open(log_path, "a", buffering=1) if (enabled and log_path) else None
+        self.log = None
+        if enabled and log_path:
+            Path(log_path).parent.mkdir(parents=True, exist_ok=True)
+            self.log = open(log_path, log_mode, buffering=1)
         self._header_done = False
         self._t0 = None
         self._step0 = 0
