@@ -79,6 +79,10 @@ class Simulation:
                 raise UserError(str(exc)) from None
         self.nl = SkinNeighborList(model.cutoff, float(cfg.neighbor.skin))
         self.reporter = reporter or Reporter(self.log_path, quiet=cfg.quiet, progress=cfg.thermo.progress)
+        # plain copies of the settings the step loop reads (OmegaConf access is slow)
+        self._nl_every, self._nl_check = int(cfg.neighbor.every), bool(cfg.neighbor.check)
+        self._sort = bool(cfg.neighbor.sort_by_id)
+        self._traj_every, self._thermo_every = int(cfg.trajectory.every), int(cfg.thermo.every)
         self.timers: dict[str, float] = defaultdict(float)
         self.results: dict[str, torch.Tensor] = {}
         self.writer = None
@@ -103,18 +107,17 @@ class Simulation:
         t = time.perf_counter()
         s = self.state
         s.wrap()
-        if self.cfg.neighbor.sort_by_id:
+        if self._sort:
             s.sort_by_id()
         self.nl.build(s.positions, s.cell, s.pbc, ids=s.ids)
         self.timers["neighbor"] += time.perf_counter() - t
 
     def maybe_rebuild(self) -> bool:
-        n = self.cfg.neighbor
         s = self.state
-        if (s.step % n.every) != 0 and self.nl.current is not None:
+        if (s.step % self._nl_every) != 0 and self.nl.current is not None:
             return False
         t = time.perf_counter()
-        need = (not n.check) or self.nl.needs_rebuild(s.positions, s.cell)
+        need = (not self._nl_check) or self.nl.needs_rebuild(s.positions, s.cell)
         self.timers["neighbor"] += time.perf_counter() - t
         if need:
             self.rebuild()
@@ -163,9 +166,9 @@ class Simulation:
         self.timers["output"] += time.perf_counter() - t
 
     def _report(self, force_traj=False, force_thermo=False) -> None:
-        s, c = self.state, self.cfg
-        traj_due = self.writer is not None and (force_traj or s.step % c.trajectory.every == 0)
-        thermo_due = force_thermo or (c.thermo.every > 0 and s.step % c.thermo.every == 0)
+        s = self.state
+        traj_due = self.writer is not None and (force_traj or s.step % self._traj_every == 0)
+        thermo_due = force_thermo or (self._thermo_every > 0 and s.step % self._thermo_every == 0)
         if not (traj_due or thermo_due):
             return
         obs = self.observables()
@@ -214,7 +217,7 @@ class Simulation:
                 self.step()
                 self._report(force_traj=False, force_thermo=(s.step == last))
                 r.progress_update(s.step, last, self.integrator.dt, s.n_atoms)
-            if self.writer is not None and s.step % self.cfg.trajectory.every != 0:
+            if self.writer is not None and s.step % self._traj_every != 0:
                 self._write(self.observables())
             wall = time.perf_counter() - t_run
             r.progress_update(s.step, last, self.integrator.dt, s.n_atoms, force=True)
