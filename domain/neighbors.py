@@ -241,7 +241,8 @@ class SkinNeighborList:
 
     def build(self, positions, cell, pbc, ids=None, n_query=None) -> NeighborList:
         self.current = build_neighbor_list(positions, cell, pbc, self.radius, ids=ids, n_query=n_query)
-        self._x0 = positions.detach().clone()
+        # displacements are checked on the query (owned) points; ghosts mirror their owners
+        self._x0 = positions[: self.current.n_query].detach().clone()
         self._cell0 = cell.detach().clone()
         self.n_builds += 1
         return self.current

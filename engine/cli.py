@@ -4,6 +4,7 @@ Bad input prints one line, ``error: <what is wrong and how to fix it>``, and exi
 """
 from __future__ import annotations
 
+import os
 import sys
 
 USAGE = """\
@@ -35,6 +36,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.write(_help())
         return 0
     from .errors import UserError
+    from .parallel import env_rank
 
     try:
         if cmd == "run":
@@ -42,7 +44,8 @@ def main(argv: list[str] | None = None) -> int:
         raise UserError(f"unknown command {cmd!r}; use `python -m engine run key=value ...` "
                         "(see python -m engine --help)")
     except UserError as exc:
-        sys.stderr.write(f"error: {exc.one_line()}\n")
+        if env_rank() == 0:  # every rank meets a configuration error alike: say it once
+            sys.stderr.write(f"error: {exc.one_line()}\n")
         return exc.exit_code
     except KeyboardInterrupt:
         sys.stderr.write("interrupted\n")
@@ -51,10 +54,57 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(args: list[str]) -> int:
     from .config import compose_config
+    from .parallel import env_size, launch_self, under_launcher
 
     cfg = compose_config(args)
+    explicit_domains = any(a.lstrip("+").startswith("domains=") for a in args)
+    if not under_launcher():
+        if cfg.domains > 1:
+            return launch_self(int(cfg.domains), ["run", *args])
+        return _run_ranks(cfg)
+    size = env_size()
+    if explicit_domains and cfg.domains != size:
+        from .errors import UserError
+
+        raise UserError(f"domains={cfg.domains} but the launcher started {size} ranks; "
+                        f"drop domains= or use mpiexec -n {cfg.domains}")
+    cfg.domains = size
+    return _run_ranks(cfg)
+
+
+def _run_ranks(cfg) -> int:
+    """Run on this process's rank; an error here ends every rank."""
+    import traceback
+
+    from shardmd.domain.comm import init_comm, shutdown
+
+    from .errors import UserError
     from .simulation import Simulation
 
-    sim = Simulation(cfg)
-    sim.run()
+    comm = init_comm(cfg.device) if cfg.domains > 1 else None
+    try:
+        sim = Simulation(cfg, comm=comm)
+        sim.run()
+    except UserError as exc:
+        if comm is None or comm.size == 1:
+            raise
+        collective = getattr(exc, "collective", False)
+        if not collective or comm.rank == 0:
+            where = "" if collective else f" (rank {comm.rank})"
+            sys.stderr.write(f"error{where}: {exc.one_line()}\n")
+            sys.stderr.flush()
+        if collective:
+            shutdown(comm)
+            return exc.exit_code
+        comm.abort(exc.exit_code)
+    except BaseException as exc:  # a bug or an injected failure: end all ranks now
+        if comm is None or comm.size == 1:
+            raise
+        sys.stderr.write(f"error (rank {comm.rank}): {type(exc).__name__}: {exc}\n")
+        log = traceback.format_exc()
+        sys.stderr.write(log if os.environ.get("SHARDMD_TRACEBACK") else "")
+        sys.stderr.flush()
+        comm.abort(1)
+    if comm is not None:
+        shutdown(comm)
     return 0

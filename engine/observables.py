@@ -22,7 +22,11 @@ def kinetic_tensor(velocities: torch.Tensor, masses: torch.Tensor) -> torch.Tens
 
 def thermo(velocities, masses, cell, potential_energy, virial, dof: int) -> dict[str, object]:
     """Observables for the thermo table and the trajectory (floats and a (3,3) stress)."""
-    kt = kinetic_tensor(velocities, masses)
+    return thermo_from(kinetic_tensor(velocities, masses), cell, potential_energy, virial, dof)
+
+
+def thermo_from(kt: torch.Tensor, cell, potential_energy, virial, dof: int) -> dict[str, object]:
+    """Observables from the (already reduced) kinetic tensor ``kt`` (3, 3) eV."""
     ke = 0.5 * float(torch.trace(kt))
     vol = float(volume(cell.double()))
     ptensor = (kt + virial.double()) / vol

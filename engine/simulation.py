@@ -18,13 +18,15 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from shardmd.domain.neighbors import SkinNeighborList
+from shardmd.domain.comm import Comm
+from shardmd.domain.distributed_model import DistributedModel
 from shardmd.integrators import INTEGRATORS
 from shardmd.models import build_model
 
 from .config import compose_config, to_container
 from .errors import UserError
-from .observables import thermo
+from .domains import Decomposition
+from .observables import thermo_from
 from .reporting import Reporter
 from .state import State
 from .system import initial_state
@@ -49,44 +51,56 @@ class Simulation:
     model: optional model object (else built from ``cfg.model``).
     """
 
-    def __init__(self, cfg: DictConfig, state: State | None = None, model=None, reporter: Reporter | None = None):
+    def __init__(self, cfg: DictConfig, state: State | None = None, model=None,
+                 reporter: Reporter | None = None, comm: Comm | None = None):
         self.cfg = cfg
-        if cfg.domains != 1:
-            raise UserError(f"domains={cfg.domains}: domain decomposition over MPI ranks is not available "
-                            "in this version yet; run with domains=1")
+        self.comm = comm or Comm()
+        if cfg.domains != self.comm.size:
+            raise UserError(f"domains={cfg.domains} but this job has {self.comm.size} rank(s); "
+                            f"start it with domains={cfg.domains} alone or under mpiexec -n {cfg.domains}")
         self.dtype = DTYPES[cfg.precision]
-        self.device = torch.device(cfg.device)
+        self.device = self.comm.device if self.comm.size > 1 else torch.device(cfg.device)
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise UserError(f"device={cfg.device}: CUDA is not available on this machine; use device=cpu")
-        torch.set_num_threads(int(cfg.threads) or max(os.cpu_count() or 1, 1))
+        default_threads = 1 if self.comm.size > 1 else max(os.cpu_count() or 1, 1)
+        torch.set_num_threads(int(cfg.threads) or default_threads)
         self.integrator = make_integrator(cfg)
         if model is None:
             try:
                 model = build_model(to_container(cfg.model), self.dtype, self.device)
-            except (ValueError, KeyError) as exc:
-                raise UserError(str(exc)) from None
-            except NotImplementedError as exc:
+            except (ValueError, KeyError, NotImplementedError) as exc:
                 raise UserError(str(exc)) from None
         self.model = model
+        self.dmodel = DistributedModel(model)
         if state is None:
             state = initial_state(cfg, self.dtype, self.device, self.integrator.degrees_of_freedom,
                                   zero_momentum=self.integrator.conserves_momentum)
-        self.state = state
         if hasattr(model, "check_species"):
             try:
                 model.check_species(state.numbers)
             except ValueError as exc:
                 raise UserError(str(exc)) from None
-        self.nl = SkinNeighborList(model.cutoff, float(cfg.neighbor.skin))
-        self.reporter = reporter or Reporter(self.log_path, quiet=cfg.quiet, progress=cfg.thermo.progress)
+        self.domain = Decomposition(self.comm, model.cutoff, float(cfg.neighbor.skin),
+                                    sort_by_id=bool(cfg.neighbor.sort_by_id))
+        self.state = self.domain.distribute(state)
+        self.n_global = self.domain.n_global
+        self.reporter = reporter or Reporter(self.log_path if self.comm.is_root else None, quiet=cfg.quiet,
+                                             progress=cfg.thermo.progress, enabled=self.comm.is_root)
         # plain copies of the settings the step loop reads (OmegaConf access is slow)
         self._nl_every, self._nl_check = int(cfg.neighbor.every), bool(cfg.neighbor.check)
-        self._sort = bool(cfg.neighbor.sort_by_id)
         self._traj_every, self._thermo_every = int(cfg.trajectory.every), int(cfg.thermo.every)
         self.timers: dict[str, float] = defaultdict(float)
         self.results: dict[str, torch.Tensor] = {}
         self.writer = None
         self.last_thermo: dict | None = None
+        self.started = False
+        # test hook: SHARDMD_INJECT_FAILURE="rank:step" raises on that rank at that step
+        inj = os.environ.get("SHARDMD_INJECT_FAILURE", "")
+        self._fail_at = tuple(int(v) for v in inj.split(":")) if inj else None
+
+    @property
+    def nl(self):
+        return self.domain.nl
 
     # -- construction helpers ---------------------------------------------------------
     @classmethod
@@ -103,53 +117,49 @@ class Simulation:
 
     # -- physics ---------------------------------------------------------------------
     def rebuild(self) -> None:
-        """Wrap into the cell, canonical order (optional), new neighbour list."""
-        t = time.perf_counter()
-        s = self.state
-        s.wrap()
-        if self._sort:
-            s.sort_by_id()
-        self.nl.build(s.positions, s.cell, s.pbc, ids=s.ids)
-        self.timers["neighbor"] += time.perf_counter() - t
+        """Wrap, migrate, canonical order (optional), ghosts, new neighbour list."""
+        self.domain.rebuild(self.state)
 
     def maybe_rebuild(self) -> bool:
         s = self.state
-        if (s.step % self._nl_every) != 0 and self.nl.current is not None:
+        if (s.step % self._nl_every) != 0:
+            self.domain.refresh(s)
             return False
-        t = time.perf_counter()
-        need = (not self._nl_check) or self.nl.needs_rebuild(s.positions, s.cell)
-        self.timers["neighbor"] += time.perf_counter() - t
+        need = (not self._nl_check) or self.domain.needs_rebuild(s)
         if need:
             self.rebuild()
+        else:
+            self.domain.refresh(s)
         return need
 
     def compute_forces(self) -> None:
         t = time.perf_counter()
-        s = self.state
-        out = self.model.compute(s.positions, s.cell, s.pbc, s.numbers, self.nl.current)
+        s, d = self.state, self.domain
+        out = self.dmodel.compute(d.ctx, d.padded_positions, d.padded_numbers, d.nl.current)
         s.forces = out["forces"].to(s.dtype)
         self.results = out
         self.timers["model"] += time.perf_counter() - t
 
     def observables(self) -> dict:
         s = self.state
-        return thermo(s.velocities, s.masses, s.cell, self.results["energy"], self.results["virial"],
-                      self.integrator.degrees_of_freedom(s.n_atoms))
+        return thermo_from(self.domain.kinetic(s), s.cell, self.results["energy"], self.results["virial"],
+                           self.integrator.degrees_of_freedom(self.n_global))
 
     # -- output ----------------------------------------------------------------------
     def _open_writer(self) -> None:
         if self.cfg.trajectory.every <= 0:
             return
+        from . import __version__
         from .h5md import H5MDWriter
 
-        s = self.state
-        order = torch.argsort(s.ids)
+        static = self.domain.gather(self.state, ("numbers", "masses"))
+        if not self.comm.is_root:
+            self.writer = _NotRoot()
+            return
         self.output_path.parent.mkdir(parents=True, exist_ok=True)
-        from . import __version__
-
         self.writer = H5MDWriter(
-            self.output_path, species=s.numbers[order].cpu().numpy(), masses=s.masses[order].double().cpu().numpy(),
-            ids=s.ids[order].cpu().numpy(), pbc=s.pbc.cpu().numpy(), dtype=self.cfg.precision,
+            self.output_path, species=static["numbers"], masses=static["masses"].astype("float64"),
+            ids=static["ids"], pbc=self.state.pbc.cpu().numpy(), dtype=self.cfg.precision,
             config=to_container(self.cfg), fields=tuple(self.cfg.trajectory.fields),
             creator="ShardMD", creator_version=__version__, mode="w",
         )
@@ -157,10 +167,12 @@ class Simulation:
     def _write(self, obs: dict) -> None:
         t = time.perf_counter()
         s = self.state
-        order = torch.argsort(s.ids)
-        np_ = lambda x: x[order].detach().cpu().numpy()  # noqa: E731
-        self.writer.write_frame(s.step, s.time, s.cell.detach().cpu().numpy(), positions=np_(s.positions),
-                                images=np_(s.images), velocities=np_(s.velocities), forces=np_(s.forces))
+        full = self.domain.gather(s)
+        if full is None:
+            self.timers["output"] += time.perf_counter() - t
+            return
+        self.writer.write_frame(s.step, s.time, s.cell.detach().cpu().numpy(), positions=full["positions"],
+                                images=full["images"], velocities=full["velocities"], forces=full["forces"])
         self.writer.write_observables(s.step, s.time, {k: obs[k] for k in (
             "potential_energy", "kinetic_energy", "total_energy", "temperature", "pressure", "stress")})
         self.timers["output"] += time.perf_counter() - t
@@ -183,8 +195,9 @@ class Simulation:
         """Neighbour list, first forces, output files, header; frame and thermo at the start."""
         r = self.reporter
         s = self.state
-        r.line(f"ShardMD: {s.n_atoms} atoms, model {self.cfg.model.name}, integrator {self.integrator.name}, "
-               f"dt {self.integrator.dt} fs, {self.cfg.precision} on {self.device}, domains 1")
+        r.line(f"ShardMD: {self.n_global} atoms, model {self.cfg.model.name}, integrator {self.integrator.name}, "
+               f"dt {self.integrator.dt} fs, {self.cfg.precision} on {self.device}, domains {self.comm.size} "
+               f"(grid {'x'.join(map(str, self.domain.grid.shape))})")
         self.rebuild()
         self.compute_forces()
         self._open_writer()
@@ -192,6 +205,8 @@ class Simulation:
 
     def step(self) -> None:
         s = self.state
+        if self._fail_at and self._fail_at == (self.comm.rank, s.step):
+            raise RuntimeError(f"injected failure at step {s.step}")
         t = time.perf_counter()
         self.integrator.first_half(s.positions, s.velocities, s.forces, s.masses, s.ids, s.step)
         self.timers["integrate"] += time.perf_counter() - t
@@ -208,19 +223,20 @@ class Simulation:
         last = int(self.cfg.steps if steps is None else steps)
         r = self.reporter
         try:
-            if self.nl.current is None:
+            if not self.started:
                 self.setup()
+                self.started = True
             s = self.state
             r.start(s.step)
             t_run = time.perf_counter()
             while s.step < last:
                 self.step()
                 self._report(force_traj=False, force_thermo=(s.step == last))
-                r.progress_update(s.step, last, self.integrator.dt, s.n_atoms)
+                r.progress_update(s.step, last, self.integrator.dt, self.n_global)
             if self.writer is not None and s.step % self._traj_every != 0:
                 self._write(self.observables())
             wall = time.perf_counter() - t_run
-            r.progress_update(s.step, last, self.integrator.dt, s.n_atoms, force=True)
+            r.progress_update(s.step, last, self.integrator.dt, self.n_global, force=True)
             self._summary(wall)
             return self.last_thermo or self.observables()
         finally:
@@ -228,7 +244,9 @@ class Simulation:
 
     def _summary(self, wall: float) -> None:
         s = self.state
-        rates = self.reporter.rates(s.step, self.integrator.dt, s.n_atoms)
+        for k, v in self.domain.timers.items():
+            self.timers[k] = v
+        rates = self.reporter.rates(s.step, self.integrator.dt, self.n_global)
         lines = [f"Loop: {wall:.3f} s, {rates['steps_per_s']:.3f} steps/s, {rates['ns_per_day']:.4f} ns/day, "
                  f"{rates['atom_steps_per_s']:.4g} atom-steps/s, {self.nl.n_builds} neighbour builds"]
         total = max(sum(self.timers.values()), 1e-12)
@@ -243,3 +261,10 @@ class Simulation:
             self.writer.close()
             self.writer = None
         self.reporter.close()
+
+
+class _NotRoot:
+    """Stand-in writer on ranks other than 0 (they take part in gathers, write nothing)."""
+
+    def close(self) -> None:
+        pass

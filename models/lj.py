@@ -15,7 +15,8 @@ import torch
 from ase.data import atomic_numbers, chemical_symbols
 
 from shardmd.domain.neighbors import NeighborList
-from shardmd.domain.warp_setup import as_array, as_mat33, as_vec3, as_vec3i, init_warp, scalar_type, wp_device
+from shardmd.domain.warp_setup import (as_array, as_mat33, as_vec3, as_vec3i, init_warp, scalar_type, vec3_type,
+                                      wp_device)
 
 from . import lj_kernels as lk
 
@@ -55,6 +56,9 @@ class LennardJones:
     #: forces come from the kernel, not from autograd; each owned atom's sums see all its
     #: neighbours when ghosts cover the cutoff (receiver-owned edges).
     needs_autograd = False
+    #: how a decomposition consolidates each output (see shardmd.domain.distributed_model)
+    output_kinds = {"energy": "per_system", "virial": "per_system", "forces": "per_point",
+                    "energies": "per_point"}
 
     def __init__(self, epsilon, sigma, cutoff: float, shift: bool = True,
                  mixing: str = "lorentz-berthelot", pairs: Mapping | None = None):
@@ -74,6 +78,7 @@ class LennardJones:
             a, b = (_z(s) for s in str(key).split("-"))
             self.pairs[(a, b)] = self.pairs[(b, a)] = (float(p["epsilon"]), float(p["sigma"]))
         self._tables: dict = {}
+        self._types_cache = None
 
     # -- parameters -----------------------------------------------------------------
     def species(self) -> list[int]:
@@ -99,25 +104,35 @@ class LennardJones:
         return eps, sig
 
     def _table(self, numbers: torch.Tensor, dtype, device):
+        """(n_types, per-atom type index (n,) int32, pair table (n_types^2, 3) of
+        (c12, c6, u_shift), its first row as floats) for the species present in ``numbers``.
+
+        The species set and the type index of the last ``numbers`` tensor are kept (it is
+        the same tensor from step to step between neighbour rebuilds; torch's version
+        counter catches in-place changes), so a step costs no ``unique()`` sort.
+        """
+        last = self._types_cache
+        if last is not None and last[0] is numbers and last[1] == numbers._version and last[2] == (dtype, str(device)):
+            return last[3]
         zs = sorted(set(int(z) for z in numbers.unique().tolist()))
         key = (tuple(zs), dtype, str(device))
         if key not in self._tables:
             t = len(zs)
-            c12 = torch.zeros(t * t, dtype=torch.float64)
-            c6 = torch.zeros(t * t, dtype=torch.float64)
-            us = torch.zeros(t * t, dtype=torch.float64)
+            table = torch.zeros(t * t, 3, dtype=torch.float64)
             for a, za in enumerate(zs):
                 for b, zb in enumerate(zs):
                     eps, sig = self.pair_parameters(za, zb)
-                    c12[a * t + b] = 4 * eps * sig**12
-                    c6[a * t + b] = 4 * eps * sig**6
-                    if self.shift:
-                        us[a * t + b] = c12[a * t + b] / self.cutoff**12 - c6[a * t + b] / self.cutoff**6
+                    c12, c6 = 4 * eps * sig**12, 4 * eps * sig**6
+                    us = c12 / self.cutoff**12 - c6 / self.cutoff**6 if self.shift else 0.0
+                    table[a * t + b] = torch.tensor([c12, c6, us], dtype=torch.float64)
             lut = torch.full((max(zs) + 1,), -1, dtype=torch.int32)
             lut[torch.tensor(zs)] = torch.arange(t, dtype=torch.int32)
-            self._tables[key] = (t, lut.to(device), c12.to(dtype=dtype, device=device),
-                                 c6.to(dtype=dtype, device=device), us.to(dtype=dtype, device=device))
-        return self._tables[key]
+            # host copy of the first row: the one-species kernel takes it as a value
+            self._tables[key] = (t, lut.to(device), table.to(dtype=dtype, device=device), tuple(table[0].tolist()))
+        t, lut, table, first = self._tables[key]
+        out = (t, lut[numbers.long()].contiguous(), table, first)
+        self._types_cache = (numbers, numbers._version, (dtype, str(device)), out)
+        return out
 
     # -- evaluation -----------------------------------------------------------------
     def compute(self, positions: torch.Tensor, cell: torch.Tensor, pbc, numbers: torch.Tensor,
@@ -133,20 +148,22 @@ class LennardJones:
             raise ValueError(f"neighbour list radius {nl.cutoff} Å < LJ cutoff {self.cutoff} Å")
         dtype, device = positions.dtype, positions.device
         nq = nl.n_query
-        t, lut, c12, c6, us = self._table(numbers, dtype, device)
-        types = lut[numbers.long()].contiguous()
+        t, types, table, first = self._table(numbers, dtype, device)
         forces = torch.empty(nq, 3, dtype=dtype, device=device)
         energies = torch.empty(nq, dtype=dtype, device=device)
         virials = torch.empty(nq, 3, 3, dtype=dtype, device=device)
         if nq:
-            wp.launch(
-                lk.lj_full_list, dim=nq, device=wp_device(positions),
-                inputs=[as_vec3(positions.contiguous()), as_mat33(cell.to(dtype).contiguous()[None]),
-                        as_array(types), as_array(nl.offsets), as_array(nl.neighbors),
-                        as_vec3i(nl.shifts), as_array(c12), as_array(c6), as_array(us), t,
-                        scalar_type(dtype)(self.cutoff**2), as_vec3(forces), as_array(energies),
-                        as_mat33(virials)],
-            )
+            geometry = [as_vec3(positions.contiguous()), as_mat33(cell.to(dtype).contiguous()[None]),
+                        as_array(nl.offsets), as_array(nl.neighbors), as_vec3i(nl.shifts)]
+            cutoff2 = scalar_type(dtype)(self.cutoff**2)
+            outputs = [as_vec3(forces), as_array(energies), as_mat33(virials)]
+            if t == 1:  # one species: parameters as a value, no per-edge lookups
+                kernel = lk.lj_one_species
+                params = [vec3_type(dtype)(*first), cutoff2]
+            else:
+                kernel = lk.lj_species
+                params = [as_array(types), as_vec3(table), t, cutoff2]
+            wp.launch(kernel, dim=nq, device=wp_device(positions), inputs=geometry + params + outputs)
         return {
             "energy": energies.sum(),
             "forces": forces,

@@ -1,0 +1,168 @@
+"""One process group for everything, derived from MPI.
+
+Rank and size come from mpi4py (so ``mpirun``, ``mpiexec`` and ``srun`` all work, whatever
+MPI the site has).  ``torch.distributed`` is initialised from them: rank 0 picks a free port
+and broadcasts it with its host address; gloo on CPU, NCCL on GPU.  The same group carries
+the engine's migration and halo traffic and a model's halo operations.
+
+GPU choice: local rank (from an MPI shared-memory split) modulo the visible device count.
+When a node has more ranks than GPUs, NCCL cannot be used (it refuses two ranks on one
+GPU), so the group falls back to gloo and exchanges are staged through host memory
+(``Comm.staged``).
+"""
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+#: environment variables that reveal a process started by an MPI launcher
+LAUNCHER_ENV = ("PMI_RANK", "PMI_SIZE", "PMIX_RANK", "OMPI_COMM_WORLD_SIZE", "MPI_LOCALNRANKS",
+                "MV2_COMM_WORLD_SIZE", "I_MPI_HYDRA_HOST_FILE")
+
+
+def under_launcher() -> bool:
+    """True when this process was started by mpirun/mpiexec/srun with MPI wiring."""
+    if any(v in os.environ for v in LAUNCHER_ENV):
+        return True
+    return int(os.environ.get("SLURM_NTASKS", "1")) > 1 and "SLURM_PROCID" in os.environ
+
+
+@dataclass
+class Comm:
+    """This rank's place in the job and the process group all traffic uses."""
+
+    rank: int = 0
+    size: int = 1
+    local_rank: int = 0
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    backend: str = "none"
+    staged: bool = False   # exchanges go through host memory (gloo with CUDA tensors)
+    group: object = None
+    mpi: object = None
+
+    @property
+    def is_root(self) -> bool:
+        return self.rank == 0
+
+    # -- collectives on small tensors (always valid, also for size 1) ------------------
+    def _to_comm(self, t: torch.Tensor) -> torch.Tensor:
+        return t.cpu() if self.staged else t
+
+    def all_reduce(self, t: torch.Tensor, op: str = "sum") -> torch.Tensor:
+        """New tensor: reduction of ``t`` over ranks (sum, max or min)."""
+        if self.size == 1:
+            return t.clone()
+        x = self._to_comm(t).clone()
+        dist.all_reduce(x, op={"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX,
+                               "min": dist.ReduceOp.MIN}[op], group=self.group)
+        return x.to(t.device)
+
+    def any(self, flag: bool) -> bool:
+        if self.size == 1:
+            return bool(flag)
+        return bool(self.all_reduce(torch.tensor([int(flag)], dtype=torch.int64, device=self._dev()), "max")[0])
+
+    def _dev(self) -> torch.device:
+        return torch.device("cpu") if (self.staged or self.backend != "nccl") else self.device
+
+    def gather_object(self, obj, root: int = 0):
+        """List of every rank's ``obj`` on ``root`` (None elsewhere)."""
+        if self.size == 1:
+            return [obj]
+        out = [None] * self.size if self.rank == root else None
+        dist.gather_object(obj, out, dst=root, group=self.group)
+        return out
+
+    def all_gather_object(self, obj):
+        if self.size == 1:
+            return [obj]
+        out = [None] * self.size
+        dist.all_gather_object(out, obj, group=self.group)
+        return out
+
+    def broadcast_object(self, obj, root: int = 0):
+        if self.size == 1:
+            return obj
+        box = [obj]
+        dist.broadcast_object_list(box, src=root, group=self.group)
+        return box[0]
+
+    def barrier(self) -> None:
+        if self.size > 1:
+            dist.barrier(group=self.group)
+
+    def abort(self, code: int = 1) -> None:
+        """End every rank of the job now (after an error on this one)."""
+        if self.mpi is not None and self.size > 1:
+            self.mpi.COMM_WORLD.Abort(code)
+        os._exit(code)
+
+
+def _host_address() -> str:
+    for var in ("SHARDMD_MASTER_ADDR", "MASTER_ADDR"):
+        if os.environ.get(var):
+            return os.environ[var]
+    host = socket.gethostname()
+    try:
+        return socket.gethostbyname(host)
+    except OSError:
+        return host
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+def init_comm(device: str = "cpu", timeout_s: float = 120.0) -> Comm:
+    """The job's :class:`Comm`: a single-rank one without a launcher, else from MPI."""
+    if not under_launcher():
+        return Comm(device=_pick_device(device, 0))
+    from mpi4py import MPI
+
+    world = MPI.COMM_WORLD
+    rank, size = world.Get_rank(), world.Get_size()
+    local = world.Split_type(MPI.COMM_TYPE_SHARED)
+    local_rank, local_size = local.Get_rank(), local.Get_size()
+    local.Free()
+    dev = _pick_device(device, local_rank)
+    if size == 1:
+        return Comm(device=dev, mpi=MPI)
+    staged = False
+    backend = "gloo"
+    if dev.type == "cuda":
+        n_gpu = torch.cuda.device_count()
+        if local_size <= n_gpu:
+            backend = "nccl"
+        else:
+            staged = True  # more ranks than GPUs on this node: gloo through host memory
+    addr_port = (_host_address(), _free_port()) if rank == 0 else None
+    addr, port = world.bcast(addr_port, root=0)
+    if backend == "nccl":
+        torch.cuda.set_device(dev)
+    dist.init_process_group(backend=backend, init_method=f"tcp://{addr}:{port}", rank=rank,
+                            world_size=size, timeout=timedelta(seconds=timeout_s))
+    return Comm(rank=rank, size=size, local_rank=local_rank, device=dev, backend=backend,
+                staged=staged, group=dist.group.WORLD, mpi=MPI)
+
+
+def _pick_device(device: str, local_rank: int) -> torch.device:
+    d = torch.device(device)
+    if d.type != "cuda":
+        return d
+    if not torch.cuda.is_available():
+        raise RuntimeError(f"device={device}: CUDA is not available on this machine; use device=cpu")
+    if d.index is not None:
+        return d
+    return torch.device("cuda", local_rank % torch.cuda.device_count())
+
+
+def shutdown(comm: Comm) -> None:
+    if comm.size > 1 and dist.is_initialized():
+        dist.destroy_process_group()

@@ -1,0 +1,63 @@
+"""Point-to-point exchange with the neighbouring domains over the shared process group.
+
+Messages are matched by (peer, tag); a tag encodes the axis and the direction of travel, so
+two messages between the same two ranks (a periodic axis split in two) never mix.  Every
+receive lands in a buffer whose place in the result is fixed by the plan, never by arrival
+order, so results are bit-reproducible.
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from .comm import Comm
+
+
+def tag(axis: int, toward_upper: bool, kind: int = 0) -> int:
+    """Tag of a message travelling along ``axis`` toward the upper (or lower) neighbour."""
+    return (kind * 3 + axis) * 2 + int(toward_upper)
+
+
+def swap(comm: Comm, sends: list[tuple[int, torch.Tensor, int]],
+         recvs: list[tuple[int, tuple, torch.dtype, int]]) -> list[torch.Tensor]:
+    """Post every send and receive, wait for all; return the received tensors in ``recvs`` order.
+
+    sends: (peer rank, tensor, tag); recvs: (peer rank, shape, dtype, tag).  Empty tensors are
+    neither sent nor received (both sides know the counts).  With ``comm.staged`` the data
+    travel through host memory.
+    """
+    dev_out = None
+    reqs = []
+    keep = []
+    for peer, t, tg in sends:
+        if t.numel() == 0:
+            continue
+        dev_out = t.device
+        buf = t.detach().contiguous()
+        if comm.staged:
+            buf = buf.cpu()
+        keep.append(buf)
+        reqs.append(dist.isend(buf, dst=peer, tag=tg, group=comm.group))
+    out = []
+    pending = []
+    for peer, shape, dtype, tg in recvs:
+        dev = torch.device("cpu") if comm.staged else comm.device
+        buf = torch.empty(shape, dtype=dtype, device=dev)
+        out.append(buf)
+        if buf.numel() == 0:
+            continue
+        pending.append(dist.irecv(buf, src=peer, tag=tg, group=comm.group))
+    for r in pending + reqs:
+        r.wait()
+    if comm.staged:
+        out = [b.to(comm.device) for b in out]
+    del dev_out, keep
+    return out
+
+
+def swap_counts(comm: Comm, sends: list[tuple[int, int, int]], recv_from: list[tuple[int, int]]) -> list[int]:
+    """Exchange integer counts: sends (peer, count, tag); recv_from (peer, tag)."""
+    dev = torch.device("cpu") if (comm.staged or comm.backend != "nccl") else comm.device
+    got = swap(comm, [(p, torch.tensor([c], dtype=torch.int64, device=dev), tg) for p, c, tg in sends],
+               [(p, (1,), torch.int64, tg) for p, tg in recv_from])
+    return [int(g[0]) for g in got]

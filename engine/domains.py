@@ -1,0 +1,113 @@
+"""The engine's side of the decomposition: which atoms a rank owns, its ghosts, its list.
+
+One code path for one domain and for many: with a 1x1x1 grid there are no split axes, no
+ghosts and no messages, and the rank's neighbour search applies the cell's periodicity
+itself.  Every collective here is called by all ranks at the same step.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+
+from shardmd.domain.comm import Comm
+from shardmd.domain.context import DomainContext
+from shardmd.domain.decomposition import DecompositionError, choose_grid
+from shardmd.domain.halo import build_halo, ghost_positions, local_pbc
+from shardmd.domain.migration import MigrationError, id_checksum, migrate, verify
+from shardmd.domain.neighbors import SkinNeighborList
+from shardmd.domain.cell import to_fractional
+
+from .errors import CollectiveError
+from .observables import kinetic_tensor
+from .state import PER_ATOM, State
+
+
+class Decomposition:
+    """comm: the job's Comm; cutoff, skin: Å; every/check: rebuild policy; sort_by_id."""
+
+    def __init__(self, comm: Comm, cutoff: float, skin: float, sort_by_id: bool = True):
+        self.comm = comm
+        self.nl = SkinNeighborList(cutoff, skin)
+        self.ghost_width = cutoff + skin
+        self.sort_by_id = sort_by_id
+        self.grid = None
+        self.plan = None
+        self.ctx: DomainContext | None = None
+        self.padded_positions: torch.Tensor | None = None
+        self.padded_numbers: torch.Tensor | None = None
+        self.padded_ids: torch.Tensor | None = None
+        self.expected = None
+        self.timers = {"neighbor": 0.0, "comm": 0.0}
+        self.n_global = 0
+
+    # -- set-up ----------------------------------------------------------------------
+    def distribute(self, full: State) -> State:
+        """Choose the grid and keep this rank's atoms of the (identical on all ranks) full state."""
+        try:
+            self.grid = choose_grid(self.comm.size, full.cell, full.pbc.tolist(), self.ghost_width)
+        except DecompositionError as exc:
+            raise CollectiveError(str(exc)) from None
+        full.wrap()
+        self.n_global = full.n_atoms
+        if self.comm.size > 1:
+            mine = self.grid.owner(to_fractional(full.positions, full.cell)) == self.comm.rank
+            full.permute(torch.nonzero(mine).flatten())
+        self.expected = id_checksum(self.comm, full.ids)
+        return full
+
+    # -- per rebuild -----------------------------------------------------------------
+    def rebuild(self, s: State) -> None:
+        t = time.perf_counter()
+        s.wrap()
+        pbc = s.pbc.tolist()
+        if self.comm.size > 1:
+            arrays = migrate(self.comm, self.grid, s.cell, pbc, {k: getattr(s, k) for k in PER_ATOM})
+            for k, v in arrays.items():
+                setattr(s, k, v)
+            try:
+                verify(self.comm, s.ids, self.expected)
+            except MigrationError as exc:
+                raise CollectiveError(str(exc)) from None
+        if self.sort_by_id:
+            s.sort_by_id()
+        labels = torch.stack([s.ids, s.numbers], dim=1)
+        self.plan, gpos, glab = build_halo(self.comm, self.grid, s.cell, pbc, s.positions, labels,
+                                           self.ghost_width)
+        self.padded_positions = torch.cat([s.positions, gpos])
+        self.padded_ids = torch.cat([s.ids, glab[:, 0]])
+        self.padded_numbers = torch.cat([s.numbers, glab[:, 1]])
+        lp = local_pbc(self.grid, pbc)
+        self.ctx = DomainContext(self.comm, self.grid, self.plan, s.cell, tuple(pbc), lp)
+        self.nl.build(self.padded_positions, s.cell, torch.tensor(lp), ids=self.padded_ids,
+                      n_query=s.n_atoms)
+        self.timers["neighbor"] += time.perf_counter() - t
+
+    def refresh(self, s: State) -> None:
+        """Ghost positions from their owners' current positions (every step without rebuild)."""
+        t = time.perf_counter()
+        self.padded_positions = ghost_positions(self.comm, self.plan, s.positions, s.cell)
+        self.ctx.cell = s.cell
+        self.timers["comm"] += time.perf_counter() - t
+
+    def needs_rebuild(self, s: State) -> bool:
+        """Skin criterion on owned atoms, decided together by all ranks (one small all-reduce)."""
+        t = time.perf_counter()
+        local = self.nl.needs_rebuild(s.positions, s.cell) if s.n_atoms else False
+        need = self.comm.any(local)
+        self.timers["neighbor"] += time.perf_counter() - t
+        return need
+
+    # -- reductions and output ----------------------------------------------------------
+    def kinetic(self, s: State) -> torch.Tensor:
+        return self.comm.all_reduce(kinetic_tensor(s.velocities, s.masses))
+
+    def gather(self, s: State, fields=("positions", "images", "velocities", "forces")):
+        """Root: dict of full arrays in id order (numpy); others: None."""
+        local = {k: getattr(s, k).detach().cpu() for k in ("ids", *fields)}
+        parts = self.comm.gather_object(local)
+        if parts is None:
+            return None
+        ids = torch.cat([p["ids"] for p in parts])
+        order = torch.argsort(ids)
+        return {k: torch.cat([p[k] for p in parts])[order].numpy() for k in ("ids", *fields)}

@@ -1,0 +1,91 @@
+"""Running under MPI: the launcher's ranks, or launching our own.
+
+- Under ``mpirun``/``mpiexec``/``srun`` (world size W) the engine uses those ranks;
+  ``domains`` defaults to W and any other value is an error.
+- Started alone with ``domains=K > 1`` the engine starts K local ranks through the installed
+  MPI's launcher (oversubscribing when needed), streams their output and returns their exit
+  status.
+- An error on one rank ends every rank (MPI abort); errors every rank meets alike (bad
+  configuration, impossible decomposition) are printed once, by rank 0.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from shardmd.domain.comm import under_launcher
+
+RANK_ENV = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID", "MV2_COMM_WORLD_RANK")
+SIZE_ENV = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "SLURM_NTASKS", "MV2_COMM_WORLD_SIZE")
+
+
+def env_rank() -> int:
+    """This process's rank as the launcher announced it (0 without a launcher)."""
+    for v in RANK_ENV:
+        if v in os.environ:
+            try:
+                return int(os.environ[v])
+            except ValueError:
+                pass
+    return 0
+
+
+def env_size() -> int:
+    for v in SIZE_ENV:
+        if v in os.environ:
+            try:
+                return int(os.environ[v])
+            except ValueError:
+                pass
+    return 1
+
+
+def find_mpiexec() -> str | None:
+    """The launcher of the MPI mpi4py uses: beside this Python first (PyPI wheels), then PATH."""
+    here = Path(sys.executable).parent
+    for name in ("mpiexec", "mpirun"):
+        if (here / name).exists():
+            return str(here / name)
+    for name in ("mpiexec", "mpirun"):
+        found = shutil.which(name)
+        if found:
+            return found
+    return None
+
+
+def launch_command(n: int, argv: list[str]) -> list[str]:
+    exe = find_mpiexec()
+    if exe is None:
+        from .errors import UserError
+
+        raise UserError(f"domains={n} needs an MPI launcher (mpiexec) and none was found; install one "
+                        "(pip install mpich) or start the job with your site's mpirun/srun")
+    version = subprocess.run([exe, "--version"], capture_output=True, text=True).stdout
+    cmd = [exe, "-n", str(n)]
+    if "Open MPI" in version or "OpenRTE" in version:
+        cmd += ["--oversubscribe"]
+        if hasattr(os, "geteuid") and os.geteuid() == 0:
+            cmd += ["--allow-run-as-root"]
+    return cmd + [sys.executable, "-m", "engine", *argv]
+
+
+def launch_self(n: int, argv: list[str]) -> int:
+    """Run ``python -m engine <argv>`` on n local ranks; return the launcher's exit status."""
+    cmd = launch_command(n, argv)
+    env = dict(os.environ, SHARDMD_SELF_LAUNCHED="1", PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen(cmd, env=env)
+    try:
+        return proc.wait()
+    except KeyboardInterrupt:
+        proc.terminate()
+        try:
+            return proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            return 130
+
+
+__all__ = ["env_rank", "env_size", "find_mpiexec", "launch_self", "under_launcher"]
