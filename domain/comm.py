@@ -50,14 +50,11 @@ class Comm:
         return self.rank == 0
 
     # -- collectives on small tensors (always valid, also for size 1) ------------------
-    def _to_comm(self, t: torch.Tensor) -> torch.Tensor:
-        return t.cpu() if self.staged else t
-
     def all_reduce(self, t: torch.Tensor, op: str = "sum") -> torch.Tensor:
-        """New tensor: reduction of ``t`` over ranks (sum, max or min)."""
+        """New tensor: reduction of ``t`` over ranks (sum, max or min), on ``t``'s device."""
         if self.size == 1:
             return t.clone()
-        x = self._to_comm(t).clone()
+        x = t.to(self._dev(), copy=True)
         dist.all_reduce(x, op={"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX,
                                "min": dist.ReduceOp.MIN}[op], group=self.group)
         return x.to(t.device)

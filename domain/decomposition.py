@@ -121,6 +121,11 @@ def choose_grid(n_domains: int, cell: torch.Tensor, pbc, ghost_width: float,
         best = max_domains(cell, pbc, ghost_width, n_domains)
         thin = min(candidates, key=lambda s: -min(widths[k] / s[k] for k in range(3) if s[k] > 1))
         tmin = min(widths[k] / thin[k] for k in range(3) if thin[k] > 1)
+        if shape is not None:
+            raise DecompositionError(
+                f"grid={list(shape)} makes domains {tmin:.2f} Å thin, less than the ghost width "
+                f"{ghost_width:.2f} Å (cutoff + skin); use fewer domains along that axis or grid=null "
+                f"(at most {best} domains fit this system)")
         raise DecompositionError(
             f"domains={n_domains}: domains would be {tmin:.2f} Å thin, less than the ghost width "
             f"{ghost_width:.2f} Å (cutoff + skin); use at most domains={best} for this system, or a larger system")

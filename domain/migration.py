@@ -28,10 +28,11 @@ class MigrationError(RuntimeError):
 
 
 def migrate(comm: Comm, grid: DomainGrid, cell: torch.Tensor, pbc, arrays: dict[str, torch.Tensor],
-            positions: str = "positions", ids: str = "ids") -> dict[str, torch.Tensor]:
+            positions: str = "positions", ids: str = "ids", stats: dict | None = None) -> dict[str, torch.Tensor]:
     """Return the per-point ``arrays`` this rank owns after moving points between neighbours.
 
     arrays: name -> (n, ...) tensor, all with the same n; ``arrays[positions]`` in Å.
+    stats: if given, ``stats["received"]`` is increased by the points this rank received.
     """
     names = sorted(arrays)
     for axis in split_axes(grid):
@@ -76,6 +77,8 @@ def migrate(comm: Comm, grid: DomainGrid, cell: torch.Tensor, pbc, arrays: dict[
                 a = arrays[name]
                 want.append((pe, (n, *a.shape[1:]), a.dtype, tag(axis, up, 8 + j)))
         got = swap(comm, payload, want)
+        if stats is not None:
+            stats["received"] = stats.get("received", 0) + sum(counts)
         new = {name: [arrays[name][stay]] for name in names}
         for k in range(len(recv_from)):
             for j, name in enumerate(names):

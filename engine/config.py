@@ -31,6 +31,7 @@ KEYS: dict[str, tuple[str, str]] = {
     "model": ("(required)", "model to run: " + "|".join(sorted(p.stem for p in (CONFIG_DIR / "model").glob("*.yaml")))),
     "integrator": ("verlet", "verlet (NVE) | langevin (BAOAB)"),
     "domains": ("1", "spatial domains = MPI ranks; under mpirun defaults to the launcher's rank count"),
+    "grid": ("null", "domain grid [Px,Py,Pz] with Px*Py*Pz = domains; null = least ghost volume"),
     "steps": ("1000", "total step number to reach"),
     "dt": ("1.0", "time step in fs"),
     "temperature": ("100.0", "K: initial Maxwell-Boltzmann velocities and the Langevin target"),
@@ -153,6 +154,10 @@ def validate(cfg: DictConfig) -> None:
     """Check every value; raise a one-line UserError naming the key and the fix."""
     c = cfg
     _need(_is_int(c.domains) and c.domains >= 1, "domains", c.domains, "give a whole number >= 1")
+    if c.grid is not None:
+        g = list(c.grid) if OmegaConf.is_list(c.grid) else None
+        _need(g is not None and len(g) == 3 and all(_is_int(x) and x >= 1 for x in g), "grid", c.grid,
+              "give three whole numbers, e.g. [2,2,1]")
     _need(_is_int(c.steps) and c.steps >= 0, "steps", c.steps, "give a whole number >= 0")
     _need(_is_num(c.dt) and c.dt > 0, "dt", c.dt, "give a time step > 0 in fs")
     _need(_is_num(c.temperature) and c.temperature >= 0, "temperature", c.temperature, "give kelvin >= 0")

@@ -26,11 +26,12 @@ from .state import PER_ATOM, State
 class Decomposition:
     """comm: the job's Comm; cutoff, skin: Å; every/check: rebuild policy; sort_by_id."""
 
-    def __init__(self, comm: Comm, cutoff: float, skin: float, sort_by_id: bool = True):
+    def __init__(self, comm: Comm, cutoff: float, skin: float, sort_by_id: bool = True, grid=None):
         self.comm = comm
         self.nl = SkinNeighborList(cutoff, skin)
         self.ghost_width = cutoff + skin
         self.sort_by_id = sort_by_id
+        self.grid_shape = tuple(grid) if grid is not None else None
         self.grid = None
         self.plan = None
         self.ctx: DomainContext | None = None
@@ -40,12 +41,14 @@ class Decomposition:
         self.expected = None
         self.timers = {"neighbor": 0.0, "comm": 0.0}
         self.n_global = 0
+        self.stats = {"received": 0}
 
     # -- set-up ----------------------------------------------------------------------
     def distribute(self, full: State) -> State:
         """Choose the grid and keep this rank's atoms of the (identical on all ranks) full state."""
         try:
-            self.grid = choose_grid(self.comm.size, full.cell, full.pbc.tolist(), self.ghost_width)
+            self.grid = choose_grid(self.comm.size, full.cell, full.pbc.tolist(), self.ghost_width,
+                                    shape=self.grid_shape)
         except DecompositionError as exc:
             raise CollectiveError(str(exc)) from None
         full.wrap()
@@ -62,7 +65,8 @@ class Decomposition:
         s.wrap()
         pbc = s.pbc.tolist()
         if self.comm.size > 1:
-            arrays = migrate(self.comm, self.grid, s.cell, pbc, {k: getattr(s, k) for k in PER_ATOM})
+            arrays = migrate(self.comm, self.grid, s.cell, pbc, {k: getattr(s, k) for k in PER_ATOM},
+                             stats=self.stats)
             for k, v in arrays.items():
                 setattr(s, k, v)
             try:
@@ -99,6 +103,10 @@ class Decomposition:
         return need
 
     # -- reductions and output ----------------------------------------------------------
+    def migrated(self) -> int:
+        """Atoms moved between domains so far, summed over ranks (collective)."""
+        return int(self.comm.all_reduce(torch.tensor([self.stats["received"]]))[0])
+
     def kinetic(self, s: State) -> torch.Tensor:
         return self.comm.all_reduce(kinetic_tensor(s.velocities, s.masses))
 

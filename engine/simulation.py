@@ -81,7 +81,8 @@ class Simulation:
             except ValueError as exc:
                 raise UserError(str(exc)) from None
         self.domain = Decomposition(self.comm, model.cutoff, float(cfg.neighbor.skin),
-                                    sort_by_id=bool(cfg.neighbor.sort_by_id))
+                                    sort_by_id=bool(cfg.neighbor.sort_by_id),
+                                    grid=None if cfg.grid is None else [int(g) for g in cfg.grid])
         self.state = self.domain.distribute(state)
         self.n_global = self.domain.n_global
         self.reporter = reporter or Reporter(self.log_path if self.comm.is_root else None, quiet=cfg.quiet,
@@ -247,13 +248,15 @@ class Simulation:
         for k, v in self.domain.timers.items():
             self.timers[k] = v
         rates = self.reporter.rates(s.step, self.integrator.dt, self.n_global)
+        migrated = self.domain.migrated()
         lines = [f"Loop: {wall:.3f} s, {rates['steps_per_s']:.3f} steps/s, {rates['ns_per_day']:.4f} ns/day, "
-                 f"{rates['atom_steps_per_s']:.4g} atom-steps/s, {self.nl.n_builds} neighbour builds"]
+                 f"{rates['atom_steps_per_s']:.4g} atom-steps/s, {self.nl.n_builds} neighbour builds, "
+                 f"{migrated} atom migrations"]
         total = max(sum(self.timers.values()), 1e-12)
         lines.append("Time split: " + ", ".join(
             f"{k} {v:.3f} s ({100 * v / max(wall, 1e-12):.1f}%)" for k, v in sorted(self.timers.items())))
         self.reporter.summary(lines)
-        self.summary = {"wall_s": wall, "builds": self.nl.n_builds, **rates, **dict(self.timers),
+        self.summary = {"wall_s": wall, "builds": self.nl.n_builds, "migrated": migrated, **rates, **dict(self.timers),
                         "timed_s": total}
 
     def close(self) -> None:

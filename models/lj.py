@@ -15,8 +15,7 @@ import torch
 from ase.data import atomic_numbers, chemical_symbols
 
 from shardmd.domain.neighbors import NeighborList
-from shardmd.domain.warp_setup import (as_array, as_mat33, as_vec3, as_vec3i, init_warp, scalar_type, vec3_type,
-                                      wp_device)
+from shardmd.domain.warp_setup import as_array, as_mat33, as_vec3, as_vec3i, init_warp, scalar_type, wp_device
 
 from . import lj_kernels as lk
 
@@ -105,7 +104,7 @@ class LennardJones:
 
     def _table(self, numbers: torch.Tensor, dtype, device):
         """(n_types, per-atom type index (n,) int32, pair table (n_types^2, 3) of
-        (c12, c6, u_shift), its first row as floats) for the species present in ``numbers``.
+        (c12, c6, u_shift)) for the species present in ``numbers``.
 
         The species set and the type index of the last ``numbers`` tensor are kept (it is
         the same tensor from step to step between neighbour rebuilds; torch's version
@@ -127,10 +126,9 @@ class LennardJones:
                     table[a * t + b] = torch.tensor([c12, c6, us], dtype=torch.float64)
             lut = torch.full((max(zs) + 1,), -1, dtype=torch.int32)
             lut[torch.tensor(zs)] = torch.arange(t, dtype=torch.int32)
-            # host copy of the first row: the one-species kernel takes it as a value
-            self._tables[key] = (t, lut.to(device), table.to(dtype=dtype, device=device), tuple(table[0].tolist()))
-        t, lut, table, first = self._tables[key]
-        out = (t, lut[numbers.long()].contiguous(), table, first)
+            self._tables[key] = (t, lut.to(device), table.to(dtype=dtype, device=device))
+        t, lut, table = self._tables[key]
+        out = (t, lut[numbers.long()].contiguous(), table)
         self._types_cache = (numbers, numbers._version, (dtype, str(device)), out)
         return out
 
@@ -148,22 +146,22 @@ class LennardJones:
             raise ValueError(f"neighbour list radius {nl.cutoff} Å < LJ cutoff {self.cutoff} Å")
         dtype, device = positions.dtype, positions.device
         nq = nl.n_query
-        t, types, table, first = self._table(numbers, dtype, device)
+        t, types, table = self._table(numbers, dtype, device)
         forces = torch.empty(nq, 3, dtype=dtype, device=device)
         energies = torch.empty(nq, dtype=dtype, device=device)
         virials = torch.empty(nq, 3, 3, dtype=dtype, device=device)
         if nq:
-            geometry = [as_vec3(positions.contiguous()), as_mat33(cell.to(dtype).contiguous()[None]),
-                        as_array(nl.offsets), as_array(nl.neighbors), as_vec3i(nl.shifts)]
-            cutoff2 = scalar_type(dtype)(self.cutoff**2)
-            outputs = [as_vec3(forces), as_array(energies), as_mat33(virials)]
-            if t == 1:  # one species: parameters as a value, no per-edge lookups
-                kernel = lk.lj_one_species
-                params = [vec3_type(dtype)(*first), cutoff2]
-            else:
-                kernel = lk.lj_species
-                params = [as_array(types), as_vec3(table), t, cutoff2]
-            wp.launch(kernel, dim=nq, device=wp_device(positions), inputs=geometry + params + outputs)
+            # With every point a query point the list holds both (i, j, S) and (j, i, -S), and
+            # the virial follows from sum_i x_i (x) F_i plus an image term over the few edges
+            # with S != 0; with ghost points (n_query < n_points) it is summed edge by edge.
+            pair_virial = nl.n_query != nl.n_points
+            wp.launch(
+                lk.LJ_KERNELS[t == 1, pair_virial], dim=nq, device=wp_device(positions),
+                inputs=[as_vec3(positions.contiguous()), as_mat33(cell.to(dtype).contiguous()[None]),
+                        as_array(nl.offsets), as_array(nl.neighbors), as_vec3i(nl.shifts),
+                        as_array(types), as_vec3(table), t, scalar_type(dtype)(self.cutoff**2),
+                        as_vec3(forces), as_array(energies), as_mat33(virials)],
+            )
         return {
             "energy": energies.sum(),
             "forces": forces,

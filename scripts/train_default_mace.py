@@ -195,6 +195,9 @@ def main(argv=None):
     p.add_argument("--num-interactions", type=int, default=2)
     p.add_argument("--r-max", type=float, default=5.0)
     p.add_argument("--dtype", default="float64", choices=["float64", "float32"])
+    p.add_argument("--skip-train", action="store_true",
+                   help="reuse the model already in runs/mace_cu_small and only redo the "
+                        "copy + model card (training wall time then read from the card)")
     a = p.parse_args(argv)
     a.data = a.data.resolve()
     a.out = a.out.resolve()
@@ -222,16 +225,19 @@ def main(argv=None):
     e0 = emt_isolated_atom_energy()
     print(f"data {a.data}  sha256 {digest}\nE0(Cu, EMT isolated atom) = {e0} eV", flush=True)
 
-    if WORK.exists():  # mace resumes/loads the latest checkpoint it finds: start clean
-        shutil.rmtree(WORK)
-    WORK.mkdir(parents=True)
-
     margv = mace_argv(a, e0)
-    (WORK / "mace_argv.txt").write_text("\n".join(margv) + "\n")
-    t0 = time.time()
-    mace_run(tools.build_default_arg_parser().parse_args(margv))
-    wall = time.time() - t0
-    print(f"training wall time {wall:.0f} s", flush=True)
+    if not a.skip_train:
+        if WORK.exists():  # mace loads the latest checkpoint it finds: start clean
+            shutil.rmtree(WORK)
+        WORK.mkdir(parents=True)
+        (WORK / "mace_argv.txt").write_text("\n".join(margv) + "\n")
+        t0 = time.time()
+        mace_run(tools.build_default_arg_parser().parse_args(margv))
+        wall = time.time() - t0
+        (WORK / "wall_time_s.txt").write_text(f"{wall:.1f}\n")
+        print(f"training wall time {wall:.0f} s", flush=True)
+    else:
+        wall = float((WORK / "wall_time_s.txt").read_text())
 
     trained = WORK / f"{NAME}_stagetwo.model"
     if not trained.exists():
@@ -266,7 +272,9 @@ def main(argv=None):
     channels = int(hidden.split("x")[0])
     rebuild = [
         f"python scripts/make_mace_data.py --seed {a.seed}",
-        "python scripts/train_default_mace.py " + " ".join(shlex.quote(x) for x in (argv if argv is not None else sys.argv[1:])),
+        ("python scripts/train_default_mace.py " + " ".join(
+            shlex.quote(x) for x in (argv if argv is not None else sys.argv[1:])
+            if x != "--skip-train")).strip(),
     ]
     card = {
         "name": NAME,

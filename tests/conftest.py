@@ -30,3 +30,12 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+def mpiexec_cmd(n, args):
+    """Command list running ``args`` (a python argv tail) on n real MPI ranks."""
+    from shardmd.engine.parallel import launch_command
+
+    cmd = launch_command(n, [])
+    # launch_command ends with [python, -m, engine]: replace the tail by our own arguments
+    return cmd[: cmd.index(sys.executable)] + [sys.executable, *args]

@@ -1,0 +1,170 @@
+"""Domain decomposition on real MPI ranks (gloo, oversubscribed): N domains give the
+1-domain answer.  Several systems and grids run per launch to keep the suite fast."""
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import mpiexec_cmd, run_engine
+from reference import lj_reference, mix_lorentz_berthelot
+from systems import make_system
+from shardmd.engine.h5md import read_frames, read_observables
+
+HERE = Path(__file__).resolve().parent
+CASES = {
+    2: ["ortho:1x1x2", "triclinic:auto", "slab:auto"],
+    3: ["ortho:1x1x3", "triclinic:auto"],
+    4: ["ortho:2x2x1", "triclinic:2x2x1", "slab:2x2x1", "vacuum:1x1x4"],
+    6: ["ortho:3x2x1", "triclinic:auto"],
+    8: ["ortho:2x2x2", "triclinic:auto"],
+}
+
+
+@pytest.fixture(scope="module")
+def reference():
+    eps, sig = mix_lorentz_berthelot(np.array([0.0104, 0.014]), np.array([3.40, 3.65]))
+    out = {}
+    for name in ("ortho", "triclinic", "slab", "vacuum"):
+        a = make_system(name)
+        out[name] = lj_reference(a.positions, a.cell.array, a.pbc, a.numbers, eps, sig, {18: 0, 36: 1}, 7.0, True)[:3]
+    return out
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("k", sorted(CASES))
+def test_lj_on_k_domains_equals_reference(k, tmp_path, reference):
+    cmd = mpiexec_cmd(k, [str(HERE / "mpi" / "lj_cases.py"), str(tmp_path), *CASES[k]])
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    for case in CASES[k]:
+        name, grid = case.split(":")
+        e_ref, f_ref, w_ref = reference[name]
+        d64 = np.load(tmp_path / f"{name}_{grid}_float64.npz")
+        assert np.prod(d64["grid"]) == k
+        if grid != "auto":
+            assert "x".join(map(str, d64["grid"])) == grid
+        assert np.array_equal(d64["ids"], np.arange(len(f_ref)))
+        fmax = np.abs(f_ref).max()
+        assert np.abs(d64["forces"] - f_ref).max() <= 1e-12 * fmax, case
+        assert abs(d64["energy"] - e_ref) <= 1e-12 * abs(e_ref), case
+        assert np.abs(d64["virial"] - w_ref).max() <= 1e-12 * np.abs(w_ref).max(), case
+        # float32: positions carry ~6e-8 relative rounding (|x| ~ 30 Å -> 2e-6 Å); a force
+        # sums ~100 pair terms whose derivatives reach ~20 max|F| per Å: 1e-4 max|F| bounds it
+        d32 = np.load(tmp_path / f"{name}_{grid}_float32.npz")
+        assert np.abs(d32["forces"] - f_ref).max() <= 1e-4 * fmax, case
+        assert abs(d32["energy"] - e_ref) <= 1e-5 * abs(e_ref), case
+
+
+def _unwrapped(frames):
+    return [f.positions + f.arrays["image"] @ f.cell.array for f in frames]
+
+
+COMMON = ["model=lj", "system.repeat=[6,6,6]", "steps=200", "trajectory.every=50", "thermo.every=50",
+          "quiet=true", "temperature=90", "dt=2.0", "neighbor.skin=0.6"]
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("integrator", ["verlet", "langevin"])
+def test_trajectories_1_vs_4_domains(integrator, tmp_path):
+    r1 = run_engine(["run", *COMMON, f"integrator={integrator}", "output=d1.h5"], cwd=tmp_path)
+    assert r1.returncode == 0, r1.stderr
+    r4 = run_engine(["run", *COMMON, f"integrator={integrator}", "+domains=4", "output=d4.h5"], cwd=tmp_path)
+    assert r4.returncode == 0, r4.stderr
+    a, b = read_frames(tmp_path / "d1.h5"), read_frames(tmp_path / "d4.h5")
+    assert [f.info["step"] for f in a] == [f.info["step"] for f in b] == [0, 50, 100, 150, 200]
+    for ua, ub in zip(_unwrapped(a), _unwrapped(b)):
+        assert np.abs(ua - ub).max() < 1e-8
+    assert "neighbour builds" in (tmp_path / "d4.log").read_text()
+
+
+@pytest.mark.mpi
+def test_self_launch_equals_mpiexec(tmp_path):
+    args = ["-m", "engine", "run", "+model=lj", "system.repeat=[5,5,5]", "steps=60", "trajectory.every=30",
+            "quiet=true", "output=m.h5"]
+    r = subprocess.run(mpiexec_cmd(4, args), cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    r2 = run_engine(["run", "+model=lj", "+domains=4", "system.repeat=[5,5,5]", "steps=60",
+                     "trajectory.every=30", "quiet=true", "output=s.h5"], cwd=tmp_path)
+    assert r2.returncode == 0, r2.stderr
+    for fa, fb in zip(read_frames(tmp_path / "m.h5"), read_frames(tmp_path / "s.h5")):
+        assert np.array_equal(fa.positions, fb.positions)
+        assert np.array_equal(fa.get_velocities(), fb.get_velocities())
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+def test_hot_gas_migration_stress_on_8_domains(tmp_path):
+    """A hot dilute gas crossing faces and periodic corners for thousands of steps: the
+    atom count and id checksum are verified at every rebuild (a mismatch stops the run);
+    NVE energy behaves as on one domain."""
+    gas = ["model=lj", "system.a=11.0", "system.repeat=[4,4,4]", "temperature=2500", "dt=4.0",
+           "steps=3000", "neighbor.skin=1.0", "trajectory.every=0", "thermo.every=100", "quiet=true",
+           "model.cutoff=5.0"]
+    r8 = run_engine(["run", *gas, "domains=8", "grid=[2,2,2]", "output=g8.h5"], cwd=tmp_path, timeout=900)
+    assert r8.returncode == 0, r8.stderr
+    r1 = run_engine(["run", *gas, "output=g1.h5"], cwd=tmp_path, timeout=900)
+    assert r1.returncode == 0, r1.stderr
+    log = (tmp_path / "g8.log").read_text()
+    migrations = int(log.split(" atom migrations")[0].split()[-1])
+    assert migrations > 1000, log[-500:]
+    e8 = np.array([float(line.split()[5]) for line in log.splitlines() if line.strip()[:1].isdigit()])
+    log1 = (tmp_path / "g1.log").read_text()
+    e1 = np.array([float(line.split()[5]) for line in log1.splitlines() if line.strip()[:1].isdigit()])
+    assert len(e8) == len(e1) == 31
+    drift8, drift1 = np.abs(e8 - e8[0]).max(), np.abs(e1 - e1[0]).max()
+    assert drift8 <= 2 * drift1 + 1e-6 * abs(e1[0]), (drift8, drift1)
+
+
+@pytest.mark.mpi
+def test_empty_domains_run(tmp_path):
+    """Atoms only in the lower part of the box: two of four z-slabs start empty."""
+    from ase.io import write
+
+    write(tmp_path / "vac.extxyz", make_system("vacuum"))
+    r = run_engine(["run", "model=lj", "system.file=vac.extxyz", "domains=4", "grid=[1,1,4]", "steps=40",
+                    "trajectory.every=20", "quiet=true", "model.epsilon.Kr=0.014", "model.sigma.Kr=3.65"],
+                   cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    frames = read_frames(tmp_path / "run.h5")
+    assert len(frames) == 3 and len(frames[-1]) == len(make_system("vacuum"))
+
+
+@pytest.mark.mpi
+def test_thin_domains_error_names_largest_count(tmp_path):
+    r = run_engine(["run", "model=lj", "system.repeat=[3,3,3]", "domains=16", "steps=5"], cwd=tmp_path)
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:") and "at most domains=" in lines[0], r.stderr
+
+
+@pytest.mark.mpi
+def test_launcher_count_mismatch_is_one_line(tmp_path):
+    r = subprocess.run(mpiexec_cmd(2, ["-m", "engine", "run", "model=lj", "domains=3", "steps=5"]),
+                       cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0
+    errors = [line for line in r.stderr.splitlines() if line.startswith("error")]
+    assert len(errors) == 1 and "domains=3" in errors[0] and "2 ranks" in errors[0], r.stderr
+
+
+@pytest.mark.mpi
+def test_failure_on_one_rank_ends_all_ranks(tmp_path):
+    """An exception on rank 1 ends all three ranks within 10 s, non-zero, message shown once."""
+    env = dict(os.environ, SHARDMD_INJECT_FAILURE="1:20")
+    p = subprocess.Popen([sys.executable, "-m", "engine", "run", "model=lj", "system.repeat=[6,6,6]",
+                          "domains=3", "steps=100000", "quiet=true"], cwd=tmp_path, env=env,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    lines = []
+    t_fail = None
+    for line in p.stderr:
+        lines.append(line)
+        if "injected failure" in line and t_fail is None:
+            t_fail = time.time()
+    code = p.wait(timeout=60)
+    t_end = time.time()
+    assert code != 0
+    assert t_fail is not None and t_end - t_fail < 10, (t_end - (t_fail or 0))
+    assert sum("injected failure at step 20" in line for line in lines) == 1, lines
