@@ -82,9 +82,11 @@ def _run_ranks(cfg) -> int:
     from .simulation import Simulation
 
     comm = init_comm(cfg.device) if cfg.domains > 1 else None
+    code = 0
     try:
         sim = Simulation(cfg, comm=comm)
         sim.run()
+        code = sim.exit_code
     except UserError as exc:
         if comm is None or comm.size == 1:
             raise
@@ -107,4 +109,4 @@ def _run_ranks(cfg) -> int:
         comm.abort(1)
     if comm is not None:
         shutdown(comm)
-    return 0
+    return code

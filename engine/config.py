@@ -41,6 +41,11 @@ KEYS: dict[str, tuple[str, str]] = {
     "threads": ("0", "torch CPU threads per rank; 0 = all cores (1 per rank under MPI)"),
     "output": ("run.h5", "H5MD trajectory file; the log file goes beside it (.log)"),
     "quiet": ("false", "no progress bar or thermo table on the terminal (the log keeps them)"),
+    "overwrite": ("false", "a fresh run may replace an existing output file"),
+    "restart.file": ("null", "checkpoint to continue from (restart=PATH is the same); auto = newest beside output, else fresh"),
+    "restart.allow_changes": ("false", "allow model/dt/integrator/temperature/seed/precision to differ on restart"),
+    "checkpoint.every": ("1000", "steps between restart checkpoints (0: only at the end and on signals)"),
+    "checkpoint.keep": ("3", "newest checkpoints kept in <output>.ckpt/"),
     "system.file": ("null", "any ASE-readable structure file; overrides the lattice builder"),
     "system.index": ("-1", "frame of a multi-frame structure file"),
     "system.lattice": ("fcc", "builder lattice: fcc | bcc | sc | hcp | diamond"),
@@ -97,6 +102,8 @@ def normalize_overrides(args: list[str]) -> list[str]:
         key, value = m.group("key"), m.group("value")
         if m.group("prefix") == "~":
             raise UserError(f"'{arg}': deleting keys is not supported; set {key}=... instead")
+        if key == "restart":  # shorthand: restart=PATH|auto (also +restart=..., never a silent fresh start)
+            key = "restart.file"
         if key in GROUPS:
             options = group_options(key)
             if value not in options:
@@ -168,6 +175,15 @@ def validate(cfg: DictConfig) -> None:
     _need(_is_int(c.threads) and c.threads >= 0, "threads", c.threads, "give a whole number >= 0")
     _need(isinstance(c.output, str) and c.output.strip() != "", "output", c.output, "give a file name")
     _need(isinstance(c.quiet, bool), "quiet", c.quiet, "use true or false")
+    _need(isinstance(c.overwrite, bool), "overwrite", c.overwrite, "use true or false")
+    _need(c.restart.file is None or (isinstance(c.restart.file, str) and c.restart.file.strip() != ""),
+          "restart.file", c.restart.file, "give a checkpoint path or auto")
+    _need(isinstance(c.restart.allow_changes, bool), "restart.allow_changes", c.restart.allow_changes,
+          "use true or false")
+    _need(_is_int(c.checkpoint.every) and c.checkpoint.every >= 0, "checkpoint.every", c.checkpoint.every,
+          "give a whole number >= 0")
+    _need(_is_int(c.checkpoint.keep) and c.checkpoint.keep >= 1, "checkpoint.keep", c.checkpoint.keep,
+          "give a whole number >= 1")
     s = c.system
     if s.file is not None:
         _need(isinstance(s.file, str), "system.file", s.file, "give a path")

@@ -44,18 +44,27 @@ class Decomposition:
         self.stats = {"received": 0}
 
     # -- set-up ----------------------------------------------------------------------
-    def distribute(self, full: State) -> State:
-        """Choose the grid and keep this rank's atoms of the (identical on all ranks) full state."""
+    def distribute(self, full: State, reference: torch.Tensor | None = None) -> State:
+        """Choose the grid and keep this rank's atoms of the (identical on all ranks) full state.
+
+        reference: (n, 3) positions of the last rebuild (restarts): atoms go to the domain of
+        their reference position and nothing is wrapped, as at that rebuild."""
         try:
             self.grid = choose_grid(self.comm.size, full.cell, full.pbc.tolist(), self.ghost_width,
                                     shape=self.grid_shape)
         except DecompositionError as exc:
             raise CollectiveError(str(exc)) from None
-        full.wrap()
+        if reference is None:
+            full.wrap()
         self.n_global = full.n_atoms
         if self.comm.size > 1:
-            mine = self.grid.owner(to_fractional(full.positions, full.cell)) == self.comm.rank
-            full.permute(torch.nonzero(mine).flatten())
+            where = full.positions if reference is None else reference
+            mine = torch.nonzero(self.grid.owner(to_fractional(where, full.cell)) == self.comm.rank).flatten()
+            full.permute(mine)
+            if reference is not None:
+                reference = reference[mine].contiguous()
+        if reference is not None:
+            full.extras["reference_positions"] = reference
         self.expected = id_checksum(self.comm, full.ids)
         return full
 
@@ -87,6 +96,27 @@ class Decomposition:
                       n_query=s.n_atoms)
         self.timers["neighbor"] += time.perf_counter() - t
 
+    def restore(self, s: State, reference: torch.Tensor) -> None:
+        """Rebuild ghosts and lists from the positions of the last rebuild (a restart), then
+        refresh ghosts to the current positions: the uninterrupted run's lists, exactly."""
+        t = time.perf_counter()
+        labels = torch.stack([s.ids, s.numbers], dim=1)
+        pbc = s.pbc.tolist()
+        self.plan, gpos, glab = build_halo(self.comm, self.grid, s.cell, pbc, reference, labels,
+                                           self.ghost_width)
+        padded_ref = torch.cat([reference, gpos])
+        self.padded_ids = torch.cat([s.ids, glab[:, 0]])
+        self.padded_numbers = torch.cat([s.numbers, glab[:, 1]])
+        lp = local_pbc(self.grid, pbc)
+        self.ctx = DomainContext(self.comm, self.grid, self.plan, s.cell, tuple(pbc), lp)
+        self.nl.build(padded_ref, s.cell, torch.tensor(lp), ids=self.padded_ids, n_query=s.n_atoms)
+        self.timers["neighbor"] += time.perf_counter() - t
+        self.refresh(s)
+
+    def reference_positions(self) -> torch.Tensor:
+        """(n_owned, 3) positions of this rank's atoms at the last rebuild (memory order)."""
+        return self.nl._x0
+
     def refresh(self, s: State) -> None:
         """Ghost positions from their owners' current positions (every step without rebuild)."""
         t = time.perf_counter()
@@ -112,7 +142,7 @@ class Decomposition:
 
     def gather(self, s: State, fields=("positions", "images", "velocities", "forces")):
         """Root: dict of full arrays in id order (numpy); others: None."""
-        local = {k: getattr(s, k).detach().cpu() for k in ("ids", *fields)}
+        local = {k: (s.extras[k] if k in s.extras else getattr(s, k)).detach().cpu() for k in ("ids", *fields)}
         parts = self.comm.gather_object(local)
         if parts is None:
             return None

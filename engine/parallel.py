@@ -72,20 +72,69 @@ def launch_command(n: int, argv: list[str]) -> list[str]:
     return cmd + [sys.executable, "-m", "engine", *argv]
 
 
+def _descendants(pid: int) -> list[int]:
+    """Process ids below ``pid`` (Linux /proc; empty elsewhere)."""
+    children: dict[int, list[int]] = {}
+    for d in Path("/proc").glob("[0-9]*"):
+        try:
+            fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
+            children.setdefault(int(fields[1]), []).append(int(d.name))
+        except (OSError, IndexError, ValueError):
+            continue
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        for c in children.get(p, []):
+            out.append(c)
+            todo.append(c)
+    return out
+
+
+def _rank_pids(launcher_pid: int) -> list[int]:
+    """Our rank processes among the launcher's descendants (python running engine)."""
+    pids = []
+    for p in _descendants(launcher_pid):
+        try:
+            cmd = Path(f"/proc/{p}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if any(c.endswith(b"python") or b"python3" in c for c in cmd[:1]) and b"engine" in cmd:
+            pids.append(p)
+    return pids
+
+
 def launch_self(n: int, argv: list[str]) -> int:
-    """Run ``python -m engine <argv>`` on n local ranks; return the launcher's exit status."""
+    """Run ``python -m engine <argv>`` on n local ranks; return the launcher's exit status.
+
+    SIGTERM, SIGINT and SIGUSR1 sent to this process are forwarded to every rank (not to the
+    launcher, which might kill them), so the ranks stop together and checkpoint."""
+    import signal
+
     cmd = launch_command(n, argv)
     env = dict(os.environ, SHARDMD_SELF_LAUNCHED="1", PYTHONUNBUFFERED="1")
     proc = subprocess.Popen(cmd, env=env)
+
+    def forward(signum, frame):  # noqa: ARG001
+        for pid in _rank_pids(proc.pid):
+            try:
+                os.kill(pid, signum)
+            except OSError:
+                pass
+
+    old = {}
+    for name in ("SIGTERM", "SIGINT", "SIGUSR1"):
+        s = getattr(signal, name, None)
+        if s is not None:
+            old[s] = signal.signal(s, forward)
     try:
-        return proc.wait()
-    except KeyboardInterrupt:
-        proc.terminate()
-        try:
-            return proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            return 130
+        while True:
+            try:
+                return proc.wait()
+            except KeyboardInterrupt:  # pragma: no cover - handler above replaces it
+                continue
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
 
 
 __all__ = ["env_rank", "env_size", "find_mpiexec", "launch_self", "under_launcher"]

@@ -27,8 +27,11 @@ from .config import compose_config, to_container
 from .errors import UserError
 from .domains import Decomposition
 from .observables import thermo_from
+from . import restart as restart_mod
+from .checkpoint import checkpoint_dir, model_identity, write_checkpoint
 from .reporting import Reporter
 from .state import State
+from .stop import EXIT_STOPPED, StopRequest
 from .system import initial_state
 
 DTYPES = {"float64": torch.float64, "float32": torch.float32}
@@ -72,9 +75,13 @@ class Simulation:
                 raise UserError(str(exc)) from None
         self.model = model
         self.dmodel = DistributedModel(model)
-        if state is None:
+        self.checkpoint_in = restart_mod.resolve(cfg) if state is None else None
+        if self.checkpoint_in is not None:
+            state = restart_mod.state_from_checkpoint(self.checkpoint_in, self.dtype, self.device)
+        elif state is None:
             state = initial_state(cfg, self.dtype, self.device, self.integrator.degrees_of_freedom,
                                   zero_momentum=self.integrator.conserves_momentum)
+        reference = state.extras.pop("reference_positions", None)
         if hasattr(model, "check_species"):
             try:
                 model.check_species(state.numbers)
@@ -83,10 +90,14 @@ class Simulation:
         self.domain = Decomposition(self.comm, model.cutoff, float(cfg.neighbor.skin),
                                     sort_by_id=bool(cfg.neighbor.sort_by_id),
                                     grid=None if cfg.grid is None else [int(g) for g in cfg.grid])
-        self.state = self.domain.distribute(state)
+        self.state = self.domain.distribute(state, reference=reference)
         self.n_global = self.domain.n_global
         self.reporter = reporter or Reporter(self.log_path if self.comm.is_root else None, quiet=cfg.quiet,
-                                             progress=cfg.thermo.progress, enabled=self.comm.is_root)
+                                             progress=cfg.thermo.progress, enabled=self.comm.is_root,
+                                             log_mode="a" if self.checkpoint_in else "w")
+        self._ckpt_every = int(cfg.checkpoint.every)
+        self.stop = StopRequest()
+        self.exit_code = 0
         # plain copies of the settings the step loop reads (OmegaConf access is slow)
         self._nl_every, self._nl_check = int(cfg.neighbor.every), bool(cfg.neighbor.check)
         self._traj_every, self._thermo_every = int(cfg.trajectory.every), int(cfg.thermo.every)
@@ -162,8 +173,10 @@ class Simulation:
             self.output_path, species=static["numbers"], masses=static["masses"].astype("float64"),
             ids=static["ids"], pbc=self.state.pbc.cpu().numpy(), dtype=self.cfg.precision,
             config=to_container(self.cfg), fields=tuple(self.cfg.trajectory.fields),
-            creator="ShardMD", creator_version=__version__, mode="w",
+            creator="ShardMD", creator_version=__version__, mode="a" if self.checkpoint_in else "w",
         )
+        if self.checkpoint_in is not None:  # frames a dead run wrote after its checkpoint go
+            self.writer.truncate_after(self.state.step)
 
     def _write(self, obs: dict) -> None:
         t = time.perf_counter()
@@ -178,9 +191,9 @@ class Simulation:
             "potential_energy", "kinetic_energy", "total_energy", "temperature", "pressure", "stress")})
         self.timers["output"] += time.perf_counter() - t
 
-    def _report(self, force_traj=False, force_thermo=False) -> None:
+    def _report(self, force_traj=False, force_thermo=False, traj=True) -> None:
         s = self.state
-        traj_due = self.writer is not None and (force_traj or s.step % self._traj_every == 0)
+        traj_due = traj and self.writer is not None and (force_traj or s.step % self._traj_every == 0)
         thermo_due = force_thermo or (self._thermo_every > 0 and s.step % self._thermo_every == 0)
         if not (traj_due or thermo_due):
             return
@@ -199,10 +212,18 @@ class Simulation:
         r.line(f"ShardMD: {self.n_global} atoms, model {self.cfg.model.name}, integrator {self.integrator.name}, "
                f"dt {self.integrator.dt} fs, {self.cfg.precision} on {self.device}, domains {self.comm.size} "
                f"(grid {'x'.join(map(str, self.domain.grid.shape))})")
-        self.rebuild()
+        ref = self.state.extras.pop("reference_positions", None)
+        if self.checkpoint_in is not None and ref is not None:
+            r.line(f"Restart from {self.checkpoint_in['path']} at step {self.state.step}")
+            self.domain.restore(self.state, ref)
+        else:
+            self.rebuild()
         self.compute_forces()
         self._open_writer()
-        self._report(force_traj=True, force_thermo=True)
+        if self.checkpoint_in is None:
+            self._report(force_traj=True, force_thermo=True)
+        else:
+            self._report(force_thermo=True, traj=False)  # the file has this step's frame already
 
     def step(self) -> None:
         s = self.state
@@ -230,11 +251,24 @@ class Simulation:
             s = self.state
             r.start(s.step)
             t_run = time.perf_counter()
+            self.stop.install()
+            stopping = False
             while s.step < last:
                 self.step()
-                self._report(force_traj=False, force_thermo=(s.step == last))
+                stopping = self.comm.any(self.stop.requested)
+                self._report(force_traj=stopping, force_thermo=(s.step == last or stopping))
                 r.progress_update(s.step, last, self.integrator.dt, self.n_global)
-            if self.writer is not None and s.step % self._traj_every != 0:
+                if stopping:
+                    self.checkpoint()
+                    r.line(f"Stopped by {self.stop.signal_name or 'a signal on another rank'} at step "
+                           f"{s.step}; checkpoint written; continue with restart=auto")
+                    self.exit_code = EXIT_STOPPED
+                    break
+                if self._ckpt_every and s.step % self._ckpt_every == 0 and s.step < last:
+                    self.checkpoint()
+            if not stopping:
+                self.checkpoint()
+            if self.writer is not None and s.step % self._traj_every != 0 and not stopping:
                 self._write(self.observables())
             wall = time.perf_counter() - t_run
             r.progress_update(s.step, last, self.integrator.dt, self.n_global, force=True)
@@ -259,7 +293,28 @@ class Simulation:
         self.summary = {"wall_s": wall, "builds": self.nl.n_builds, "migrated": migrated, **rates, **dict(self.timers),
                         "timed_s": total}
 
+    def checkpoint(self):
+        """Write a restart checkpoint of the current step (collective; rank 0 writes)."""
+        t = time.perf_counter()
+        s = self.state
+        s.extras["reference_positions"] = self.domain.reference_positions()
+        full = self.domain.gather(s, ("positions", "images", "velocities", "masses", "numbers",
+                                      "reference_positions"))
+        s.extras.pop("reference_positions", None)
+        path = None
+        if full is not None:
+            from . import __version__
+
+            cfg = to_container(self.cfg)
+            path = write_checkpoint(checkpoint_dir(self.output_path), s.step, s.time, full,
+                                    s.cell.detach().cpu().numpy(), s.pbc.cpu().numpy(), cfg,
+                                    self.integrator.state_dict(), cfg["model"]["name"],
+                                    model_identity(cfg["model"]), __version__, keep=int(self.cfg.checkpoint.keep))
+        self.timers["checkpoint"] += time.perf_counter() - t
+        return path
+
     def close(self) -> None:
+        self.stop.uninstall()
         if self.writer is not None:
             self.writer.close()
             self.writer = None

@@ -1,0 +1,77 @@
+"""Starting a run: fresh, from a checkpoint, or ``restart=auto`` (idempotent resubmission).
+
+- ``restart.file=PATH`` (or ``restart=PATH``) continues from that checkpoint;
+- ``restart=auto`` continues from the newest complete checkpoint in ``<output>.ckpt/`` if
+  there is one, else starts fresh (replacing a partial output of a run that died before its
+  first checkpoint), so resubmitting the same job script is idempotent;
+- a fresh run never replaces an existing output file unless ``overwrite=true``;
+- physics-changing differences from the checkpoint's config (model, dt, integrator,
+  temperature, seed, precision) need ``restart.allow_changes=true``;
+- ``steps`` is the total step number to reach, not the number of steps to add.
+
+A checkpoint also stores each atom's position at the last neighbour rebuild.  The restarted
+run rebuilds its ghosts and neighbour lists from those positions, so it has exactly the
+lists, atom order and summation order of the uninterrupted run: continuation is bit-exact
+on the same domain count whatever step the checkpoint was taken at.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .checkpoint import checkpoint_dir, model_identity, newest_valid, physics_changes, read_checkpoint
+from .config import to_container
+from .errors import CollectiveError
+from .state import State
+
+
+def resolve(cfg) -> dict | None:
+    """The checkpoint to continue from (loaded), or None for a fresh start; checks overwrite."""
+    out = Path(cfg.output)
+    spec = cfg.restart.file
+    ckpt = None
+    if spec == "auto":
+        found = newest_valid(checkpoint_dir(out))
+        ckpt = found[1] if found else None
+        if ckpt is not None:
+            ckpt["path"] = str(found[0])
+    elif spec:
+        ckpt = read_checkpoint(spec)
+        ckpt["path"] = str(spec)
+    if ckpt is None:
+        if out.exists() and int(cfg.trajectory.every) > 0 and not cfg.overwrite and spec != "auto":
+            raise CollectiveError(f"output {str(out)!r} exists; add overwrite=true to replace it, "
+                                  "restart=auto to continue it, or choose another output=")
+        return None
+    new = to_container(cfg)
+    if not cfg.restart.allow_changes:
+        changed = physics_changes(ckpt["config"], new)
+        if changed:
+            raise CollectiveError(f"restart would change {', '.join(changed)} from the checkpoint "
+                                  f"{ckpt['path']}; add restart.allow_changes=true to accept that")
+        if ckpt["model_identity"] != model_identity(new["model"]):
+            raise CollectiveError(f"checkpoint {ckpt['path']} was written with another model "
+                                  f"({ckpt['model_name']}); use its model or restart.allow_changes=true")
+    if ckpt["step"] > int(cfg.steps):
+        raise CollectiveError(f"checkpoint {ckpt['path']} is at step {ckpt['step']}, past steps={cfg.steps}; "
+                              "steps is the total step to reach: raise it")
+    return ckpt
+
+
+def state_from_checkpoint(ckpt: dict, dtype: torch.dtype, device) -> State:
+    """Full state (id order) of a checkpoint, with the rebuild reference positions in
+    ``state.extras["reference_positions"]``."""
+    a = ckpt["arrays"]
+    t = lambda x, dt=dtype: torch.as_tensor(np.asarray(x)).to(dtype=dt, device=device).contiguous()  # noqa: E731
+    s = State(
+        positions=t(a["positions"]), velocities=t(a["velocities"]),
+        forces=torch.zeros(len(a["ids"]), 3, dtype=dtype, device=device), masses=t(a["masses"]),
+        numbers=t(a["numbers"], torch.int64), ids=t(a["ids"], torch.int64),
+        images=t(a["images"], torch.int32), cell=t(ckpt["cell"]),
+        pbc=torch.as_tensor(np.asarray(ckpt["pbc"], dtype=bool), device=device),
+        step=int(ckpt["step"]), time=float(ckpt["time"]),
+    )
+    s.extras["reference_positions"] = t(a["reference_positions"]) if "reference_positions" in a else None
+    return s
