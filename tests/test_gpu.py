@@ -1,14 +1,22 @@
-"""CUDA against CPU: neighbour lists, Lennard-Jones forces/energy/virial, an engine run.
+"""CUDA: neighbour lists, Lennard-Jones forces/energy/virial and an engine run.
 
 Skipped (with the reason) where torch sees no CUDA device; on the device machine:
-``pytest -q -m gpu tests/test_gpu.py``.  scripts/check_cuda_lj.py prints the same
-comparisons with their figures.
+``pytest -q -m gpu tests/test_gpu.py``.  The CUDA results are compared with the NumPy
+references of tests/reference.py (always) and with Warp's CPU kernels (where Warp's CPU
+compiler is available: a GPU machine may carry only warp's CUDA part).
+scripts/check_cuda_lj.py prints the same comparisons with their figures.
 """
 from __future__ import annotations
+
+import os
+import sys
 
 import numpy as np
 import pytest
 import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from reference import brute_force_pairs, lj_reference, mix_lorentz_berthelot, pair_distance  # noqa: E402
 
 pytestmark = [
     pytest.mark.gpu,
@@ -21,8 +29,19 @@ SIG = {"Ar": 3.405, "Kr": 3.65}
 CUTOFF = 8.5
 
 
+def _cpu_kernels() -> bool:
+    from shardmd.domain.warp_setup import init_warp
+
+    return init_warp().is_cpu_available()
+
+
+needs_cpu_kernels = pytest.mark.skipif(
+    torch.cuda.is_available() and not _cpu_kernels(),
+    reason="Warp's CPU compiler is not available here: CUDA is compared with the NumPy references only")
+
+
 def _system(n_cells=11, two_species=True, seed=0, dtype=torch.float64):
-    """~5k atoms on a perturbed fcc lattice in a sheared cell, a fifth of them moved by
+    """4 n^3 atoms on a perturbed fcc lattice in a sheared cell, a fifth of them moved by
     lattice vectors (unwrapped positions, many image shifts)."""
     from ase.build import bulk
 
@@ -51,31 +70,57 @@ def _cuda(*ts):
     return [t.cuda() for t in ts]
 
 
-@pytest.mark.parametrize("n_ghost", [0, 500], ids=["all-query", "ghosts"])
-@pytest.mark.parametrize("two_species", [True, False], ids=["ArKr", "Ar"])
-def test_lj_cuda_matches_cpu(two_species, n_ghost):
+def _edges(nl):
+    off = nl.offsets.cpu().numpy()
+    centre = np.repeat(np.arange(len(off) - 1), np.diff(off))
+    return {(int(a), int(b), tuple(int(x) for x in s))
+            for a, b, s in zip(centre, nl.neighbors.cpu().numpy(), nl.shifts.cpu().numpy())}
+
+
+# --------------------------------------------------------------- against the NumPy references
+def test_cuda_list_matches_brute_force():
     from shardmd.domain.neighbors import build_neighbor_list
 
-    pos, cell, pbc, z = _system(two_species=two_species)
-    nq = len(pos) - n_ghost
-    nl_c = build_neighbor_list(pos, cell, pbc, CUTOFF + 1.0, n_query=nq)
-    gpos, gcell, gpbc, gz = _cuda(pos, cell, pbc, z)
-    nl_g = build_neighbor_list(gpos, gcell, gpbc, CUTOFF + 1.0, n_query=nq)
-    # the same edges in the same order: the order is set by ids and geometry, not the device
-    assert torch.equal(nl_c.offsets, nl_g.offsets.cpu())
-    assert torch.equal(nl_c.neighbors, nl_g.neighbors.cpu())
-    assert torch.equal(nl_c.shifts, nl_g.shifts.cpu())
-    assert int((nl_c.shifts != 0).any(1).sum()) > 1000
+    pos, cell, pbc, _ = _system(n_cells=5)
+    nl = build_neighbor_list(*_cuda(pos, cell, pbc), CUTOFF + 1.0)
+    got = _edges(nl)
+    assert len(got) == nl.n_edges  # no duplicates
+    ref = brute_force_pairs(pos.numpy(), cell.numpy(), [True] * 3, CUTOFF + 1.0)
+    diff = got ^ ref
+    assert all(abs(pair_distance(pos.numpy(), cell.numpy(), *e) - (CUTOFF + 1.0)) < 1e-9 for e in diff)
+    assert sum(1 for e in got if any(e[2])) > 1000
 
-    lj = _lj(two_species)
-    ref = lj.compute(pos, cell, pbc, z, nl_c)
-    out = lj.compute(gpos, gcell, gpbc, gz, nl_g)
-    out = {k: v.cpu() for k, v in out.items()}
-    fmax = ref["forces"].abs().max()
-    assert (out["forces"] - ref["forces"]).abs().max() <= TOL * fmax
-    assert (out["energies"] - ref["energies"]).abs().max() <= TOL * ref["energies"].abs().max()
-    assert (out["energy"] - ref["energy"]).abs() <= TOL * ref["energies"].abs().sum()
-    assert (out["virial"] - ref["virial"]).abs().max() <= TOL * ref["virial"].abs().max()
+
+@pytest.mark.parametrize("two_species", [True, False], ids=["ArKr", "Ar"])
+def test_lj_cuda_matches_reference(two_species):
+    from shardmd.domain.neighbors import build_neighbor_list
+
+    pos, cell, pbc, z = _system(n_cells=5, two_species=two_species)
+    gpos, gcell, gpbc, gz = _cuda(pos, cell, pbc, z)
+    out = _lj(two_species).compute(gpos, gcell, gpbc, gz, build_neighbor_list(gpos, gcell, gpbc, CUTOFF + 1.0))
+    out = {k: v.cpu().numpy() for k, v in out.items()}
+    names = ["Ar", "Kr"] if two_species else ["Ar"]
+    eps, sig = mix_lorentz_berthelot([EPS[s] for s in names], [SIG[s] for s in names])
+    type_of = {18: 0, 36: 1}
+    e, f, w, ea = lj_reference(pos.numpy(), cell.numpy(), [True] * 3, z.numpy(), eps, sig, type_of, CUTOFF, True)
+    assert np.abs(out["forces"] - f).max() <= TOL * np.abs(f).max()
+    assert abs(out["energy"] - e) <= TOL * np.abs(ea).sum()
+    assert np.abs(out["energies"] - ea).max() <= TOL * np.abs(ea).max()
+    assert np.abs(out["virial"] - w).max() <= TOL * np.abs(w).max()
+
+
+def test_lj_cuda_float32_close_to_reference():
+    from shardmd.domain.neighbors import build_neighbor_list
+
+    pos, cell, pbc, z = _system(n_cells=5)
+    p32, c32, gpbc, gz = _cuda(pos.float(), cell.float(), pbc, z)
+    out = _lj(True).compute(p32, c32, gpbc, gz, build_neighbor_list(p32, c32, gpbc, CUTOFF + 1.0))
+    assert out["forces"].dtype == torch.float32
+    eps, sig = mix_lorentz_berthelot([EPS["Ar"], EPS["Kr"]], [SIG["Ar"], SIG["Kr"]])
+    _, f, _, _ = lj_reference(pos.float().double().numpy(), cell.float().double().numpy(), [True] * 3,
+                              z.numpy(), eps, sig, {18: 0, 36: 1}, CUTOFF, True)
+    # float32 loses ~1e-7 of |x| (up to ~100 Å here) in x_j - x_i
+    assert np.abs(out["forces"].double().cpu().numpy() - f).max() <= 1e-4 * np.abs(f).max()
 
 
 def test_lj_cuda_is_deterministic():
@@ -93,34 +138,59 @@ def test_lj_cuda_is_deterministic():
         assert torch.equal(a[k], b[k]), k
 
 
-def test_lj_cuda_float32_close_to_float64():
+# --------------------------------------------------------------- against Warp's CPU kernels
+@needs_cpu_kernels
+@pytest.mark.parametrize("n_ghost", [0, 500], ids=["all-query", "ghosts"])
+@pytest.mark.parametrize("two_species", [True, False], ids=["ArKr", "Ar"])
+def test_lj_cuda_matches_cpu(two_species, n_ghost):
     from shardmd.domain.neighbors import build_neighbor_list
 
-    pos, cell, pbc, z = _system(n_cells=8)
-    lj = _lj(True)
-    ref = lj.compute(pos, cell, pbc, z, build_neighbor_list(pos, cell, pbc, CUTOFF + 1.0))
-    p32, c32 = pos.float().cuda(), cell.float().cuda()
-    # float32 loses ~1e-7 of |x| ~ 100 Å in x_j - x_i: compare at 1e-4 of max|F|
-    out = lj.compute(p32, c32, pbc.cuda(), z.cuda(), build_neighbor_list(p32, c32, pbc.cuda(), CUTOFF + 1.0))
-    assert out["forces"].dtype == torch.float32
-    assert (out["forces"].double().cpu() - ref["forces"]).abs().max() <= 1e-4 * ref["forces"].abs().max()
+    pos, cell, pbc, z = _system(two_species=two_species)
+    nq = len(pos) - n_ghost
+    nl_c = build_neighbor_list(pos, cell, pbc, CUTOFF + 1.0, n_query=nq)
+    gpos, gcell, gpbc, gz = _cuda(pos, cell, pbc, z)
+    nl_g = build_neighbor_list(gpos, gcell, gpbc, CUTOFF + 1.0, n_query=nq)
+    # the same edges in the same order: the order is set by ids and geometry, not the device
+    assert torch.equal(nl_c.offsets, nl_g.offsets.cpu())
+    assert torch.equal(nl_c.neighbors, nl_g.neighbors.cpu())
+    assert torch.equal(nl_c.shifts, nl_g.shifts.cpu())
+
+    lj = _lj(two_species)
+    ref = lj.compute(pos, cell, pbc, z, nl_c)
+    out = {k: v.cpu() for k, v in lj.compute(gpos, gcell, gpbc, gz, nl_g).items()}
+    assert (out["forces"] - ref["forces"]).abs().max() <= TOL * ref["forces"].abs().max()
+    assert (out["energies"] - ref["energies"]).abs().max() <= TOL * ref["energies"].abs().max()
+    assert (out["energy"] - ref["energy"]).abs() <= TOL * ref["energies"].abs().sum()
+    assert (out["virial"] - ref["virial"]).abs().max() <= TOL * ref["virial"].abs().max()
 
 
-def test_engine_run_on_cuda(tmp_path):
+# --------------------------------------------------------------- the engine
+def _run(tmp_path, device, steps):
     from shardmd.engine.config import compose_config
     from shardmd.engine.simulation import Simulation
 
-    def run(device):
-        cfg = compose_config(["model=lj", "system.repeat=[6,6,6]", "system.a=5.72", "steps=30", "dt=5.0",
-                              "temperature=120.0", f"device={device}", "threads=1", "quiet=true",
-                              "trajectory.every=0", "thermo.every=0", f"output={tmp_path}/{device}.h5"])
-        sim = Simulation(cfg)
-        obs = sim.run()
-        return sim, obs
+    cfg = compose_config(["model=lj", "system.repeat=[6,6,6]", "system.a=5.72", f"steps={steps}", "dt=5.0",
+                          "temperature=120.0", f"device={device}", "threads=1", "quiet=true",
+                          "trajectory.every=0", "thermo.every=0", f"output={tmp_path}/{device}{steps}.h5"])
+    sim = Simulation(cfg)
+    return sim, sim.run()
 
-    sim_g, gpu = run("cuda")
-    assert sim_g.state.positions.is_cuda and sim_g.state.forces.is_cuda
-    _, cpu = run("cpu")
-    n = 864
+
+def test_engine_run_on_cuda(tmp_path):
+    _, start = _run(tmp_path, "cuda", 0)
+    sim, end = _run(tmp_path, "cuda", 40)
+    assert sim.state.positions.is_cuda and sim.state.forces.is_cuda
+    assert sim.nl.n_builds >= 1
+    n = sim.state.n_atoms
+    # NVE: the total energy is conserved to well below the thermal energy (~0.015 eV/atom)
+    assert abs(end["total_energy"] - start["total_energy"]) / n < 2e-4
+    assert end["potential_energy"] != start["potential_energy"]
+
+
+@needs_cpu_kernels
+def test_engine_cuda_matches_cpu(tmp_path):
+    _, gpu = _run(tmp_path, "cuda", 30)
+    sim, cpu = _run(tmp_path, "cpu", 30)
+    n = sim.state.n_atoms
     assert abs(gpu["potential_energy"] - cpu["potential_energy"]) / n < 1e-8
     assert abs(gpu["total_energy"] - cpu["total_energy"]) / n < 1e-8

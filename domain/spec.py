@@ -1,0 +1,322 @@
+"""Distribution specs: how a model's tensors are stored across ranks and how its outputs
+are consolidated; presets; versioned JSON.
+
+An :class:`MLIPSpec` holds
+
+- ``distribution``: a :class:`DistributionSpec`: the storage policy
+  (:class:`HaloStorage` with mode ``scatter`` / ``gather`` / ``local``, or
+  :class:`ShardedStorage`), whether per-system reductions are handled, the op adapters
+  (``custom_ops``) and helper adapters (``third_party_helpers``);
+- ``output_kinds``: output name -> :class:`OutputKind`;
+- ``owned_only_outputs``: per-point outputs whose owned rows are already complete (halo
+  rows are dropped);
+- ``reverse_outputs``: per-point outputs whose halo rows hold partial sums (a reverse
+  exchange adds them to the owners);
+- ``all_reduce_outputs``: per-system outputs that are per-rank partial sums (summed over
+  ranks).  A per-system output not listed is taken as already reduced (the per-system
+  handler or an ``AllReduceSum`` transform did it): listing it too sums it twice.
+
+Per-point outputs in neither set keep their owned rows.  An output of kind ``UNKNOWN``
+(or not named) warns once and is classified by shape: ``n_padded`` or ``n_owned`` rows ->
+per-point; 0-d or ``n_systems`` rows -> per-system; anything else -> global.
+
+JSON (``save``/``load``, ``version`` 1) stores every field; an op is stored as
+``"namespace::name"`` beside the module whose import registers it, so ``load`` imports the
+module when the op is not registered yet, or raises :class:`SpecLoadError` naming both.
+"""
+from __future__ import annotations
+
+import dataclasses
+import enum
+import importlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from .adapters import HELPERS, MethodAdapter, OpAdapter, PythonAdapter, transform_from_dict
+
+SPEC_VERSION = 1
+
+
+class SpecLoadError(ValueError):
+    """A saved spec cannot be loaded (one-line message naming what is missing)."""
+
+
+class OutputKind(str, enum.Enum):
+    PER_NODE = "per_node"     # one row per point
+    PER_GRAPH = "per_graph"   # one row per system (or a scalar)
+    GLOBAL = "global"         # identical on every rank already
+    UNKNOWN = "unknown"       # classified by shape, with a warning
+
+
+class FrozenMap(Mapping):
+    """An immutable, hashable, ordered mapping (sorted by key)."""
+
+    __slots__ = ("_items",)
+
+    def __init__(self, items=()):
+        d = dict(items.items() if isinstance(items, Mapping) else items)
+        object.__setattr__(self, "_items", tuple(sorted(d.items(), key=lambda kv: str(kv[0]))))
+
+    def __getitem__(self, k):
+        for kk, v in self._items:
+            if kk == k:
+                return v
+        raise KeyError(k)
+
+    def __iter__(self):
+        return (k for k, _ in self._items)
+
+    def __len__(self):
+        return len(self._items)
+
+    def __hash__(self):
+        return hash(self._items)
+
+    def __eq__(self, other):
+        return isinstance(other, Mapping) and dict(self) == dict(other)
+
+    def __repr__(self):
+        return f"FrozenMap({dict(self._items)!r})"
+
+    def __reduce__(self):
+        return (FrozenMap, (self._items,))
+
+
+@dataclass(frozen=True)
+class HaloStorage:
+    """Every rank holds its owned rows then halo copies (``[owned | halo]``).
+
+    mode: how scatters into halo-padded per-point ShardTensors are corrected:
+    ``scatter`` (reverse then forward exchange), ``gather`` (forward refresh only;
+    receiver-owned edges), ``local`` (no correction)."""
+
+    mode: str = "scatter"
+
+    def __post_init__(self):
+        if self.mode not in ("scatter", "gather", "local"):
+            raise ValueError(f"HaloStorage mode {self.mode!r}: use 'scatter', 'gather' or 'local'")
+
+    kind = "halo"
+
+
+@dataclass(frozen=True)
+class ShardedStorage:
+    """Every rank holds only its owned rows; rows are addressed by storage id and fetched
+    from / shipped to their owners on demand (all-to-all-v).  The neighbour list a model
+    sees indexes points by storage id (centres and neighbours alike) and its image shifts
+    include the halo images."""
+
+    kind = "sharded"
+
+
+STORAGES = {"halo": HaloStorage, "sharded": ShardedStorage}
+
+
+@dataclass(frozen=True)
+class DistributionSpec:
+    storage: HaloStorage | ShardedStorage = field(default_factory=HaloStorage)
+    system_reductions: bool = True
+    custom_ops: tuple = ()
+    third_party_helpers: tuple = ()
+
+    def __post_init__(self):
+        object.__setattr__(self, "custom_ops", tuple(self.custom_ops))
+        object.__setattr__(self, "third_party_helpers", tuple(self.third_party_helpers))
+        for a in self.custom_ops:
+            if not isinstance(a, OpAdapter):
+                raise TypeError(f"custom_ops takes OpAdapter objects, got {a!r}")
+        for h in self.third_party_helpers:
+            if not isinstance(h, (PythonAdapter, MethodAdapter)):
+                raise TypeError(f"third_party_helpers takes PythonAdapter/MethodAdapter objects, got {h!r}")
+
+
+def _kinds(m) -> FrozenMap:
+    return FrozenMap({str(k): OutputKind(v) for k, v in dict(m or {}).items()})
+
+
+@dataclass(frozen=True)
+class MLIPSpec:
+    name: str = "custom"
+    distribution: DistributionSpec = field(default_factory=DistributionSpec)
+    output_kinds: FrozenMap = field(default_factory=FrozenMap)
+    owned_only_outputs: frozenset = frozenset()
+    reverse_outputs: frozenset = frozenset()
+    all_reduce_outputs: frozenset = frozenset()
+    description: str = ""
+
+    def __post_init__(self):
+        object.__setattr__(self, "output_kinds", _kinds(self.output_kinds))
+        for f in ("owned_only_outputs", "reverse_outputs", "all_reduce_outputs"):
+            object.__setattr__(self, f, frozenset(getattr(self, f)))
+        both = self.owned_only_outputs & self.reverse_outputs
+        if both:
+            raise ValueError(f"outputs {sorted(both)} are both owned-only and reverse-exchanged")
+
+    # -- convenience --------------------------------------------------------------------------
+    def kind_of(self, key: str) -> OutputKind:
+        return self.output_kinds.get(key, OutputKind.UNKNOWN)
+
+    def replace(self, **changes) -> "MLIPSpec":
+        return dataclasses.replace(self, **changes)
+
+    def with_storage(self, storage) -> "MLIPSpec":
+        return self.replace(distribution=dataclasses.replace(self.distribution, storage=storage))
+
+    def with_custom_ops(self, *adapters: OpAdapter) -> "MLIPSpec":
+        d = self.distribution
+        return self.replace(distribution=dataclasses.replace(d, custom_ops=d.custom_ops + tuple(adapters)))
+
+    def with_helpers(self, *helpers) -> "MLIPSpec":
+        d = self.distribution
+        return self.replace(distribution=dataclasses.replace(d, third_party_helpers=d.third_party_helpers + tuple(helpers)))
+
+    @classmethod
+    def from_legacy_kinds(cls, kinds: Mapping[str, str], name: str = "legacy") -> "MLIPSpec":
+        """The spec equivalent of the engine interface's ``output_kinds`` strings."""
+        ok, owned, rev, red = {}, set(), set(), set()
+        for k, v in kinds.items():
+            if v == "per_system":
+                ok[k] = OutputKind.PER_GRAPH
+                red.add(k)
+            elif v == "per_point":
+                ok[k] = OutputKind.PER_NODE
+                owned.add(k)
+            elif v == "per_point_reverse":
+                ok[k] = OutputKind.PER_NODE
+                rev.add(k)
+            elif v == "global":
+                ok[k] = OutputKind.GLOBAL
+            else:
+                raise ValueError(f"unknown output kind {v!r} for {k!r}")
+        return cls(name=name, output_kinds=ok, owned_only_outputs=owned, reverse_outputs=rev, all_reduce_outputs=red)
+
+    # -- JSON ---------------------------------------------------------------------------------
+    def to_dict(self) -> dict:
+        d = self.distribution
+        return {
+            "format": "shardmd-spec",
+            "version": SPEC_VERSION,
+            "name": self.name,
+            "description": self.description,
+            "distribution": {
+                "storage": {"kind": d.storage.kind, **dataclasses.asdict(d.storage)},
+                "system_reductions": d.system_reductions,
+                "custom_ops": [a.to_dict() for a in d.custom_ops],
+                "third_party_helpers": [h.to_dict() for h in d.third_party_helpers],
+            },
+            "output_kinds": {k: v.value for k, v in self.output_kinds.items()},
+            "owned_only_outputs": sorted(self.owned_only_outputs),
+            "reverse_outputs": sorted(self.reverse_outputs),
+            "all_reduce_outputs": sorted(self.all_reduce_outputs),
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+    def save(self, path) -> Path:
+        p = Path(path)
+        p.write_text(self.to_json() + "\n")
+        return p
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "MLIPSpec":
+        if d.get("format") != "shardmd-spec":
+            raise SpecLoadError("not a ShardMD spec (missing \"format\": \"shardmd-spec\")")
+        v = d.get("version")
+        if v != SPEC_VERSION:
+            raise SpecLoadError(f"spec version {v!r} is not supported (this ShardMD reads version {SPEC_VERSION})")
+        known = {"format", "version", "name", "description", "distribution", "output_kinds", "owned_only_outputs",
+                 "reverse_outputs", "all_reduce_outputs"}
+        extra = set(d) - known
+        if extra:
+            raise SpecLoadError(f"spec has unknown fields {sorted(extra)} (written by a newer ShardMD?)")
+        dd = d["distribution"]
+        st = dict(dd["storage"])
+        kind = st.pop("kind")
+        if kind not in STORAGES:
+            raise SpecLoadError(f"unknown storage kind {kind!r}; known: {', '.join(STORAGES)}")
+        storage = STORAGES[kind](**st)
+        ops = tuple(_load_op(o) for o in dd.get("custom_ops", []))
+        helpers = []
+        for h in dd.get("third_party_helpers", []):
+            h = dict(h)
+            t = h.pop("type")
+            helpers.append(HELPERS[t](**h))
+        dist = DistributionSpec(storage=storage, system_reductions=bool(dd["system_reductions"]), custom_ops=ops,
+                                third_party_helpers=tuple(helpers))
+        return cls(name=d["name"], description=d.get("description", ""), distribution=dist,
+                   output_kinds=d["output_kinds"], owned_only_outputs=d["owned_only_outputs"],
+                   reverse_outputs=d["reverse_outputs"], all_reduce_outputs=d["all_reduce_outputs"])
+
+    @classmethod
+    def from_json(cls, text: str) -> "MLIPSpec":
+        return cls.from_dict(json.loads(text))
+
+    @classmethod
+    def load(cls, path) -> "MLIPSpec":
+        return cls.from_json(Path(path).read_text())
+
+
+def _find_op(qualname: str, overload: str):
+    ns, _, name = qualname.partition("::")
+    try:
+        packet = getattr(getattr(torch.ops, ns), name)
+        return getattr(packet, overload)
+    except (AttributeError, RuntimeError):
+        return None
+
+
+def _load_op(o: dict) -> OpAdapter:
+    qual, overload, module = o["op"], o.get("overload", "default"), o.get("module")
+    op = _find_op(qual, overload)
+    if op is None:
+        if not module:
+            raise SpecLoadError(f"spec op '{qual}' is not registered and the spec names no module that registers it")
+        try:
+            importlib.import_module(module)
+        except Exception as exc:  # noqa: BLE001 - any import failure is reported in one line
+            raise SpecLoadError(f"spec op '{qual}': cannot import its module '{module}' "
+                                f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})") from None
+        op = _find_op(qual, overload)
+        if op is None:
+            raise SpecLoadError(f"spec op '{qual}': module '{module}' was imported but does not register it")
+    args = tuple((k, transform_from_dict(t)) for k, t in o.get("arg_transforms", []))
+    outs = tuple((k, transform_from_dict(t)) for k, t in o.get("output_transforms", []))
+    return OpAdapter(op=op, arg_transforms=args, output_transforms=outs, module=module)
+
+
+# -- presets ---------------------------------------------------------------------------------------
+SPEC_MPNN_HALO = MLIPSpec(
+    name="mpnn-halo",
+    description="message passing, autograd forces, halo storage with scatter correction",
+    distribution=DistributionSpec(storage=HaloStorage("scatter")),
+    output_kinds={"energy": OutputKind.PER_GRAPH, "forces": OutputKind.PER_NODE, "energies": OutputKind.PER_NODE},
+    owned_only_outputs={"energies", "forces"},
+)
+
+SPEC_PAIR_HALO = MLIPSpec(
+    name="pair-halo",
+    description="pair potential on a receiver-owned full list, kernel-direct forces, halo storage",
+    distribution=DistributionSpec(storage=HaloStorage("gather")),
+    output_kinds={"energy": OutputKind.PER_GRAPH, "virial": OutputKind.PER_GRAPH, "forces": OutputKind.PER_NODE,
+                  "energies": OutputKind.PER_NODE},
+    owned_only_outputs={"forces", "energies"},
+    all_reduce_outputs={"energy", "virial"},
+)
+
+SPEC_MPNN_SHARDED = MLIPSpec(
+    name="mpnn-sharded",
+    description="message passing, autograd forces, sharded (node-partition) storage",
+    distribution=DistributionSpec(storage=ShardedStorage()),
+    output_kinds={"energy": OutputKind.PER_GRAPH, "forces": OutputKind.PER_NODE, "energies": OutputKind.PER_NODE},
+    owned_only_outputs={"energies", "forces"},
+)
+
+PRESETS = {s.name: s for s in (SPEC_MPNN_HALO, SPEC_PAIR_HALO, SPEC_MPNN_SHARDED)}
+
+__all__ = ["DistributionSpec", "FrozenMap", "HaloStorage", "MLIPSpec", "OutputKind", "PRESETS", "SPEC_MPNN_HALO",
+           "SPEC_MPNN_SHARDED", "SPEC_PAIR_HALO", "SPEC_VERSION", "STORAGES", "ShardedStorage", "SpecLoadError"]

@@ -1,0 +1,171 @@
+"""Checkpoints and restarts with real processes: bit-exact continuation, other domain
+counts, SIGKILL at random moments, SIGTERM, bad restart files."""
+import hashlib
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+
+import h5py
+import numpy as np
+import pytest
+
+from conftest import run_engine
+from shardmd.engine.h5md import read_frames
+
+BASE = ["model=lj", "system.repeat=[5,5,5]", "dt=2.0", "temperature=100", "trajectory.every=10",
+        "thermo.every=50", "quiet=true", "checkpoint.every=0"]
+
+
+def _frames(path):
+    return {f.info["step"]: f for f in read_frames(path)}
+
+
+def _same_bits(a, b, steps):
+    for s in steps:
+        assert np.array_equal(a[s].positions, b[s].positions), s
+        assert np.array_equal(a[s].get_velocities(), b[s].get_velocities()), s
+        assert np.array_equal(a[s].arrays["image"], b[s].arrays["image"]), s
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("domains", [1, 4])
+@pytest.mark.parametrize("integrator", ["verlet", "langevin"])
+def test_bit_exact_continuation(tmp_path, domains, integrator):
+    """200 steps straight == 100 + restart + 100 (the checkpoint at 100 is not a rebuild step)."""
+    args = [*BASE, f"integrator={integrator}", f"domains={domains}"]
+    assert run_engine(["run", *args, "steps=200", "output=straight.h5"], cwd=tmp_path).returncode == 0
+    r = run_engine(["run", *args, "steps=100", "output=split.h5"], cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    r = run_engine(["run", *args, "steps=200", "output=split.h5", "restart=auto"], cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    a, b = _frames(tmp_path / "straight.h5"), _frames(tmp_path / "split.h5")
+    assert sorted(a) == sorted(b) == list(range(0, 201, 10))
+    _same_bits(a, b, sorted(a))
+
+
+@pytest.mark.mpi
+def test_restart_on_other_domain_counts(tmp_path):
+    args = [*BASE, "integrator=langevin"]
+    assert run_engine(["run", *args, "domains=4", "steps=200", "output=ref.h5"], cwd=tmp_path).returncode == 0
+    assert run_engine(["run", *args, "domains=4", "steps=100", "output=a.h5"], cwd=tmp_path).returncode == 0
+    ck = tmp_path / "a.ckpt" / "step-000000000100.h5"
+    ref = _frames(tmp_path / "ref.h5")
+    for d in (2, 1):
+        r = run_engine(["run", *args, f"domains={d}", "steps=200", f"output=b{d}.h5", f"restart={ck}"], cwd=tmp_path)
+        assert r.returncode == 0, r.stderr
+        got = _frames(tmp_path / f"b{d}.h5")
+        u = lambda f: f.positions + f.arrays["image"] @ f.cell.array  # noqa: E731
+        assert np.abs(u(got[200]) - u(ref[200])).max() < 1e-8
+
+
+def _kill_trials(tmp_path, trials, seed):
+    rng = random.Random(seed)
+    args = ["-m", "engine", "run", "model=lj", "system.repeat=[4,4,4]", "dt=2.0", "domains=2",
+            "trajectory.every=1", "thermo.every=0", "quiet=true", "checkpoint.every=7", "checkpoint.keep=2",
+            "steps=400", "restart=auto", "integrator=langevin"]
+    for _ in range(trials):
+        p = subprocess.Popen([sys.executable, *args], cwd=tmp_path, start_new_session=True,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(rng.uniform(3.0, 9.0))
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        p.wait()
+        time.sleep(0.3)
+    r = subprocess.run([sys.executable, *args], cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    steps = [f.info["step"] for f in read_frames(tmp_path / "run.h5")]
+    assert steps == list(range(401)), (len(steps), len(set(steps)))
+    straight = [a if a != "restart=auto" else "output=straight.h5" for a in args]
+    r = subprocess.run([sys.executable, *straight], cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    _same_bits(_frames(tmp_path / "run.h5"), _frames(tmp_path / "straight.h5"), [400])
+
+
+@pytest.mark.mpi
+def test_sigkill_trials_quick(tmp_path):
+    _kill_trials(tmp_path, 3, seed=1)
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+def test_sigkill_twenty_trials(tmp_path):
+    _kill_trials(tmp_path, 20, seed=2)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("target", ["parent", "ranks"])
+def test_sigterm_checkpoints_and_restarts_exactly(tmp_path, target):
+    from shardmd.engine.parallel import _rank_pids
+
+    args = [*BASE, "integrator=langevin", "domains=2"]
+    p = subprocess.Popen([sys.executable, "-m", "engine", "run", *args, "steps=100000", "output=r.h5"],
+                         cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    log = tmp_path / "r.log"
+    deadline = time.time() + 120
+    while time.time() < deadline and not (log.exists() and log.read_text().count("\n") >= 4):
+        time.sleep(0.2)
+    if target == "parent":
+        p.send_signal(signal.SIGTERM)
+    else:
+        for pid in _rank_pids(p.pid):
+            os.kill(pid, signal.SIGTERM)
+    t0 = time.time()
+    code = p.wait(timeout=60)
+    assert time.time() - t0 < 10
+    assert code == 75, p.stderr.read()
+    assert "Stopped by SIGTERM" in log.read_text()
+    stop = int(sorted((tmp_path / "r.ckpt").iterdir())[-1].stem.split("-")[1])
+    end = stop + 30
+    assert run_engine(["run", *args, f"steps={end}", "output=r.h5", "restart=auto"], cwd=tmp_path).returncode == 0
+    assert run_engine(["run", *args, f"steps={end}", "output=s.h5"], cwd=tmp_path).returncode == 0
+    a, b = _frames(tmp_path / "r.h5"), _frames(tmp_path / "s.h5")
+    assert stop in a and len(a) == len(set(a))
+    _same_bits(a, b, [s for s in b if s in a])
+
+
+def _digest(path):
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_bad_restart_files_are_one_line_and_touch_nothing(tmp_path):
+    assert run_engine(["run", *BASE, "system.repeat=[3,3,3]", "steps=20"], cwd=tmp_path).returncode == 0
+    ck = sorted((tmp_path / "run.ckpt").iterdir())[-1]
+    (tmp_path / "trunc.h5").write_bytes(ck.read_bytes()[:2000])
+    (tmp_path / "text.h5").write_text("not hdf5\n")
+    before = _digest(tmp_path / "run.h5")
+    cases = [
+        (["restart=missing.h5"], "does not exist"),
+        (["restart=trunc.h5"], "trunc.h5"),
+        (["restart=text.h5"], "not an HDF5 file"),
+        (["restart=run.h5"], "H5MD trajectory"),
+        ([f"restart={ck}", "model.cutoff=7.0"], "restart would change model"),
+        ([f"restart={ck}", "dt=1.0", "seed=5"], "dt, seed"),
+        (["+restart=" + str(ck), "steps=10"], "past steps=10"),
+        ([], "exists; add overwrite=true"),
+    ]
+    for extra, needle in cases:
+        r = run_engine(["run", *BASE, "system.repeat=[3,3,3]", "steps=40", *extra], cwd=tmp_path)
+        lines = r.stderr.strip().splitlines()
+        assert r.returncode == 2 and len(lines) == 1 and needle in lines[0], (extra, r.stderr)
+        assert _digest(tmp_path / "run.h5") == before
+    r = run_engine(["run", *BASE, "system.repeat=[3,3,3]", "steps=40", f"restart={ck}",
+                    "dt=1.0", "restart.allow_changes=true"], cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+
+
+def test_checkpoint_contents(tmp_path):
+    assert run_engine(["run", *BASE, "system.repeat=[3,3,3]", "steps=30", "checkpoint.every=10",
+                       "checkpoint.keep=2"], cwd=tmp_path).returncode == 0
+    files = sorted((tmp_path / "run.ckpt").iterdir())
+    assert [f.name for f in files] == ["step-000000000020.h5", "step-000000000030.h5"]
+    with h5py.File(files[-1], "r") as f:
+        assert f.attrs["kind"] == "shardmd-checkpoint" and f.attrs["step"] == 30
+        assert f["atoms/velocities"].attrs["unit"] == "angstrom fs-1"
+        assert np.array_equal(f["atoms/ids"][()], np.arange(108))
+        for key in ("config", "integrator", "model_identity", "code_version"):
+            assert f.attrs[key]
