@@ -9,6 +9,8 @@ import sys
 
 USAGE = """\
 usage: python -m engine run [key=value ...]
+       python -m engine info FILE.h5          what a trajectory or checkpoint holds
+       python -m engine plot FILE.h5 OUT.png  energies, temperature, pressure vs time
        python -m engine --help
 
 Run molecular dynamics.  Keys may be written with or without a leading '+'
@@ -41,6 +43,17 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if cmd == "run":
             return _run(args)
+        if cmd in ("info", "plot"):
+            from . import inspect_files
+
+            need = 1 if cmd == "info" else 2
+            if len(args) != need:
+                raise UserError(f"usage: python -m engine {cmd} FILE.h5" + (" OUT.png" if cmd == "plot" else ""))
+            if cmd == "info":
+                print(inspect_files.info(args[0]))
+            else:
+                print(f"wrote {inspect_files.plot(args[0], args[1])}")
+            return 0
         raise UserError(f"unknown command {cmd!r}; use `python -m engine run key=value ...` "
                         "(see python -m engine --help)")
     except UserError as exc:

@@ -141,3 +141,16 @@ def test_sigkill_mid_run_keeps_every_flushed_frame(tmp_path):
     steps = [fr.info["step"] for fr in read_frames(tmp_path / "run.h5")]
     assert set(logged) <= set(steps)
     assert steps == list(range(0, 5 * len(steps), 5))
+
+
+def test_info_and_plot(engine_cli, tmp_path):
+    assert engine_cli(["run", "model=lj", *SMALL, "quiet=true"], cwd=tmp_path).returncode == 0
+    r = engine_cli(["info", "run.h5"], cwd=tmp_path)
+    assert r.returncode == 0 and "atoms: 108" in r.stdout and "frames: 3" in r.stdout and "model: lj" in r.stdout
+    ck = sorted((tmp_path / "run.ckpt").iterdir())[-1]
+    r = engine_cli(["info", str(ck)], cwd=tmp_path)
+    assert r.returncode == 0 and "checkpoint" in r.stdout and "step: 20" in r.stdout
+    r = engine_cli(["plot", "run.h5", "e.png"], cwd=tmp_path)
+    assert r.returncode == 0 and (tmp_path / "e.png").read_bytes()[:4] == b"\x89PNG"
+    r = engine_cli(["info", "missing.h5"], cwd=tmp_path)
+    assert r.returncode == 2 and r.stderr.startswith("error:") and len(r.stderr.strip().splitlines()) == 1
