@@ -78,7 +78,7 @@ def _launch(kernel, n_edges, device, *arrays):
 
 
 def _wp(t, dtype):
-    return wp.from_torch(t.contiguous(), dtype=dtype)
+    return wp.from_torch(t.detach().contiguous(), dtype=dtype, requires_grad=False)
 
 
 @torch.library.custom_op("shardmd_examples::pair_site_energies", mutates_args=())

@@ -78,6 +78,7 @@ class LennardJones:
             self.pairs[(a, b)] = self.pairs[(b, a)] = (float(p["epsilon"]), float(p["sigma"]))
         self._tables: dict = {}
         self._types_cache = None
+        self._scratch: torch.Tensor | None = None
 
     # -- parameters -----------------------------------------------------------------
     def species(self) -> list[int]:
@@ -132,6 +133,14 @@ class LennardJones:
         self._types_cache = (numbers, numbers._version, (dtype, str(device)), out)
         return out
 
+    def _virial_buffer(self, n: int, dtype, device) -> torch.Tensor:
+        """(n, 3, 3) scratch for the per-atom virials, kept between calls: only their sum is
+        returned, and a fresh multi-MB tensor per step costs page faults on the CPU."""
+        buf = self._scratch
+        if buf is None or buf.shape[0] != n or buf.dtype != dtype or buf.device != torch.device(device):
+            buf = self._scratch = torch.empty(n, 3, 3, dtype=dtype, device=device)
+        return buf
+
     # -- evaluation -----------------------------------------------------------------
     def compute(self, positions: torch.Tensor, cell: torch.Tensor, pbc, numbers: torch.Tensor,
                 nl: NeighborList) -> dict[str, torch.Tensor]:
@@ -149,7 +158,7 @@ class LennardJones:
         t, types, table = self._table(numbers, dtype, device)
         forces = torch.empty(nq, 3, dtype=dtype, device=device)
         energies = torch.empty(nq, dtype=dtype, device=device)
-        virials = torch.empty(nq, 3, 3, dtype=dtype, device=device)
+        virials = self._virial_buffer(nq, dtype, device)
         if nq:
             # With every point a query point the list holds both (i, j, S) and (j, i, -S), and
             # the virial follows from sum_i x_i (x) F_i plus an image term over the few edges

@@ -1,0 +1,88 @@
+"""The Lennard-Jones model as a ``torch.library.custom_op`` declared through an OpAdapter.
+
+``torch.ops.shardmd_lj.lennard_jones`` runs :meth:`LennardJones.compute` (its Warp kernel)
+on plain tensors: energy, forces, virial and per-atom energies of the query atoms of a
+receiver-owned full list.  Under decomposition the kernel's forces and per-atom energies
+of owned atoms are complete (ghosts cover the cutoff); the energy and virial are this
+rank's partial sums, so the adapter declares ``AllReduceSum`` on outputs 0 and 2.  With
+:data:`SPEC_LJ` (the pair-potential preset plus that adapter) ``DistributedModel`` needs no
+``output_kinds``; the results are bit-identical to the direct call.
+
+    model = LennardJonesOp(LennardJones(...))      # or LennardJonesOp.from_config(cfg)
+    DistributedModel(model).compute(ctx, positions, numbers, nl)
+"""
+from __future__ import annotations
+
+import itertools
+import weakref
+
+import torch
+
+from shardmd.domain.api import SPEC_PAIR_HALO, AllReduceSum, ModelConfig, NeighborConfig, OpAdapter
+from shardmd.domain.neighbors import NeighborList
+
+from .lj import LennardJones
+
+_MODELS: "weakref.WeakValueDictionary[int, LennardJones]" = weakref.WeakValueDictionary()
+_ids = itertools.count(1)
+
+
+@torch.library.custom_op("shardmd_lj::lennard_jones", mutates_args=())
+def lennard_jones(positions: torch.Tensor, cell: torch.Tensor, numbers: torch.Tensor, offsets: torch.Tensor,
+                  neighbors: torch.Tensor, shifts: torch.Tensor, cutoff: float, n_points: int,
+                  handle: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(energy (), forces (n_query, 3), virial (3, 3), energies (n_query,)) of the model
+    registered under ``handle`` on the CSR list (offsets, neighbors, shifts)."""
+    model = _MODELS.get(int(handle))
+    if model is None:
+        raise RuntimeError(f"shardmd_lj::lennard_jones: no LennardJones model registered under handle {handle}")
+    nl = NeighborList(offsets=offsets, neighbors=neighbors, shifts=shifts, cutoff=float(cutoff), n_points=int(n_points))
+    out = model.compute(positions, cell, None, numbers, nl)
+    return out["energy"], out["forces"], out["virial"], out["energies"]
+
+
+@lennard_jones.register_fake
+def _(positions, cell, numbers, offsets, neighbors, shifts, cutoff, n_points, handle):
+    nq = offsets.shape[0] - 1
+    return (positions.new_empty(()), positions.new_empty(nq, 3), positions.new_empty(3, 3), positions.new_empty(nq))
+
+
+OP = torch.ops.shardmd_lj.lennard_jones.default
+
+#: the pair-potential preset with the kernel's adapter: energy and virial summed by the
+#: adapter (so not again by the output stage), forces and per-atom energies owned rows
+SPEC_LJ = SPEC_PAIR_HALO.replace(name="lj-op", all_reduce_outputs=frozenset()).with_custom_ops(
+    OpAdapter(OP, output_transforms={0: AllReduceSum(), 2: AllReduceSum()}, module=__name__))
+
+
+class LennardJonesOp:
+    """A :class:`LennardJones` model called through the custom op, with :data:`SPEC_LJ`."""
+
+    name = "lj"
+    needs_autograd = False
+
+    def __init__(self, lj: LennardJones, spec=SPEC_LJ):
+        self.lj = lj
+        self.handle = next(_ids)
+        _MODELS[self.handle] = lj
+        self.distribution_spec = spec
+        self.model_config = ModelConfig(outputs=("energy", "forces", "virial", "energies"),
+                                        neighbors=NeighborConfig(lj.cutoff))
+
+    @property
+    def cutoff(self) -> float:
+        return self.lj.cutoff
+
+    def check_species(self, numbers) -> None:
+        self.lj.check_species(numbers)
+
+    def describe(self) -> str:
+        return self.lj.describe() + " via shardmd_lj::lennard_jones"
+
+    def compute(self, positions, cell, pbc, numbers, nl) -> dict:
+        e, f, w, es = lennard_jones(positions, cell, numbers, nl.offsets, nl.neighbors, nl.shifts, float(nl.cutoff),
+                                    int(nl.n_points), self.handle)
+        return {"energy": e, "forces": f, "virial": w, "energies": es}
+
+
+__all__ = ["LennardJonesOp", "OP", "SPEC_LJ", "lennard_jones"]
