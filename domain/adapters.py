@@ -48,8 +48,7 @@ from torch._C import DisableTorchFunctionSubclass
 from .collectives import all_reduce_sum, all_to_all_v
 from .halo import halo_forward, halo_reverse
 from .handlers import correct_halo
-from .shard_tensor import (ShardTensor, first_shard, op_name, plain, plain_tree, record, register_handler,
-                           unregister_handler)
+from .shard_tensor import ShardTensor, first_shard, plain_tree, register_handler, unregister_handler
 
 
 class TransformError(RuntimeError):
@@ -283,8 +282,6 @@ class OpAdapter:
                     if key >= len(outs):
                         raise TransformError(f"{t.kind} on output {key} of {name}: the op returns {len(outs)} output(s)")
                     outs[key] = t.apply(outs[key], ref, f"output {key} of {name}")
-                record("op_adapter", func, arg_transforms=[t.kind for t in args_t.values()],
-                       output_transforms=[t.kind for t in outs_t.values()])
                 outs = [ShardTensor.wrap_like(o, ref) if _rows(o) == ref.n_padded and o.dim() > 0 else o
                         for o in outs]
             return tuple(outs) if many else outs[0]
@@ -415,7 +412,7 @@ class AdapterScope:
         try:
             if dist is not None:
                 for ad in dist.custom_ops:
-                    name = f"op_adapter:{ad.qualname}:{next(_counter)}"
+                    name = f"op_adapter:{ad.qualname}#{next(_counter)}"
                     register_handler(ad.op, lambda f, a, k: True, ad.handler(), name=name, position=0)
                     self._undo.append(lambda n=name: unregister_handler(n))
                 for h in dist.third_party_helpers:

@@ -153,7 +153,9 @@ def register_handler(ops, predicate: Predicate, handler: Handler, *, name: str,
     ``predicate(func, args, kwargs) -> bool`` decides whether the handler takes a call;
     ``handler(func, types, args, kwargs)`` returns the op's result.  Entries are consulted
     in registry order (``position`` inserts, default appends); the first match runs.
-    Names are unique; returns the name (for :func:`unregister_handler`).
+    Names are unique; returns the name (for :func:`unregister_handler`).  A dispatch trace
+    records the name up to a ``#`` (so ``"op_adapter:ns::op#3"`` is traced as
+    ``"op_adapter:ns::op"``).
     """
     if any(e.name == name for e in _REGISTRY):
         raise ValueError(f"a ShardTensor handler named {name!r} is already registered")
@@ -307,7 +309,7 @@ class ShardTensor(torch.Tensor):
                 with DisableTorchFunctionSubclass():
                     hit = e.predicate(func, args, kwargs)
                 if hit:
-                    record(e.name, func)
+                    record(e.name.split("#")[0], func)
                     return e.handler(func, types, args, kwargs)
         with DisableTorchFunctionSubclass():
             out = func(*args, **kwargs)

@@ -358,8 +358,14 @@ def _fix_candidates(spec: MLIPSpec) -> list[tuple[str, MLIPSpec]]:
 
 
 def _drop_variants(spec: MLIPSpec) -> list[MLIPSpec]:
-    """Every single-key drop from all_reduce_outputs (run speculatively in the first launch)."""
-    return [spec.replace(all_reduce_outputs=spec.all_reduce_outputs - {k}) for k in sorted(spec.all_reduce_outputs)]
+    """Every single-key drop from all_reduce_outputs, and dropping them all (run
+    speculatively in the first launch; used only when the dropped keys are exactly the
+    ones found duplicated)."""
+    keys = sorted(spec.all_reduce_outputs)
+    out = [spec.replace(all_reduce_outputs=spec.all_reduce_outputs - {k}) for k in keys]
+    if len(keys) > 1:
+        out.append(spec.replace(all_reduce_outputs=frozenset()))
+    return out
 
 
 def validate_many(jobs: list[dict], world_size: int, timeout: float = 600.0) -> list[TraceReport]:
@@ -453,7 +459,7 @@ def _finish(p: dict, results: list, k: int) -> TraceReport:
         for (rule, spec), ranks in zip(variants[1:], results[1:]):
             if rule == "drop_duplicate_all_reduce":
                 dropped = variants[0][1].all_reduce_outputs - spec.all_reduce_outputs
-                applies = bool(dropped & dup)
+                applies = bool(dup) and dropped == dup
             elif rule == "halo_correction_to_local":
                 applies = bool(first.handlers_fired.get("halo_correction")) and halo_ok
             else:

@@ -53,20 +53,17 @@ def edges_within(nl, padded: torch.Tensor, ids: torch.Tensor, cell: torch.Tensor
     return ids[ei[0][m]].numpy(), ids[ei[1][m]].numpy(), r[m].numpy()
 
 
-def run_case(comm, case: dict) -> dict:
+def rank_domain(comm, s: dict, ghost_width: float, radius: float, grid=None) -> dict:
+    """This rank's part of the sample ``s`` (numpy positions, cell, pbc, numbers) laid out as
+    the engine does: wrapped, owned points by fractional position, halo, neighbour list
+    with the owned points as queries.  Returns a dict with ctx, padded positions, ids,
+    numbers, nl, owned ids, ghost ids, grid."""
     from .cell import to_fractional, wrap
     from .context import DomainContext
     from .decomposition import choose_grid
-    from .distributed_model import DistributedModel
     from .halo import build_halo, local_pbc
     from .neighbors import build_neighbor_list
-    from .shard_tensor import dispatch_trace
-    from .spec import MLIPSpec
 
-    factory = load_factory(case["factory"], case.get("factory_file"))
-    model = factory()
-    spec = MLIPSpec.from_json(case["spec_json"]) if case.get("spec_json") else None
-    s = case["sample"]
     dtype = torch.float64
     cell = torch.tensor(s["cell"], dtype=dtype)
     pbc = tuple(bool(p) for p in s["pbc"])
@@ -74,17 +71,32 @@ def run_case(comm, case: dict) -> dict:
     numbers = torch.tensor(s["numbers"], dtype=torch.int64)
     ids = torch.arange(pos.shape[0], dtype=torch.int64)
     pos, _ = wrap(pos, cell, torch.tensor(pbc), torch.zeros(pos.shape[0], 3, dtype=torch.int32))
-    gw = float(case["ghost_width"])
-    grid = choose_grid(comm.size, cell, list(pbc), gw, shape=case.get("grid"))
-    mine = torch.nonzero(grid.owner(to_fractional(pos, cell)) == comm.rank).flatten()
+    g = choose_grid(comm.size, cell, list(pbc), float(ghost_width), shape=grid)
+    mine = torch.nonzero(g.owner(to_fractional(pos, cell)) == comm.rank).flatten()
     pos_o, num_o, ids_o = pos[mine], numbers[mine], ids[mine]
-    plan, gpos, glab = build_halo(comm, grid, cell, list(pbc), pos_o, torch.stack([ids_o, num_o], 1), gw)
+    plan, gpos, glab = build_halo(comm, g, cell, list(pbc), pos_o, torch.stack([ids_o, num_o], 1), float(ghost_width))
     padded = torch.cat([pos_o, gpos])
     pids = torch.cat([ids_o, glab[:, 0]])
     pnum = torch.cat([num_o, glab[:, 1]])
-    lp = local_pbc(grid, list(pbc))
-    ctx = DomainContext(comm, grid, plan, cell, pbc, lp)
-    nl = build_neighbor_list(padded, cell, lp, float(case["radius"]), ids=pids, n_query=int(mine.numel()))
+    lp = local_pbc(g, list(pbc))
+    ctx = DomainContext(comm, g, plan, cell, pbc, lp)
+    nl = build_neighbor_list(padded, cell, lp, float(radius), ids=pids, n_query=int(mine.numel()))
+    return {"ctx": ctx, "padded": padded, "ids": pids, "numbers": pnum, "nl": nl, "owned_ids": ids_o,
+            "ghost_ids": glab[:, 0], "grid": g, "wrapped": pos, "cell": cell, "pbc": pbc}
+
+
+def run_case(comm, case: dict) -> dict:
+    from .distributed_model import DistributedModel
+    from .shard_tensor import dispatch_trace
+    from .spec import MLIPSpec
+
+    factory = load_factory(case["factory"], case.get("factory_file"))
+    model = factory()
+    spec = MLIPSpec.from_json(case["spec_json"]) if case.get("spec_json") else None
+    d = rank_domain(comm, case["sample"], case["ghost_width"], case["radius"], case.get("grid"))
+    ctx, padded, pids, pnum, nl, cell = d["ctx"], d["padded"], d["ids"], d["numbers"], d["nl"], d["cell"]
+    ids_o, grid = d["owned_ids"], d["grid"]
+    glab = d["ghost_ids"][:, None]
     res = {"rank": comm.rank, "ids": ids_o.numpy(), "ghost_ids": glab[:, 0].numpy(), "grid": grid.shape,
            "error": None, "outputs": {}, "raw": {}, "trace": []}
     res["edges"] = edges_within(nl, padded, pids, cell, float(case["model_cutoff"]))

@@ -15,8 +15,11 @@ def _build_lj(cfg: Mapping, dtype: torch.dtype, device: torch.device):
 
 
 def _build_mace(cfg: Mapping, dtype: torch.dtype, device: torch.device):
-    raise NotImplementedError(
-        "model=mace is accepted by the configuration but not served yet (MACE-across-domains issue)")
+    from .mace import MaceModel
+
+    want = cfg.get("dtype")
+    dt = {"float32": torch.float32, "float64": torch.float64}[want] if want else dtype
+    return MaceModel(cfg.get("checkpoint"), dtype=dt, device=device)
 
 
 MODELS: dict[str, Callable] = {"lj": _build_lj, "mace": _build_mace}

@@ -1,0 +1,159 @@
+"""MACE (mace-torch) behind the model interface, on the message-passing halo scheme.
+
+The real mace-torch model runs unchanged (no fork, no edits).  We drive its own per-layer
+ghost-exchange hook (the one LAMMPS ML-IAP uses: ``lammps_class.forward_exchange`` /
+``reverse_exchange``) from our halo machinery:
+
+- inputs are the rank's ``[owned | ghost]`` points and edges whose receivers are owned
+  (the neighbour list's query rows): each owned atom sees all its neighbours, so ghost
+  width stays cutoff + skin whatever the number of layers;
+- before every layer after the first, mace pads the owned node features with ghost slots
+  and calls ``forward_exchange``: ghost rows are refreshed from their owners; autograd's
+  backward of that exchange is our reverse exchange, so gradients reach the owners;
+- the leaves of autograd are the edge vectors ``v_e = x_receiver - (x_sender + S @ cell)``
+  (with the ghosts' image shifts applied): forces are ``-dE/dv`` scattered onto both ends of
+  each edge (ghost rows then reverse-exchanged to their owners by the decomposition), and
+  the virial is ``-sum_e v_e (x) dE/dv_e``, exactly the strain derivative of the
+  decomposed system (a strain acts on every edge vector, ghosts' images included).
+
+Energies are owned atoms' site energies (summed over ranks by the caller).  Units: eV, Å.
+"""
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import torch
+
+DEFAULT_MODEL = Path(__file__).resolve().parent / "data" / "cu_mace_small.model"
+
+
+class _Exchange:
+    """The object mace's interaction blocks call between layers (its ``lammps_class``)."""
+
+    def __init__(self, ctx, n_owned: int):
+        self.ctx = ctx
+        self.n_owned = n_owned
+
+    def forward_exchange(self, feats: torch.Tensor, out: torch.Tensor, vec_len: int) -> None:  # noqa: ARG002
+        if self.ctx is None:
+            out.copy_(feats)
+            return
+        out.copy_(self.ctx.forward(feats[: self.n_owned]))
+
+    def reverse_exchange(self, grad: torch.Tensor, gout: torch.Tensor, vec_len: int) -> None:  # noqa: ARG002
+        if self.ctx is None:
+            gout.copy_(grad)
+            return
+        gout.zero_()
+        gout[: self.n_owned] = self.ctx.reverse(grad)
+
+
+def load_mace(path: str | Path, device="cpu", dtype=torch.float64):
+    """Load a mace-torch model file; one-line errors for missing or non-MACE files."""
+    p = Path(path)
+    if not p.is_file():
+        raise ValueError(f"model.checkpoint={str(path)!r}: no such file; give a mace-torch .model file")
+    import mace  # noqa: F401  (must precede torch.load of e3nn objects)
+    from mace.modules.models import MACE
+
+    import warnings
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model = torch.load(p, map_location=device, weights_only=False)
+    except Exception as exc:  # pickle errors, zip errors, ...
+        raise ValueError(f"model.checkpoint={str(path)!r} is not a loadable mace-torch model "
+                         f"({type(exc).__name__}); give a file saved by mace-torch") from None
+    if not isinstance(model, torch.nn.Module) or not isinstance(model, MACE) or not hasattr(model, "atomic_numbers"):
+        raise ValueError(f"model.checkpoint={str(path)!r} holds a {type(model).__name__}, not a MACE model")
+    return model.to(device=device, dtype=dtype).eval()
+
+
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+class MaceModel:
+    """mace-torch model on the halo scheme.
+
+    checkpoint: mace-torch model file (default: the shipped Cu model); dtype, device: where
+    and how it runs.  ``compute`` takes an optional decomposition context (``halo_context``
+    attribute, set by the engine) for the per-layer exchange.
+    """
+
+    name = "mace"
+    output_kinds = {"energy": "per_system", "virial": "per_system", "forces": "per_point_reverse",
+                    "energies": "per_point"}
+    uses_halo_context = True
+
+    def __init__(self, checkpoint: str | Path | None = None, dtype=torch.float64, device="cpu"):
+        self.path = Path(checkpoint) if checkpoint else DEFAULT_MODEL
+        if not checkpoint and not self.path.is_file():
+            raise ValueError(f"the shipped MACE model {self.path} is missing; give model.checkpoint=PATH")
+        self.dtype, self.device = dtype, torch.device(device)
+        self.model = load_mace(self.path, self.device, dtype)
+        for p in self.model.parameters():
+            p.requires_grad_(False)
+        self.cutoff = float(self.model.r_max)
+        self.atomic_numbers = [int(z) for z in self.model.atomic_numbers]
+        lut = torch.full((max(self.atomic_numbers) + 1,), -1, dtype=torch.int64)
+        lut[torch.tensor(self.atomic_numbers)] = torch.arange(len(self.atomic_numbers))
+        self._lut = lut.to(self.device)
+        self.halo_context = None
+
+    def identity(self) -> str:
+        return file_sha256(self.path)
+
+    def check_species(self, numbers) -> None:
+        from ase.data import chemical_symbols
+
+        have = set(int(z) for z in torch.as_tensor(numbers).unique().tolist())
+        missing = sorted(have - set(self.atomic_numbers))
+        if missing:
+            known = ", ".join(chemical_symbols[z] for z in self.atomic_numbers)
+            raise ValueError(f"the MACE model {self.path.name} does not know "
+                             f"{', '.join(chemical_symbols[z] for z in missing)} (it knows {known}); "
+                             "use a model trained on those elements")
+
+    def compute(self, positions: torch.Tensor, cell: torch.Tensor, pbc, numbers: torch.Tensor, nl,
+                ctx=None) -> dict[str, torch.Tensor]:
+        """positions: (n_padded, 3) Å; nl: query rows = owned atoms (the first n_owned rows).
+        Returns energy () eV of the owned atoms, forces (n_padded, 3) eV/Å (ghost rows partial),
+        virial (3, 3) eV (this rank's edges), energies (n_owned,) eV."""
+        ctx = ctx if ctx is not None else self.halo_context
+        n_pad = int(positions.shape[0])
+        n_own = nl.n_query
+        x = positions.to(self.dtype)
+        h = cell.to(self.dtype)
+        receivers = nl.centers()
+        senders = nl.neighbors.long()
+        node_attrs = torch.nn.functional.one_hot(self._lut[numbers.long()], len(self.atomic_numbers)).to(self.dtype)
+        with torch.enable_grad():
+            vectors = (x[receivers] - x[senders] - nl.shifts.to(self.dtype) @ h).detach().requires_grad_(True)
+            data = {
+                "node_attrs": node_attrs,
+                "edge_index": torch.stack([senders, receivers]),
+                "vectors": vectors,
+                "batch": torch.zeros(n_own, dtype=torch.int64, device=x.device),
+                "natoms": torch.tensor([n_own, n_pad - n_own]),
+                "lammps_class": _Exchange(ctx, n_own),
+                "ptr": torch.tensor([0, n_own], device=x.device),
+            }
+            out = self.model(data, compute_force=False, lammps_mliap=True)
+            energy = out["energy"][0]
+            (grad,) = torch.autograd.grad(energy, vectors, allow_unused=True)
+        if grad is None:
+            grad = torch.zeros_like(vectors)
+        forces = torch.zeros(n_pad, 3, dtype=self.dtype, device=x.device)
+        forces.index_add_(0, receivers, -grad)
+        forces.index_add_(0, senders, grad)
+        virial = -(vectors.detach().T @ grad)
+        virial = 0.5 * (virial + virial.T)
+        return {"energy": energy.detach(), "forces": forces, "virial": virial,
+                "energies": out["node_energy"][:n_own].detach().to(self.dtype)}
