@@ -49,14 +49,25 @@ class _Exchange:
         gout[: self.n_owned] = self.ctx.reverse(grad)
 
 
+def _import_mace():
+    """Import mace-torch quietly (it prints a cuequivariance notice and e3nn warns at import)."""
+    import contextlib
+    import io
+    import warnings
+
+    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+        warnings.simplefilter("ignore")
+        import mace  # noqa: F401  (must precede torch.load of e3nn objects)
+        from mace.modules.models import MACE
+    return MACE
+
+
 def load_mace(path: str | Path, device="cpu", dtype=torch.float64):
     """Load a mace-torch model file; one-line errors for missing or non-MACE files."""
     p = Path(path)
     if not p.is_file():
         raise ValueError(f"model.checkpoint={str(path)!r}: no such file; give a mace-torch .model file")
-    import mace  # noqa: F401  (must precede torch.load of e3nn objects)
-    from mace.modules.models import MACE
-
+    MACE = _import_mace()
     import warnings
 
     try:

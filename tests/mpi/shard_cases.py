@@ -169,7 +169,7 @@ def run_checks(comm) -> dict:
             fired = [e["handler"] for e in tr]
             name = f"system_{form}_{'on' if on else 'off'}"
             if on:
-                C.close(name + "_value", abs(float(E[0].detach()) - float(e_ref.detach())), 1e-12 * abs(float(e_ref)))
+                C.close(name + "_value", abs(float(E[0].detach()) - float(e_ref.detach())), 1e-12 * abs(float(e_ref.detach())))
                 C.close(name + "_fired", 0.0 if fired == ["system_reduce"] else 1.0, 0.0)
                 (g,) = torch.autograd.grad(E.to_plain().sum(), leaf)
                 C.close(name + "_grad", _maxabs(halo_reverse(comm, plan, g), gref[ids_o]))
