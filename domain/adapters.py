@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import importlib
 import itertools
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch

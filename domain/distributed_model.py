@@ -85,7 +85,7 @@ class StorageIdNeighborList(NeighborList):
         return self.center_ids[super().centers()]
 
 
-def autograd_forces(raw: dict, leaf: torch.Tensor, autograd_outputs) -> dict:
+def fill_autograd_outputs(raw: dict, leaf: torch.Tensor, autograd_outputs) -> dict:
     """Fill ``raw[out] = -d(sum raw[src])/d(leaf)`` for each ``out: src`` (no exchange)."""
     items = list(dict(autograd_outputs).items())
     for i, (out, src) in enumerate(items):
@@ -166,6 +166,9 @@ class DistributedModel:
 
     def _compute_spec(self, ctx: DomainContext, positions, numbers, nl) -> dict:
         spec = self.spec
+        if self.config is not None and self.config.neighbors.cutoff > nl.cutoff:
+            raise ValueError(f"neighbour list radius {nl.cutoff} Å < the model's cutoff "
+                             f"{self.config.neighbors.cutoff} Å (ModelConfig.neighbors)")
         auto = dict(self.config.autograd_outputs) if self.config is not None else {}
         sharded = spec.distribution.storage.kind == "sharded"
         group = GroupConfig(ctx.comm)
@@ -186,7 +189,7 @@ class DistributedModel:
         with use_scope(scope), AdapterScope(spec, scope), grad_mode:
             raw = dict(self.model.compute(pos, ctx.cell, ctx.local_pbc, numbers, nl))
             if auto:
-                autograd_forces(raw, leaf, auto)
+                fill_autograd_outputs(raw, leaf, auto)
                 if not sharded:
                     for key in auto:
                         with torch.no_grad():
@@ -231,4 +234,4 @@ class DistributedModel:
         return out
 
 
-__all__ = ["DistributedModel", "KINDS", "ModelConfig", "NeighborConfig", "StorageIdNeighborList", "autograd_forces"]
+__all__ = ["DistributedModel", "KINDS", "ModelConfig", "NeighborConfig", "StorageIdNeighborList", "fill_autograd_outputs"]

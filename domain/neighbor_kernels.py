@@ -108,7 +108,7 @@ def scan_neighbors(
     nb: wp.vec3i,
     reach: wp.vec3i,
     cutoff2: Any,
-    words: int,
+    word_start: wp.array(dtype=wp.int32),
     write: int,
     mask: wp.array(dtype=wp.uint32),
     offsets: wp.array(dtype=wp.int32),
@@ -122,8 +122,8 @@ def scan_neighbors(
     fixed order: bin offsets lexicographically, then each bin's points in (bin, id) order.
     ``xs`` holds the wrapped positions in that sorted order, so the bins ``d2 = -reach ..
     reach`` of a row are one contiguous *run* of ``xs`` (split in two where the row wraps
-    around a periodic boundary).  Candidate number ``c`` owns bit ``c`` of ``i``'s
-    ``words`` mask words.
+    around a periodic boundary).  Candidate number ``c`` owns bit ``c`` of ``i``'s mask
+    words, which start at ``word_start[i]``.
 
     ``write == 0`` (mark): distance test of every candidate (branch-free), set the bit of
     each hit; ``counts[i]`` = number of hits.
@@ -136,7 +136,7 @@ def scan_neighbors(
     xi = xs[slot]
     ci = _bin_coords(bin_of[i], nb)
     zero = type(xi[0])(0.0)
-    first_word = i * words
+    first_word = word_start[i]
     bits = wp.uint32(0)
     c = int(0)
     n_found = int(0)
@@ -226,7 +226,7 @@ for _vec, _mat, _s in (
         scan_neighbors,
         [wp.array(dtype=_vec), wp.array(dtype=wp.int32), wp.array(dtype=wp.int32),
          wp.array(dtype=wp.int32), wp.array(dtype=wp.int32), wp.array(dtype=wp.vec3i),
-         wp.array(dtype=_mat), wp.vec3i, wp.vec3i, wp.vec3i, _s, int, int,
+         wp.array(dtype=_mat), wp.vec3i, wp.vec3i, wp.vec3i, _s, wp.array(dtype=wp.int32), int,
          wp.array(dtype=wp.uint32), wp.array(dtype=wp.int32), wp.array(dtype=wp.int32),
          wp.array(dtype=wp.int32), wp.array(dtype=wp.vec3i)],
     )

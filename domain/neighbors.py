@@ -91,6 +91,23 @@ def _bin_grid(cell: torch.Tensor, pbc: tuple[bool, bool, bool], cutoff: float, n
     return nb, reach
 
 
+def _candidates_per_bin(per_bin: torch.Tensor, nb, reach, pbc) -> torch.Tensor:
+    """(n_bins,) number of points in the ``(2 reach + 1)^3`` bins the scan visits from each bin
+    (periodic axes wrap, possibly more than once in small cells; open axes stop at the grid)."""
+    c = per_bin.view(nb[0], nb[1], nb[2])
+    for axis in range(3):
+        total = torch.zeros_like(c)
+        for d in range(-reach[axis], reach[axis] + 1):
+            if pbc[axis]:
+                total += torch.roll(c, shifts=-d, dims=axis)  # total[b] += c[(b + d) mod nb]
+            elif d >= 0:
+                total.narrow(axis, 0, nb[axis] - d).add_(c.narrow(axis, d, nb[axis] - d))
+            else:
+                total.narrow(axis, -d, nb[axis] + d).add_(c.narrow(axis, 0, nb[axis] + d))
+        c = total
+    return c.reshape(-1)
+
+
 def build_neighbor_list(
     positions: torch.Tensor,
     cell: torch.Tensor,
@@ -152,10 +169,15 @@ def build_neighbor_list(
     rank = torch.empty_like(order32)
     rank[order] = torch.arange(n, dtype=torch.int32, device=device)
     xs = xw[order].contiguous()  # wrapped positions in (bin, id) order: bins read contiguously
-    # one mask bit per candidate: at most (largest bin) x (bins scanned) candidates per point
-    n_scan = (2 * reach[0] + 1) * (2 * reach[1] + 1) * (2 * reach[2] + 1)
-    words = max(1, -(-int(per_bin.max()) * n_scan // 32))
-    mask = torch.empty(nq * words + 1, dtype=torch.int32, device=device)
+    # one mask bit per candidate: point i owns ceil(candidates / 32) words from word_start[i]
+    candidates = _candidates_per_bin(per_bin, nb, reach, pbc_t)[bin_of[:nq].long()]
+    word_start = torch.zeros(nq + 1, dtype=torch.int64, device=device)
+    word_start[1:] = torch.cumsum((candidates + 31) // 32, 0)
+    n_words = int(word_start[-1])
+    if n_words >= 2**31:
+        raise ValueError(f"neighbour search: {32 * n_words} candidate pairs exceed the int32 index range; "
+                         "the cutoff is far too large for this system")
+    mask = torch.empty(max(n_words, 1), dtype=torch.int32, device=device)
 
     counts = torch.zeros(nq, dtype=torch.int32, device=device)
     offsets = torch.zeros(nq + 1, dtype=torch.int32, device=device)
@@ -163,7 +185,8 @@ def build_neighbor_list(
     dummy_s = torch.zeros(1, 3, dtype=torch.int32, device=device)
     scal = scalar_type(dtype)
     common = [as_vec3(xs), as_array(order32), as_array(rank), as_array(start32), as_array(bin_of),
-              as_vec3i(img), cell_w, pbc_v, nb_v, reach_v, scal(float(cutoff) ** 2), words]
+              as_vec3i(img), cell_w, pbc_v, nb_v, reach_v, scal(float(cutoff) ** 2),
+              as_array(word_start.to(torch.int32))]
     mask_w = wp.from_torch(mask, dtype=wp.uint32)
     wp.launch(nk.scan_neighbors, dim=nq, device=dev,
               inputs=common + [0, mask_w, as_array(offsets), as_array(counts), as_array(dummy_n),

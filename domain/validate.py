@@ -28,7 +28,6 @@
 """
 from __future__ import annotations
 
-import dataclasses
 import os
 import pickle
 import shutil
@@ -45,7 +44,7 @@ from .cell import wrap
 from .comm import Comm
 from .context import DomainContext
 from .decomposition import DomainGrid
-from .distributed_model import DistributedModel, autograd_forces
+from .distributed_model import DistributedModel, fill_autograd_outputs
 from .halo import HaloPlan
 from .neighbors import build_neighbor_list
 from .shard_tensor import dispatch_trace, plain
@@ -130,7 +129,7 @@ def reference_run(model, s: dict, radius: float, spec: MLIPSpec) -> tuple[dict, 
     with torch.enable_grad():
         raw = dict(model.compute(leaf, cell, pbc, numbers, nl))
         if auto:
-            autograd_forces(raw, leaf, auto)
+            fill_autograd_outputs(raw, leaf, auto)
     ref = {k: plain(v).detach().numpy() for k, v in raw.items() if isinstance(v, torch.Tensor)}
     # the same call through a one-domain DistributedModel, traced
     plan = HaloPlan(n_owned=n, ghost_shift=torch.zeros(0, 3, dtype=torch.int32))

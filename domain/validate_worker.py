@@ -18,7 +18,6 @@ import pickle
 import sys
 import traceback
 
-import numpy as np
 import torch
 
 

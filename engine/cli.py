@@ -11,6 +11,7 @@ USAGE = """\
 usage: python -m engine run [key=value ...]
        python -m engine info FILE.h5          what a trajectory or checkpoint holds
        python -m engine plot FILE.h5 OUT.png  energies, temperature, pressure vs time
+       python -m engine convert RUN.h5 OUT    frames to extxyz, .traj or any ASE format
        python -m engine --help
 
 Run molecular dynamics.  Keys may be written with or without a leading '+'
@@ -43,6 +44,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if cmd == "run":
             return _run(args)
+        if cmd == "convert":
+            if len(args) != 2:
+                raise UserError("usage: python -m engine convert RUN.h5 OUT.extxyz|OUT.traj|any ASE format")
+            from .inspect_files import convert
+
+            print(convert(args[0], args[1]))
+            return 0
         if cmd in ("info", "plot"):
             from . import inspect_files
 

@@ -140,6 +140,14 @@ class Decomposition:
     def kinetic(self, s: State) -> torch.Tensor:
         return self.comm.all_reduce(kinetic_tensor(s.velocities, s.masses))
 
+    def allgather(self, s: State, fields) -> dict:
+        """Every rank: dict of full arrays in id order (numpy)."""
+        local = {k: (s.extras[k] if k in s.extras else getattr(s, k)).detach().cpu() for k in ("ids", *fields)}
+        parts = self.comm.all_gather_object(local)
+        ids = torch.cat([p["ids"] for p in parts])
+        order = torch.argsort(ids)
+        return {k: torch.cat([p[k] for p in parts])[order].numpy() for k in ("ids", *fields)}
+
     def gather(self, s: State, fields=("positions", "images", "velocities", "forces")):
         """Root: dict of full arrays in id order (numpy); others: None."""
         local = {k: (s.extras[k] if k in s.extras else getattr(s, k)).detach().cpu() for k in ("ids", *fields)}

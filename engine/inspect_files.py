@@ -86,3 +86,21 @@ def plot(path: str, out: str) -> str:
     fig.tight_layout()
     fig.savefig(out, dpi=110)
     return out
+
+
+def convert(path: str, out: str) -> str:
+    """Write every frame of an H5MD trajectory to ``out`` in any format ASE writes."""
+    if _open_kind(path) != "trajectory":
+        raise UserError(f"{path!r} is a checkpoint; convert a trajectory file")
+    from ase.io import write
+
+    from .h5md import read_frames
+
+    frames = read_frames(path)
+    if not frames:
+        raise UserError(f"{path!r} holds no frames")
+    try:
+        write(out, frames)
+    except Exception as exc:  # unknown format, unwritable path
+        raise UserError(f"cannot write {out!r}: {exc}") from None
+    return f"wrote {len(frames)} frames to {out}"

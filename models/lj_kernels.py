@@ -1,27 +1,34 @@
-"""Warp kernels of the Lennard-Jones pair potential on a full CSR neighbour list.
+"""Warp kernel of the Lennard-Jones pair potential on a full CSR neighbour list.
 
 For each query atom i and each edge (i, j, S) with ``d = x[j] + S @ cell - x[i]`` and
-``r = |d| < cutoff``:
+``r = |d| < cutoff``, with ``g = fpr * d`` the force on j from i:
 
-    U(r)      = c12 / r^12 - c6 / r^6 - u_shift          (eV; c12 = 4 eps sigma^12, c6 = 4 eps sigma^6)
-    F_i      += -(12 c12 / r^12 - 6 c6 / r^6) / r^2 * d  (eV/Å)
-    E_i      += U / 2                                     (each pair is seen from both ends)
-    W_i      += (12 c12 / r^12 - 6 c6 / r^6) / r^2 * d (x) d / 2   (virial, eV)
+    U(r)   = c12 / r^12 - c6 / r^6 - u_shift          (eV; c12 = 4 eps sigma^12, c6 = 4 eps sigma^6)
+    fpr    = (12 c12 / r^12 - 6 c6 / r^6) / r^2        (= -dU/dr / r)
+    F_i   -= g                                          (eV/Å)
+    E_i   += U / 2                                      (each pair is seen from both ends)
+    W     += d (x) g / 2 summed over all edges          (virial = sum over pairs r_ij (x) f_ij, eV)
 
 Because the list is full, each atom's sums need no atomics: results are deterministic on
-CPU and GPU, and atom i's force sums its edges in the list's order.
+CPU and GPU, and atom i sums its edges in the list's order.
 
-Two kernels share the per-edge functions: ``lj_one_species`` takes the pair parameters as
-one vec3 (c12, c6, u_shift), ``lj_species`` looks them up per edge in a (type_i, type_j)
-table.  Choices, measured in docs/benchmarks.md (CPU, float64, ns per edge):
+The virial: when every point is a query point, (i, j, S) and (j, i, -S) are both in the
+list, and sum over edges of d (x) g / 2 = sum_i x_i (x) F_i + sum over edges of
+(S @ cell) (x) g / 2, whose last sum only runs over the ~10 % of edges that cross a periodic
+boundary.  With ghost points (query points first, n_query < n_points) the reverse edges of
+ghosts are missing and the per-edge sum is kept (``pair_virial``).
 
-- the virial is symmetric: 6 running sums (two vec3s: diagonal, off-diagonal) instead of a
-  mat33 outer product per edge; the halves of E and W are applied once per atom;
+Choices, measured in docs/benchmarks.md (CPU, float64, ns per edge, 8.3 for the final one
+against 25-34 for the first version):
+
 - the cutoff test is a select, not a branch: ~30 % of the edges of a list built with a skin
   lie beyond the cutoff in no predictable pattern, and a mispredicted branch costs more than
-  the arithmetic it saves (beyond the cutoff 1/r^2 is replaced by 0, which zeroes U and F);
+  the arithmetic it saves (beyond the cutoff 1/r^2 becomes 0, which zeroes U and g);
 - the periodic shift is a branch: it is zero for ~90 % of the edges, in long runs;
-- one species (the common case) needs no per-edge type and table loads (-15 %).
+- one species (the common case) reads its parameters once: no per-edge type and table
+  loads (-14 %); the virial identity above saves a 3x3 update per edge (-14 %);
+- U and fpr in factored form (-5 to -9 %).
+These are compile-time variants of one kernel (``wp.static``), generic over float32/float64.
 """
 from __future__ import annotations
 
@@ -42,9 +49,11 @@ def _lj_pair(r2: Any, p: Any, cutoff2: Any):
     inside = wp.where(r2 < cutoff2, type(zero)(1.0), zero)
     inv_r2 = inside / r2
     inv_r6 = inv_r2 * inv_r2 * inv_r2
-    a = p[0] * inv_r6 * inv_r6
-    b = p[1] * inv_r6
-    return a - b - inside * p[2], (type(zero)(12.0) * a - type(zero)(6.0) * b) * inv_r2
+    # U = (c12 / r^6 - c6) / r^6 - u_shift; fpr = (12 c12 / r^6 - 6 c6) / r^8 (fewest operations:
+    # with one species 12 c12 and 6 c6 are loop invariants)
+    u = (p[0] * inv_r6 - p[1]) * inv_r6 - inside * p[2]
+    fpr = ((type(zero)(12.0) * p[0]) * inv_r6 - type(zero)(6.0) * p[1]) * (inv_r6 * inv_r2)
+    return u, fpr
 
 
 def _lj_kernel(one_species: bool, pair_virial: bool):

@@ -25,6 +25,7 @@ import argparse
 import os
 import re
 import statistics
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -110,16 +111,20 @@ def run_ours(n: int, policy: str, args) -> dict:
     obs = sim.run()
     cpu = time.process_time() - cpu0
     s = dict(sim.summary)
-    s["cpu_s"] = cpu
-    s["atom_steps_per_cpu_s"] = sim.state.n_atoms * args.steps / max(cpu, 1e-9)
+    # the engine writes a restart checkpoint at the end of run(), inside its timed loop; LAMMPS's
+    # "Loop time" has no such write, so it is taken out here (and shown in the split)
+    ckpt = s.get("checkpoint", 0.0)
+    s["wall_s"] -= ckpt
+    s["atom_steps_per_s"] = sim.state.n_atoms * args.steps / max(s["wall_s"], 1e-9)
+    s["cpu_s"] = cpu - ckpt
+    s["atom_steps_per_cpu_s"] = sim.state.n_atoms * args.steps / max(cpu - ckpt, 1e-9)
     s["builds"] = sim.nl.n_builds - builds0
     s["split"] = {k: s[k] for k in ("neighbor", "comm", "model", "integrate") if s.get(k)}
+    s["checkpoint"] = ckpt
     s["T_end"] = obs["temperature"]
     s["n_atoms"] = sim.state.n_atoms
-    try:
-        os.remove(sim.log_path)
-    except OSError:
-        pass
+    for path in (sim.log_path, Path(str(sim.output_path) + ".ckpt")):
+        shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
     return s
 
 
@@ -166,7 +171,8 @@ def fmt_split(r: dict, gpu: bool = False) -> str:
     w = r["wall_s"]
     parts = [f"{k} {100 * v / w:.0f}%" for k, v in r["split"].items()]
     other = w - sum(r["split"].values())
-    return ", ".join(parts + [f"other {100 * other / w:.0f}%"])
+    ckpt = f"; final checkpoint {r['checkpoint']:.2f} s not counted" if r.get("checkpoint") else ""
+    return ", ".join(parts + [f"other {100 * other / w:.0f}%"]) + ckpt
 
 
 def main(argv=None) -> int:

@@ -118,7 +118,7 @@ def evaluate(model_path, xyz_path, device="cpu", dtype="float64"):
 
 
 def mace_argv(a, e0: float) -> list[str]:
-    start_swa = a.stage_two_start if a.stage_two_start is not None else max(1, (3 * a.epochs) // 4)
+    start_swa = a.stage_two_start
     argv = [
         f"--name={NAME}",
         f"--seed={a.seed}",
@@ -182,10 +182,9 @@ def main(argv=None):
     p.add_argument("--threads", type=int, default=2, help="torch CPU threads (CPU runs)")
     p.add_argument("--data", type=Path, default=DATA)
     p.add_argument("--out", type=Path, default=MODEL_OUT)
-    p.add_argument("--epochs", type=int, default=60)
-    p.add_argument("--stage-two-start", type=int, default=None,
-                   help="epoch at which stage two (SWA, energy weight 1000) starts; "
-                        "default 3/4 of --epochs")
+    p.add_argument("--epochs", type=int, default=29)
+    p.add_argument("--stage-two-start", type=int, default=23,
+                   help="epoch at which stage two (energy weight 1000, lr/10) starts")
     p.add_argument("--batch-size", type=int, default=4)
     p.add_argument("--lr", type=float, default=0.01)
     p.add_argument("--lr-gamma", type=float, default=0.96, help="ExponentialLR per epoch")
@@ -195,6 +194,9 @@ def main(argv=None):
     p.add_argument("--num-interactions", type=int, default=2)
     p.add_argument("--r-max", type=float, default=5.0)
     p.add_argument("--dtype", default="float64", choices=["float64", "float32"])
+    p.add_argument("--resume", action="store_true",
+                   help="continue an interrupted run in runs/mace_cu_small from its latest "
+                        "checkpoint (mace --restart_latest) up to --epochs")
     p.add_argument("--skip-train", action="store_true",
                    help="reuse the model already in runs/mace_cu_small and only redo the "
                         "copy + model card (training wall time then read from the card)")
@@ -225,19 +227,28 @@ def main(argv=None):
     e0 = emt_isolated_atom_energy()
     print(f"data {a.data}  sha256 {digest}\nE0(Cu, EMT isolated atom) = {e0} eV", flush=True)
 
-    margv = mace_argv(a, e0)
+    margv = mace_argv(a, e0) + (["--restart_latest"] if a.resume else [])
+    phases_file = WORK / "phases.json"  # one record per (possibly resumed) training run
     if not a.skip_train:
-        if WORK.exists():  # mace loads the latest checkpoint it finds: start clean
-            shutil.rmtree(WORK)
-        WORK.mkdir(parents=True)
+        if not a.resume:
+            if WORK.exists():  # mace loads the latest checkpoint it finds: start clean
+                shutil.rmtree(WORK)
+            WORK.mkdir(parents=True)
+            phases_file.write_text("[]\n")
+        elif not phases_file.exists():
+            sys.exit(f"--resume: no earlier run in {WORK}")
         (WORK / "mace_argv.txt").write_text("\n".join(margv) + "\n")
         t0 = time.time()
         mace_run(tools.build_default_arg_parser().parse_args(margv))
-        wall = time.time() - t0
-        (WORK / "wall_time_s.txt").write_text(f"{wall:.1f}\n")
-        print(f"training wall time {wall:.0f} s", flush=True)
-    else:
-        wall = float((WORK / "wall_time_s.txt").read_text())
+        phase_wall = time.time() - t0
+        phases = json.loads(phases_file.read_text())
+        phases.append({"argv": sys.argv[1:] if argv is None else list(argv),
+                       "wall_s": round(phase_wall, 1), "completed": True,
+                       "end": _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat()})
+        phases_file.write_text(json.dumps(phases, indent=2) + "\n")
+        print(f"training wall time {phase_wall:.0f} s", flush=True)
+    phases = json.loads(phases_file.read_text())
+    wall = sum(ph["wall_s"] for ph in phases)
 
     trained = WORK / f"{NAME}_stagetwo.model"
     if not trained.exists():
@@ -274,7 +285,7 @@ def main(argv=None):
         f"python scripts/make_mace_data.py --seed {a.seed}",
         ("python scripts/train_default_mace.py " + " ".join(
             shlex.quote(x) for x in (argv if argv is not None else sys.argv[1:])
-            if x != "--skip-train")).strip(),
+            if x not in ("--skip-train", "--resume"))).strip(),
     ]
     card = {
         "name": NAME,
@@ -326,7 +337,7 @@ def main(argv=None):
             "torch_threads": torch.get_num_threads() if a.device == "cpu" else None,
             "cpu": platform.processor() or platform.machine(),
             "epochs": a.epochs,
-            "stage_two_start_epoch": a.stage_two_start if a.stage_two_start is not None else max(1, (3 * a.epochs) // 4),
+            "stage_two_start_epoch": a.stage_two_start,
             "batch_size": a.batch_size,
             "lr": a.lr,
             "lr_scheduler": f"ExponentialLR gamma={a.lr_gamma}",
@@ -345,6 +356,7 @@ def main(argv=None):
             "python": platform.python_version(),
         },
         "rebuild_command": " && ".join(rebuild),
+        "training_phases": phases,
         "good_for": "Cu near EMT physics: bulk fcc, vacancies, surfaces, strained/sheared "
                     "cells within ~+-4 %, liquid at EMT-like conditions",
         "not_for": "real Cu (DFT) accuracy, other elements, extreme compression, "

@@ -1,6 +1,5 @@
 """ShardTensor, the dispatch registry, handlers, transforms and adapters on one process."""
 import sys
-import types
 from pathlib import Path
 
 import pytest

@@ -81,7 +81,6 @@ def run_checks(comm) -> dict:
 
     torch.set_num_threads(1)
     C = Checks(comm)
-    s = {k: v for k, v in [("positions", None)]}
     atoms = byo_mpnn.sample_system((4, 4, 4), seed=3)
     s = {"positions": atoms.positions, "cell": atoms.cell.array, "pbc": atoms.pbc, "numbers": atoms.numbers}
     d = rank_domain(comm, s, 5.0, 5.0)
