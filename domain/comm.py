@@ -139,12 +139,31 @@ def init_comm(device: str = "cpu", timeout_s: float = 120.0) -> Comm:
             backend = "nccl"
         else:
             staged = True  # more ranks than GPUs on this node: gloo through host memory
-    addr_port = (_host_address(), _free_port()) if rank == 0 else None
-    addr, port = world.bcast(addr_port, root=0)
+    timeout = timedelta(seconds=timeout_s)
+    # Rank 0 binds the rendezvous store itself before announcing the port: no other process
+    # can take the port in between (a free-port probe followed by a later bind can race).
+    store = None
+    if rank == 0:
+        addr = _host_address()
+        for _ in range(20):
+            port = _free_port()
+            try:
+                store = dist.TCPStore(addr, port, size, is_master=True, timeout=timeout, wait_for_workers=False)
+                break
+            except (RuntimeError, OSError):
+                continue
+        else:
+            addr = port = None
+        world.bcast((addr, port), root=0)
+    else:
+        addr, port = world.bcast(None, root=0)
+    if port is None:
+        raise RuntimeError("could not open a rendezvous port on rank 0")
+    if store is None:
+        store = dist.TCPStore(addr, port, size, is_master=False, timeout=timeout)
     if backend == "nccl":
         torch.cuda.set_device(dev)
-    dist.init_process_group(backend=backend, init_method=f"tcp://{addr}:{port}", rank=rank,
-                            world_size=size, timeout=timedelta(seconds=timeout_s))
+    dist.init_process_group(backend=backend, store=store, rank=rank, world_size=size, timeout=timeout)
     return Comm(rank=rank, size=size, local_rank=local_rank, device=dev, backend=backend,
                 staged=staged, group=dist.group.WORLD, mpi=MPI)
 
