@@ -164,6 +164,7 @@ def init_comm(device: str = "cpu", timeout_s: float = 120.0) -> Comm:
     if backend == "nccl":
         torch.cuda.set_device(dev)
     dist.init_process_group(backend=backend, store=store, rank=rank, world_size=size, timeout=timeout)
+    _STORES.append(store)  # outlives the process group (see shutdown)
     return Comm(rank=rank, size=size, local_rank=local_rank, device=dev, backend=backend,
                 staged=staged, group=dist.group.WORLD, mpi=MPI)
 
@@ -179,6 +180,14 @@ def _pick_device(device: str, local_rank: int) -> torch.device:
     return torch.device("cuda", local_rank % torch.cuda.device_count())
 
 
+_STORES: list = []
+
+
 def shutdown(comm: Comm) -> None:
+    """Tear the group down in step: every rank finishes its traffic (barrier) before the
+    group goes, and rank 0, which serves the rendezvous store, leaves last."""
     if comm.size > 1 and dist.is_initialized():
+        dist.barrier(group=comm.group)
         dist.destroy_process_group()
+        if comm.mpi is not None:
+            comm.mpi.COMM_WORLD.Barrier()

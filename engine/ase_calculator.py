@@ -111,8 +111,6 @@ class ShardMDCalculator(Calculator):
         dec = Decomposition(self.comm, self.model.cutoff, 0.0)
         state = dec.distribute(state)
         dec.rebuild(state)
-        if getattr(self.model, "uses_halo_context", False):
-            self.model.halo_context = dec.ctx if self.comm.size > 1 else None
         out = self.dmodel.compute(dec.ctx, dec.padded_positions, dec.padded_numbers, dec.nl.current)
         state.forces = out["forces"].to(self.dtype)
         state.extras["energies"] = out["energies"].to(self.dtype)

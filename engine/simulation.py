@@ -147,8 +147,6 @@ class Simulation:
     def compute_forces(self) -> None:
         t = time.perf_counter()
         s, d = self.state, self.domain
-        if getattr(self.model, "uses_halo_context", False):  # per-layer ghost exchange (MACE)
-            self.model.halo_context = d.ctx if self.comm.size > 1 else None
         out = self.dmodel.compute(d.ctx, d.padded_positions, d.padded_numbers, d.nl.current)
         s.forces = out["forces"].to(s.dtype)
         self.results = out

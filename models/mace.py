@@ -25,6 +25,18 @@ from pathlib import Path
 
 import torch
 
+from shardmd.domain.api import SPEC_MPNN_HALO, OutputKind, current_scope
+
+#: the message-passing halo preset, with this wrapper's outputs: forces come from edge
+#: gradients scattered onto padded rows (ghost rows reverse-exchanged to owners); energy
+#: and virial are this rank's partial sums
+SPEC_MACE = SPEC_MPNN_HALO.replace(
+    name="mace-mpnn-halo",
+    output_kinds={"energy": OutputKind.PER_GRAPH, "virial": OutputKind.PER_GRAPH,
+                  "forces": OutputKind.PER_NODE, "energies": OutputKind.PER_NODE},
+    owned_only_outputs=frozenset({"energies"}), reverse_outputs=frozenset({"forces"}),
+    all_reduce_outputs=frozenset({"energy", "virial"}))
+
 DEFAULT_MODEL = Path(__file__).resolve().parent / "data" / "cu_mace_small.model"
 
 
@@ -94,14 +106,12 @@ class MaceModel:
     """mace-torch model on the halo scheme.
 
     checkpoint: mace-torch model file (default: the shipped Cu model); dtype, device: where
-    and how it runs.  ``compute`` takes an optional decomposition context (``halo_context``
-    attribute, set by the engine) for the per-layer exchange.
+    and how it runs.  Under DistributedModel the decomposition context of the call (for the
+    per-layer exchange) comes from ``current_scope()``; called directly, it runs alone.
     """
 
     name = "mace"
-    output_kinds = {"energy": "per_system", "virial": "per_system", "forces": "per_point_reverse",
-                    "energies": "per_point"}
-    uses_halo_context = True
+    distribution_spec = SPEC_MACE
 
     def __init__(self, checkpoint: str | Path | None = None, dtype=torch.float64, device="cpu"):
         self.path = Path(checkpoint) if checkpoint else DEFAULT_MODEL
@@ -116,7 +126,6 @@ class MaceModel:
         lut = torch.full((max(self.atomic_numbers) + 1,), -1, dtype=torch.int64)
         lut[torch.tensor(self.atomic_numbers)] = torch.arange(len(self.atomic_numbers))
         self._lut = lut.to(self.device)
-        self.halo_context = None
 
     def identity(self) -> str:
         return file_sha256(self.path)
@@ -137,7 +146,10 @@ class MaceModel:
         """positions: (n_padded, 3) Å; nl: query rows = owned atoms (the first n_owned rows).
         Returns energy () eV of the owned atoms, forces (n_padded, 3) eV/Å (ghost rows partial),
         virial (3, 3) eV (this rank's edges), energies (n_owned,) eV."""
-        ctx = ctx if ctx is not None else self.halo_context
+        if ctx is None:
+            scope = current_scope()
+            ctx = scope.ctx if scope is not None and scope.halo is not None else None
+        positions = positions.as_subclass(torch.Tensor)  # a plain view of the ShardTensor
         n_pad = int(positions.shape[0])
         n_own = nl.n_query
         x = positions.to(self.dtype)

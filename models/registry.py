@@ -8,10 +8,11 @@ import torch
 
 def _build_lj(cfg: Mapping, dtype: torch.dtype, device: torch.device):
     from .lj import LennardJones
+    from .lj_op import LennardJonesOp
 
-    return LennardJones(epsilon=cfg["epsilon"], sigma=cfg["sigma"], cutoff=cfg["cutoff"],
+    return LennardJonesOp(LennardJones(epsilon=cfg["epsilon"], sigma=cfg["sigma"], cutoff=cfg["cutoff"],
                         shift=cfg.get("shift", True), mixing=cfg.get("mixing", "lorentz-berthelot"),
-                        pairs=cfg.get("pairs") or {})
+                        pairs=cfg.get("pairs") or {}))
 
 
 def _build_mace(cfg: Mapping, dtype: torch.dtype, device: torch.device):

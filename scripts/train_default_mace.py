@@ -6,7 +6,7 @@ runs) with a fixed argument list, then evaluates the shipped model on the test s
 with mace's ASE calculator and writes a JSON model card beside it.
 
     python scripts/make_mace_data.py --seed 0
-    python scripts/train_default_mace.py --seed 0 --device cpu     # ~20-30 min, 2 cores
+    python scripts/train_default_mace.py --seed 0 --device cpu     # ~7-10 min on 2 idle cores
     python scripts/train_default_mace.py --seed 0 --device cuda
 
 Outputs
@@ -333,6 +333,9 @@ def main(argv=None):
                        "mace.calculators.MACECalculator",
         "training": {
             "wall_time_s": round(wall, 1),
+            "wall_time_note": "sum of training_phases (mace training + its own test "
+                              "evaluation; not data generation); strongly affected by "
+                              "other jobs on a shared machine (see the phases' notes)",
             "device": a.device,
             "torch_threads": torch.get_num_threads() if a.device == "cpu" else None,
             "cpu": platform.processor() or platform.machine(),
@@ -341,7 +344,7 @@ def main(argv=None):
             "batch_size": a.batch_size,
             "lr": a.lr,
             "lr_scheduler": f"ExponentialLR gamma={a.lr_gamma}",
-            "loss": "stress (energy 1, forces 100, stress 100; stage two: energy 1000, forces 100, stress 100, SWA)",
+            "loss": "mace --loss=stress: energy 1, forces 100, stress 100; stage two (mace --swa): energy 1000, forces 100, stress 100, lr/10",
             "ema_decay": 0.99,
             "mace_run_train_args": margv,
         },
