@@ -101,3 +101,22 @@ def test_mace_single_domain_engine_equals_mace_calculator(mace_setup, tmp_path):
     assert np.abs(full["forces"] - f).max() <= 1e-12 * np.abs(f).max()
     assert abs(float(sim.results["energy"]) - e) <= 1e-12 * abs(e)
     assert np.abs(sim.results["virial"].numpy() - w).max() <= 1e-12 * np.abs(w).max()
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+def test_headline_command_and_mpiexec_agree(tmp_path):
+    """`python -m engine run +model=mace +domains=8` with nothing else, and the same job under
+    mpiexec -n 8: the shipped model, the default Cu system, identical trajectories."""
+    r = run_engine(["run", "+model=mace", "+domains=8"], cwd=tmp_path, timeout=900)
+    assert r.returncode == 0, r.stderr
+    (tmp_path / "b").mkdir()
+    r2 = subprocess.run(mpiexec_cmd(8, ["-m", "engine", "run", "+model=mace"]), cwd=tmp_path / "b",
+                        capture_output=True, text=True, timeout=900)
+    assert r2.returncode == 0, r2.stderr
+    from shardmd.engine.h5md import read_frames
+
+    a, b = read_frames(tmp_path / "run.h5"), read_frames(tmp_path / "b" / "run.h5")
+    assert [f.info["step"] for f in a] == [0, 10, 20] and len(a[0]) == 864
+    for fa, fb in zip(a, b):
+        assert np.array_equal(fa.positions, fb.positions)
