@@ -75,8 +75,10 @@ class Reporter:
         self._t0 = time.perf_counter()
         self._step0 = step
 
-    def rates(self, step: int, dt_fs: float, n_atoms: int) -> dict[str, float]:
-        elapsed = max(time.perf_counter() - (self._t0 or time.perf_counter()), 1e-9)
+    def rates(self, step: int, dt_fs: float, n_atoms: int, elapsed: float | None = None) -> dict[str, float]:
+        if elapsed is None:
+            elapsed = time.perf_counter() - (self._t0 or time.perf_counter())
+        elapsed = max(elapsed, 1e-9)
         done = step - self._step0
         sps = done / elapsed
         return {"elapsed_s": elapsed, "steps_per_s": sps, "ns_per_day": sps * dt_fs * 1e-6 * 86400,

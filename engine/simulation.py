@@ -270,11 +270,11 @@ class Simulation:
                     break
                 if self._ckpt_every and s.step % self._ckpt_every == 0 and s.step < last:
                     self.checkpoint()
+            wall = time.perf_counter() - t_run  # the loop's rate excludes the final output
             if not stopping:
                 self.checkpoint()
             if self.writer is not None and s.step % self._traj_every != 0 and not stopping:
                 self._write(self.observables())
-            wall = time.perf_counter() - t_run
             r.progress_update(s.step, last, self.integrator.dt, self.n_global, force=True)
             self._summary(wall, self.nl.n_builds - builds0)
             return self.last_thermo or self.observables()
@@ -285,7 +285,7 @@ class Simulation:
         s = self.state
         for k, v in self.domain.timers.items():
             self.timers[k] = v
-        rates = self.reporter.rates(s.step, self.integrator.dt, self.n_global)
+        rates = self.reporter.rates(s.step, self.integrator.dt, self.n_global, elapsed=wall)
         migrated = self.domain.migrated()
         lines = [f"Loop: {wall:.3f} s, {rates['steps_per_s']:.3f} steps/s, {rates['ns_per_day']:.4f} ns/day, "
                  f"{rates['atom_steps_per_s']:.4g} atom-steps/s, {builds} neighbour builds, "
