@@ -8,7 +8,9 @@
   outputs to ShardTensors.
 - :class:`PythonAdapter` swaps a module attribute (a third-party helper function) and
   :class:`MethodAdapter` a class attribute (a method) for a distribution-aware
-  replacement.
+  replacement; :class:`JitAdapter` swaps an opaque compiled helper (a TorchScript
+  function or module, a ``torch.compile``-d function) after checking that the replacement
+  takes the same arguments.
 
 :class:`AdapterScope` installs every adapter of a spec on entry and restores the previous
 state on exit, also when the block raises.
@@ -37,7 +39,6 @@ Shape checks are strict: a transform given rows it does not expect raises
 """
 from __future__ import annotations
 
-import importlib
 import itertools
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -48,6 +49,7 @@ from torch._C import DisableTorchFunctionSubclass
 from .collectives import all_reduce_sum, all_to_all_v
 from .halo import halo_forward, halo_reverse
 from .handlers import correct_halo
+from .helper_adapters import HELPERS, JitAdapter, MethodAdapter, PythonAdapter, is_opaque_compiled  # noqa: F401
 from .shard_tensor import ShardTensor, first_shard, plain_tree, register_handler, unregister_handler
 
 
@@ -295,105 +297,6 @@ class OpAdapter:
                 "output_transforms": [[k, t.to_dict()] for k, t in self.output_transforms]}
 
 
-# -- Python helpers --------------------------------------------------------------------------------
-def _import_path(path: str):
-    """Object at ``'package.module:Qual.name'``."""
-    mod, _, qual = path.partition(":")
-    obj = importlib.import_module(mod)
-    for part in qual.split(".") if qual else []:
-        obj = getattr(obj, part)
-    return obj
-
-
-def _path_of(fn) -> str | None:
-    mod, qual = getattr(fn, "__module__", None), getattr(fn, "__qualname__", None)
-    if not mod or not qual or "<" in qual or mod == "__main__":
-        return None
-    try:
-        return f"{mod}:{qual}" if _import_path(f"{mod}:{qual}") is fn else None
-    except Exception:  # noqa: BLE001
-        return None
-
-
-def _norm_replacement(obj, replacement):
-    if callable(replacement) and not isinstance(replacement, str):
-        path = _path_of(replacement)
-        if path is not None:
-            object.__setattr__(obj, "replacement", path)
-
-
-def _resolve(replacement, factory: bool, scope):
-    fn = _import_path(replacement) if isinstance(replacement, str) else replacement
-    return fn(scope) if factory else fn
-
-
-@dataclass(frozen=True)
-class PythonAdapter:
-    """Replace ``module_path.attr_name`` by ``replacement`` inside a scope.
-
-    replacement: a callable or its ``'module:qualname'`` path (stored as the path when it is
-    importable, so the spec can be saved); factory: call ``replacement(scope)`` on entry to
-    build the actual replacement (for closures over runtime metadata)."""
-
-    module_path: str
-    attr_name: str
-    replacement: Any
-    factory: bool = False
-
-    def __post_init__(self):
-        _norm_replacement(self, self.replacement)
-
-    def install(self, scope=None) -> Callable[[], None]:
-        mod = importlib.import_module(self.module_path)
-        old = getattr(mod, self.attr_name)
-        setattr(mod, self.attr_name, _resolve(self.replacement, self.factory, scope))
-        return lambda: setattr(mod, self.attr_name, old)
-
-    def to_dict(self) -> dict:
-        return {"type": "PythonAdapter", "module_path": self.module_path, "attr_name": self.attr_name,
-                "replacement": _saveable(self.replacement, self), "factory": self.factory}
-
-
-@dataclass(frozen=True)
-class MethodAdapter:
-    """Replace method ``method_name`` of the class at ``target`` ('module:Class')."""
-
-    target: str
-    method_name: str
-    replacement: Any
-    factory: bool = False
-
-    def __post_init__(self):
-        _norm_replacement(self, self.replacement)
-
-    def install(self, scope=None) -> Callable[[], None]:
-        cls = _import_path(self.target)
-        had = self.method_name in vars(cls)
-        old = vars(cls).get(self.method_name)
-        setattr(cls, self.method_name, _resolve(self.replacement, self.factory, scope))
-
-        def restore():
-            if had:
-                setattr(cls, self.method_name, old)
-            else:
-                delattr(cls, self.method_name)
-        return restore
-
-    def to_dict(self) -> dict:
-        return {"type": "MethodAdapter", "target": self.target, "method_name": self.method_name,
-                "replacement": _saveable(self.replacement, self), "factory": self.factory}
-
-
-def _saveable(replacement, adapter) -> str:
-    if isinstance(replacement, str):
-        return replacement
-    raise ValueError(f"{type(adapter).__name__} replacement {replacement!r} is not importable by path "
-                     "(define it at module scope in an importable module to save the spec)")
-
-
-HELPERS = {"PythonAdapter": PythonAdapter, "MethodAdapter": MethodAdapter}
-
-
 # -- scope -----------------------------------------------------------------------------------------
 _counter = itertools.count()
 
@@ -428,6 +331,7 @@ class AdapterScope:
         return False
 
 
-__all__ = ["AdapterScope", "AllReduceSum", "GatherInputs", "GatherInputsFull", "MethodAdapter", "OpAdapter",
+__all__ = ["AdapterScope", "AllReduceSum", "GatherInputs", "GatherInputsFull", "JitAdapter", "MethodAdapter",
+           "OpAdapter",
            "PythonAdapter", "ReverseOutputs", "ScatterOutputs", "SliceOutputsOwned", "SliceOwned", "TRANSFORMS",
            "Transform", "TransformError", "op_qualname", "transform_from_dict"]

@@ -5,16 +5,23 @@
 See docs/distributed.md for the mechanism and the bring-your-own-model workflow.
 """
 from . import handlers as _handlers  # noqa: F401  (registers the built-in handlers)
-from .adapters import (AdapterScope, AllReduceSum, GatherInputs, GatherInputsFull, MethodAdapter, OpAdapter,
-                       PythonAdapter, ReverseOutputs, ScatterOutputs, SliceOutputsOwned, SliceOwned, Transform,
-                       TransformError)
+from .adapters import (AdapterScope, AllReduceSum, GatherInputs, GatherInputsFull, JitAdapter, MethodAdapter,
+                       OpAdapter, PythonAdapter, ReverseOutputs, ScatterOutputs, SliceOutputsOwned, SliceOwned,
+                       Transform, TransformError)
 from .collectives import all_reduce_sum, all_to_all_v
+from .compile_policy import CompilePolicy, GraphPadder
 from .distributed_model import DistributedModel, ModelConfig, NeighborConfig, StorageIdNeighborList
-from .runtime import Scope, current_scope, scatter_to_owners, system_sum, to_local
+from .runtime import Scope, current_scope, grad_leaf, refresh_halo, scatter_to_owners, system_sum, to_local
 from .shard_tensor import (GroupConfig, HaloMeta, ShardMeta, ShardTensor, dispatch_trace, register_handler,
                            registered_handlers, shard_like, unregister_handler)
 from .spec import (PRESETS, SPEC_MPNN_HALO, SPEC_MPNN_SHARDED, SPEC_PAIR_HALO, DistributionSpec, HaloStorage,
                    MLIPSpec, OutputKind, ShardedStorage, SpecLoadError)
+
+# Model-vocabulary names of the intent helpers (the mechanism keeps neutral names in
+# runtime.py; see docs/distributed.md, "Intent helpers").
+refresh_neighbors = refresh_halo      # halo rows re-copied from their owners (forward exchange)
+autograd_target = grad_leaf           # the autograd leaf behind the promoted positions / inputs
+current_dd_context = current_scope    # the active Scope (counts, storage, spec, compile policy)
 
 
 def trace_and_validate(*args, **kwargs):
@@ -25,11 +32,13 @@ def trace_and_validate(*args, **kwargs):
 
 
 __all__ = [
-    "AdapterScope", "AllReduceSum", "DistributedModel", "DistributionSpec", "GatherInputs", "GatherInputsFull",
-    "GroupConfig", "HaloMeta", "HaloStorage", "MLIPSpec", "MethodAdapter", "ModelConfig", "NeighborConfig",
-    "OpAdapter", "OutputKind", "PRESETS", "PythonAdapter", "ReverseOutputs", "SPEC_MPNN_HALO", "SPEC_MPNN_SHARDED",
-    "SPEC_PAIR_HALO", "ScatterOutputs", "Scope", "ShardMeta", "ShardTensor", "ShardedStorage", "SliceOutputsOwned",
-    "SliceOwned", "SpecLoadError", "StorageIdNeighborList", "Transform", "TransformError", "all_reduce_sum",
-    "all_to_all_v", "current_scope", "dispatch_trace", "register_handler", "registered_handlers",
-    "scatter_to_owners", "shard_like", "system_sum", "to_local", "trace_and_validate", "unregister_handler",
+    "AdapterScope", "AllReduceSum", "CompilePolicy", "DistributedModel", "DistributionSpec", "GatherInputs",
+    "GatherInputsFull", "GraphPadder", "GroupConfig", "HaloMeta", "HaloStorage", "JitAdapter", "MLIPSpec",
+    "MethodAdapter", "ModelConfig", "NeighborConfig", "OpAdapter", "OutputKind", "PRESETS", "PythonAdapter",
+    "ReverseOutputs", "SPEC_MPNN_HALO", "SPEC_MPNN_SHARDED", "SPEC_PAIR_HALO", "ScatterOutputs", "Scope", "ShardMeta",
+    "ShardTensor", "ShardedStorage", "SliceOutputsOwned", "SliceOwned", "SpecLoadError", "StorageIdNeighborList",
+    "Transform", "TransformError", "all_reduce_sum", "all_to_all_v", "autograd_target", "current_dd_context",
+    "current_scope", "dispatch_trace", "grad_leaf", "refresh_halo", "refresh_neighbors", "register_handler",
+    "registered_handlers", "scatter_to_owners", "shard_like", "system_sum", "to_local", "trace_and_validate",
+    "unregister_handler",
 ]

@@ -24,6 +24,14 @@ the owned points.  The model is an ordinary single-process model: it offers ``cu
   exchange, the adjoint of the forward exchange that made the ghost positions), and the
   outputs are consolidated by kind (see :mod:`shardmd.domain.spec`).
 
+Further per-point inputs (e.g. charges) are passed as ``compute(..., extras={"charges":
+q})`` with owned or padded rows; a model declaring them in ``ModelConfig.point_inputs``
+receives them as keyword arguments of its ``compute``, halo-padded by the forward exchange
+(ghost rows copies of their owners) and promoted like the positions.  Callers that pass no
+extras are unchanged.  ``ModelConfig.strain_outputs`` asks for a virial (or stress) by
+differentiating with respect to a strain (:mod:`shardmd.domain.derivatives`); the spec's
+``compile_policy`` compiles and pads the forward (:mod:`shardmd.domain.compile_policy`).
+
 Every output comes back as a plain, detached tensor: per-system values global, per-point
 rows of the owned points.  A single domain runs through the same call (the exchanges
 are identities).
@@ -31,13 +39,17 @@ are identities).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import torch
 
 from .adapters import AdapterScope
+from .compile_policy import CompiledForward, pad_graph
 from .context import DomainContext
+from .derivatives import apply_strain, fill_autograd_outputs, fill_derivative_outputs, strain_leaf
 from .halo import halo_forward, halo_reverse
 from .neighbors import NeighborList
 from .runtime import Scope, use_scope
@@ -63,15 +75,31 @@ class ModelConfig:
     outputs: names of the outputs ``compute`` returns;
     autograd_outputs: {output: source}: output = -d(sum of source)/d(positions), computed by
     DistributedModel (e.g. ``{"forces": "energy"}``);
-    neighbors: :class:`NeighborConfig`."""
+    neighbors: :class:`NeighborConfig`;
+    strain_outputs: {output: source}: output = -d(source)/d(strain), the virial (eV), summed
+    over ranks; an output named ``stress`` gets ``-virial / volume`` (e.g. ``{"virial":
+    "energy"}``);
+    point_inputs: names of further per-point inputs ``compute`` takes as keyword arguments
+    (e.g. ``("charges",)``), supplied by the caller as ``extras``;
+    autograd_inputs: inputs the model differentiates itself (``"positions"`` or names of
+    ``point_inputs``): their leaves require grad (see ``grad_leaf``/``autograd_target``)."""
 
     outputs: tuple = ("energy", "forces")
     autograd_outputs: FrozenMap = field(default_factory=FrozenMap)
     neighbors: NeighborConfig = field(default_factory=lambda: NeighborConfig(0.0))
+    strain_outputs: FrozenMap = field(default_factory=FrozenMap)
+    point_inputs: tuple = ()
+    autograd_inputs: frozenset = frozenset()
 
     def __post_init__(self):
         object.__setattr__(self, "outputs", tuple(self.outputs))
         object.__setattr__(self, "autograd_outputs", FrozenMap(self.autograd_outputs))
+        object.__setattr__(self, "strain_outputs", FrozenMap(self.strain_outputs))
+        object.__setattr__(self, "point_inputs", tuple(self.point_inputs))
+        object.__setattr__(self, "autograd_inputs", frozenset(self.autograd_inputs))
+        bad = self.autograd_inputs - {"positions", *self.point_inputs}
+        if bad:
+            raise ValueError(f"autograd_inputs {sorted(bad)} are neither 'positions' nor point_inputs")
 
 
 @dataclass(frozen=True)
@@ -83,15 +111,6 @@ class StorageIdNeighborList(NeighborList):
 
     def centers(self) -> torch.Tensor:
         return self.center_ids[super().centers()]
-
-
-def fill_autograd_outputs(raw: dict, leaf: torch.Tensor, autograd_outputs) -> dict:
-    """Fill ``raw[out] = -d(sum raw[src])/d(leaf)`` for each ``out: src`` (no exchange)."""
-    items = list(dict(autograd_outputs).items())
-    for i, (out, src) in enumerate(items):
-        (g,) = torch.autograd.grad(plain(raw[src]).sum(), leaf, retain_graph=i < len(items) - 1, allow_unused=True)
-        raw[out] = -(g if g is not None else torch.zeros_like(leaf))
-    return raw
 
 
 class DistributedModel:
@@ -111,20 +130,29 @@ class DistributedModel:
         else:
             self.kinds = {k: v.value for k, v in spec.output_kinds.items()}
         self.last_raw: dict | None = None
+        self.last_padding = None
         self._meta_cache = None
         self._nl_cache = None
         self._warned: set = set()
+        policy = spec.distribution.compile_policy if spec is not None else None
+        self.compiled = CompiledForward(policy) if policy is not None and policy.enabled else None
 
     @property
     def cutoff(self) -> float:
         c = getattr(self.model, "cutoff", None)
         return float(c) if c is not None else float(self.config.neighbors.cutoff)
 
-    def compute(self, ctx: DomainContext, positions: torch.Tensor, numbers: torch.Tensor, nl) -> dict:
-        """Outputs with global per-system values and owned per-point rows on every rank."""
+    def compute(self, ctx: DomainContext, positions: torch.Tensor, numbers: torch.Tensor, nl,
+                extras: Mapping[str, torch.Tensor] | None = None) -> dict:
+        """Outputs with global per-system values and owned per-point rows on every rank.
+
+        extras: further per-point inputs (name -> (n_owned or n_padded, *F) tensor) for the
+        names the model declares in ``ModelConfig.point_inputs``; omitted names are not
+        passed (the model's default applies)."""
         if self.spec is not None:
-            return self._compute_spec(ctx, positions, numbers, nl)
-        raw = self.model.compute(positions, ctx.cell, ctx.local_pbc, numbers, nl)
+            return self._compute_spec(ctx, positions, numbers, nl, extras)
+        inputs = self._point_inputs(ctx, extras, False)
+        raw = self.model.compute(positions, ctx.cell, ctx.local_pbc, numbers, nl, **inputs)
         out = {}
         for key, value in raw.items():
             kind = self.kinds.get(key, "global")
@@ -164,39 +192,103 @@ class DistributedModel:
         self._nl_cache = (nl, plan, snl)
         return snl
 
-    def _compute_spec(self, ctx: DomainContext, positions, numbers, nl) -> dict:
+    def _point_inputs(self, ctx: DomainContext, extras, sharded: bool) -> dict:
+        """The declared per-point inputs: halo storage (n_padded, *F) with ghost rows copied
+        from their owners; sharded storage the owned rows."""
+        declared = tuple(self.config.point_inputs) if self.config is not None else ()
+        extras = {k: v for k, v in dict(extras or {}).items() if v is not None}
+        unknown = set(extras) - set(declared)
+        if unknown:
+            raise ValueError(f"extras {sorted(unknown)} are not per-point inputs of {type(self.model).__name__} "
+                             f"(ModelConfig.point_inputs = {declared})")
+        n = ctx.n_owned
+        out = {}
+        for name in declared:
+            if name not in extras:
+                continue
+            x = plain(extras[name])
+            rows = int(x.shape[0]) if x.dim() else -1
+            if rows not in (n, ctx.n_padded):
+                raise ValueError(f"extras[{name!r}] has {rows} rows; expected {n} owned or {ctx.n_padded} padded rows")
+            out[name] = x[:n] if sharded else halo_forward(ctx.comm, ctx.plan, x[:n])
+        return out
+
+    def _warn_once(self, key: str, msg: str):
+        if key not in self._warned:
+            self._warned.add(key)
+            warnings.warn(msg, stacklevel=4)
+
+    def _compute_spec(self, ctx: DomainContext, positions, numbers, nl, extras=None) -> dict:
         spec = self.spec
-        if self.config is not None and self.config.neighbors.cutoff > nl.cutoff:
+        cfg = self.config
+        policy = spec.distribution.compile_policy
+        if cfg is not None and cfg.neighbors.cutoff > nl.cutoff:
             raise ValueError(f"neighbour list radius {nl.cutoff} Å < the model's cutoff "
-                             f"{self.config.neighbors.cutoff} Å (ModelConfig.neighbors)")
-        auto = dict(self.config.autograd_outputs) if self.config is not None else {}
+                             f"{cfg.neighbors.cutoff} Å (ModelConfig.neighbors)")
+        auto = dict(cfg.autograd_outputs) if cfg is not None else {}
+        strain = dict(cfg.strain_outputs) if cfg is not None else {}
+        grad_inputs = set(cfg.autograd_inputs) if cfg is not None else set()
+        if policy.enabled and policy.force_strategy == "kernel":
+            auto = {}          # the model returns its forces itself
         sharded = spec.distribution.storage.kind == "sharded"
         group = GroupConfig(ctx.comm)
         n = ctx.n_owned
+        inputs = self._point_inputs(ctx, extras, sharded)
+        plan = ctx.plan
         if sharded:
-            shard, halo = self._storage_meta(ctx), None
+            shard = self._storage_meta(ctx)
             leaf = positions[:n].detach()
             numbers = numbers[:n]
             nl = self._sharded_nl(ctx, nl, shard)
         else:
-            shard, halo = None, HaloMeta(n, ctx.n_padded, ctx.plan)
+            shard = None
             leaf = positions.detach()
-        if auto:
+        padding = None
+        if policy.enabled and policy.padder is not None:
+            if sharded:
+                self._warn_once("_padder", "CompilePolicy.padder applies to halo storage only; sharded storage runs "
+                                           "unpadded")
+            else:
+                padding = pad_graph(policy.padder, leaf, numbers, nl, inputs)
+                leaf, numbers, nl, inputs = padding.positions, padding.numbers, padding.nl, padding.inputs
+                if padding.n_filler:
+                    plan = dataclasses.replace(ctx.plan, n_filler=padding.n_filler)
+        self.last_padding = padding
+        halo = None if sharded else HaloMeta(n, plan.n_padded, plan)
+        if auto or strain or "positions" in grad_inputs:
             leaf = leaf.requires_grad_(True)
-        pos = ShardTensor.wrap(leaf, spec=spec, halo=halo, shard=shard, group=group, n_systems=1)
-        scope = Scope(ctx, spec, halo, shard, group, 1, pos)
-        grad_mode = torch.enable_grad() if auto else contextlib.nullcontext()
+        leaves = {}
+        for name in list(inputs):
+            if name in grad_inputs:
+                leaves[name] = inputs[name] = inputs[name].detach().requires_grad_(True)
+        cell, pos_in, eps = ctx.cell, leaf, None
+        if strain:
+            eps = strain_leaf(leaf.dtype, leaf.device)
+            pos_in, cell = apply_strain(leaf, ctx.cell, eps)
+        meta = dict(spec=spec, halo=halo, shard=shard, group=group, n_systems=1)
+        pos = ShardTensor.wrap(pos_in, **meta)
+        promoted = {k: ShardTensor.wrap(v, **meta) for k, v in inputs.items()}
+        scope = Scope(ctx, spec, halo, shard, group, 1, pos, leaf, promoted, leaves, padding)
+        grad = leaf.requires_grad or bool(leaves)
+        grad_mode = torch.enable_grad() if grad else contextlib.nullcontext()
         with use_scope(scope), AdapterScope(spec, scope), grad_mode:
-            raw = dict(self.model.compute(pos, ctx.cell, ctx.local_pbc, numbers, nl))
-            if auto:
-                fill_autograd_outputs(raw, leaf, auto)
+            if self.compiled is not None:
+                raw = dict(self.compiled(self.model.compute, pos, cell, ctx.local_pbc, numbers, nl, **promoted))
+            else:
+                raw = dict(self.model.compute(pos, cell, ctx.local_pbc, numbers, nl, **promoted))
+            if auto or strain:
+                fill_derivative_outputs(raw, leaf, auto, eps, strain, ctx.cell, ctx.comm)
                 if not sharded:
                     for key in auto:
                         with torch.no_grad():
-                            raw[key] = halo_reverse(ctx.comm, ctx.plan, raw[key])
+                            raw[key] = halo_reverse(ctx.comm, plan, raw[key])
+        if padding is not None and padding.n_filler:
+            cut = plan.n_padded
+            raw = {k: (v[: ctx.n_padded] if isinstance(v, torch.Tensor) and k not in strain and v.dim()
+                       and v.shape[0] == cut else v) for k, v in raw.items()}
         raw = {k: (plain(v).detach() if isinstance(v, torch.Tensor) else v) for k, v in raw.items()}
         self.last_raw = raw
-        return self._consolidate(ctx, raw, sharded)
+        return self._consolidate(ctx, raw, sharded, set(strain))
 
     def _kind(self, key: str, v, ctx, sharded: bool) -> OutputKind:
         kind = self.spec.kind_of(key)
@@ -215,11 +307,11 @@ class DistributedModel:
                           f"declare it in the spec's output_kinds", stacklevel=3)
         return guess
 
-    def _consolidate(self, ctx: DomainContext, raw: dict, sharded: bool) -> dict:
+    def _consolidate(self, ctx: DomainContext, raw: dict, sharded: bool, reduced: set = frozenset()) -> dict:
         spec = self.spec
         out = {}
         for key, v in raw.items():
-            if not isinstance(v, torch.Tensor):
+            if not isinstance(v, torch.Tensor) or key in reduced:   # strain outputs are summed already
                 out[key] = v
                 continue
             kind = self._kind(key, v, ctx, sharded)
@@ -234,4 +326,5 @@ class DistributedModel:
         return out
 
 
-__all__ = ["DistributedModel", "KINDS", "ModelConfig", "NeighborConfig", "StorageIdNeighborList", "fill_autograd_outputs"]
+__all__ = ["DistributedModel", "KINDS", "ModelConfig", "NeighborConfig", "StorageIdNeighborList",
+           "fill_autograd_outputs"]

@@ -26,32 +26,31 @@ def swap(comm: Comm, sends: list[tuple[int, torch.Tensor, int]],
     neither sent nor received (both sides know the counts).  With ``comm.staged`` the data
     travel through host memory.
     """
-    dev_out = None
-    reqs = []
+    ops = []
     keep = []
     for peer, t, tg in sends:
         if t.numel() == 0:
             continue
-        dev_out = t.device
         buf = t.detach().contiguous()
         if comm.staged:
             buf = buf.cpu()
         keep.append(buf)
-        reqs.append(dist.isend(buf, dst=peer, tag=tg, group=comm.group))
+        ops.append(dist.P2POp(dist.isend, buf, peer, group=comm.group, tag=tg))
     out = []
-    pending = []
+    dev = torch.device("cpu") if comm.staged else comm.device
     for peer, shape, dtype, tg in recvs:
-        dev = torch.device("cpu") if comm.staged else comm.device
         buf = torch.empty(shape, dtype=dtype, device=dev)
         out.append(buf)
-        if buf.numel() == 0:
-            continue
-        pending.append(dist.irecv(buf, src=peer, tag=tg, group=comm.group))
-    for r in pending + reqs:
-        r.wait()
+        if buf.numel():
+            ops.append(dist.P2POp(dist.irecv, buf, peer, group=comm.group, tag=tg))
+    # One batch: NCCL runs a batch's sends and receives as one group, so two ranks that
+    # both send first cannot deadlock (separate isend/irecv calls can, on NCCL).
+    if ops:
+        for r in dist.batch_isend_irecv(ops):
+            r.wait()
     if comm.staged:
         out = [b.to(comm.device) for b in out]
-    del dev_out, keep
+    del keep
     return out
 
 

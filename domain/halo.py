@@ -49,6 +49,7 @@ class HaloPlan:
     n_owned: int
     steps: list[HaloStep] = field(default_factory=list)
     ghost_shift: torch.Tensor | None = None   # (n_ghost, 3) int32 lattice image of each ghost
+    n_filler: int = 0   # rows after the ghosts of no point (graph padding): zero forward, dropped in reverse
 
     @property
     def n_ghost(self) -> int:
@@ -56,7 +57,7 @@ class HaloPlan:
 
     @property
     def n_padded(self) -> int:
-        return self.n_owned + self.n_ghost
+        return self.n_owned + self.n_ghost + self.n_filler
 
 
 def split_axes(grid: DomainGrid) -> list[int]:
@@ -168,6 +169,8 @@ def _forward(comm: Comm, plan: HaloPlan, x: torch.Tensor) -> torch.Tensor:
         got = swap(comm, sends, recvs)
         if got:
             cur = torch.cat([cur] + got)
+    if plan.n_filler:
+        cur = torch.cat([cur, cur.new_zeros((plan.n_filler, *cur.shape[1:]))])
     return cur
 
 
@@ -221,14 +224,14 @@ class _HaloReverse(torch.autograd.Function):
 
 def halo_forward(comm: Comm, plan: HaloPlan, x: torch.Tensor) -> torch.Tensor:
     """(n_owned or more, *F) -> (n_padded, *F): owned rows kept, ghost rows copied from owners."""
-    if plan.n_ghost == 0 and not plan.steps:
+    if plan.n_ghost == 0 and not plan.steps and not plan.n_filler:
         return x[: plan.n_owned]
     return _HaloForward.apply(x, comm, plan)
 
 
 def halo_reverse(comm: Comm, plan: HaloPlan, g: torch.Tensor) -> torch.Tensor:
     """(n_padded, *F) -> (n_owned, *F): each owned row plus its ghosts' rows on every rank."""
-    if plan.n_ghost == 0 and not plan.steps:
+    if plan.n_ghost == 0 and not plan.steps and not plan.n_filler:
         return g[: plan.n_owned]
     return _HaloReverse.apply(g, comm, plan)
 

@@ -4,22 +4,35 @@
 every model call.  Code inside (a model, an adapter's replacement) reads it with
 :func:`current_scope`; outside any scope the helpers behave as on one process, so a model
 using them runs unchanged without decomposition.
+
+Helpers (neutral names here; ``shardmd.domain.api`` also exports the model-vocabulary
+aliases ``refresh_neighbors`` = :func:`refresh_halo`, ``autograd_target`` =
+:func:`grad_leaf`, ``current_dd_context`` = :func:`current_scope`):
+
+- :func:`to_local`: owned rows of a per-point tensor;
+- :func:`system_sum`: per-system sums over owned rows, summed over ranks;
+- :func:`scatter_to_owners`: halo partial sums added to their owners (reverse exchange);
+- :func:`refresh_halo`: halo rows re-copied from their owners (forward exchange);
+- :func:`grad_leaf`: the autograd leaf behind a promoted input (what
+  ``torch.autograd.grad`` must differentiate with respect to).
 """
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from .collectives import all_reduce_sum
-from .halo import halo_reverse
+from .halo import halo_forward, halo_reverse
 from .shard_tensor import GroupConfig, HaloMeta, ShardMeta, ShardTensor, plain
 
 
 @dataclass
 class Scope:
-    """ctx: the DomainContext; spec: the MLIPSpec; reference: the promoted positions."""
+    """ctx: the DomainContext; spec: the MLIPSpec; reference: the promoted positions;
+    leaf: the autograd leaf behind them; inputs: the other promoted per-point inputs (name ->
+    ShardTensor) and leaves their leaves; padding: the filler counts when the graph is padded."""
 
     ctx: object
     spec: object
@@ -28,6 +41,10 @@ class Scope:
     group: GroupConfig
     n_systems: int = 1
     reference: ShardTensor | None = None
+    leaf: torch.Tensor | None = None
+    inputs: dict = field(default_factory=dict)
+    leaves: dict = field(default_factory=dict)
+    padding: object = None
 
     @property
     def comm(self):
@@ -40,6 +57,15 @@ class Scope:
     @property
     def n_padded(self) -> int:
         return self.halo.n_padded if self.halo is not None else self.shard.n_owned
+
+    @property
+    def storage(self):
+        """The spec's storage policy (HaloStorage or ShardedStorage)."""
+        return self.spec.distribution.storage
+
+    @property
+    def compile_policy(self):
+        return self.spec.distribution.compile_policy
 
 
 _STACK: list[Scope] = []
@@ -87,4 +113,47 @@ def scatter_to_owners(x: torch.Tensor) -> torch.Tensor:
     return halo_reverse(s.comm, s.halo.plan, plain(x))
 
 
-__all__ = ["Scope", "current_scope", "scatter_to_owners", "system_sum", "to_local", "use_scope"]
+def refresh_halo(x: torch.Tensor) -> torch.Tensor:
+    """Halo rows of a per-point tensor re-copied from their owners: ``(n_owned or n_padded,
+    *F) -> (n_padded, *F)`` by a forward exchange of the owned rows (differentiable: the
+    backward adds halo-row gradients to the owners).  The result carries the scope's
+    ShardTensor metadata.  Identity outside a scope and in sharded storage (no halo rows)."""
+    s = current_scope()
+    if s is None or s.halo is None:
+        return x
+    rows = int(x.shape[0]) if x.dim() else -1
+    if rows not in (s.halo.n_owned, s.halo.n_padded):
+        raise ValueError(f"refresh_halo: expected {s.halo.n_owned} owned or {s.halo.n_padded} padded rows, got {rows}")
+    y = halo_forward(s.comm, s.halo.plan, plain(x)[: s.halo.n_owned])
+    return ShardTensor.wrap_like(y, s.reference) if s.reference is not None else y
+
+
+def grad_leaf(x: torch.Tensor | None = None) -> torch.Tensor:
+    """The autograd leaf behind a promoted input: ``x`` None or the promoted positions ->
+    the positions' leaf; a promoted extra input -> its leaf; anything else -> ``x``.
+
+    The leaf exists (requires grad) when DistributedModel differentiates the positions
+    itself (autograd or strain outputs) or when ``ModelConfig.autograd_inputs`` names the
+    input.  The ShardTensor a model receives is an alias (possibly strained) of the leaf;
+    ``torch.autograd.grad(energy, grad_leaf(positions))`` gives the derivative with respect
+    to every padded row, halo rows included (partial sums: send them to their owners with
+    :func:`scatter_to_owners`, or declare the output in ``reverse_outputs``)."""
+    s = current_scope()
+    if s is None:
+        return x
+    if x is None or x is s.reference:
+        leaf = s.leaf
+        name = "positions"
+    else:
+        name = next((k for k, v in s.inputs.items() if v is x), None)
+        if name is None:
+            return x
+        leaf = s.leaves.get(name)
+    if leaf is None or not leaf.requires_grad:
+        raise RuntimeError(f"grad_leaf: {name} are not differentiated in this call; declare "
+                           f"ModelConfig(autograd_inputs={{{name!r}}})")
+    return leaf
+
+
+__all__ = ["Scope", "current_scope", "grad_leaf", "refresh_halo", "scatter_to_owners", "system_sum", "to_local",
+           "use_scope"]

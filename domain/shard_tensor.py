@@ -300,7 +300,10 @@ class ShardTensor(torch.Tensor):
             body = torch.Tensor.__repr__(self.as_subclass(torch.Tensor))
         return f"ShardTensor[{self.storage_kind}, n_owned={self.n_owned}]({body})"
 
+    # Under torch.compile every op with a ShardTensor argument is a graph break: the dispatch,
+    # the handlers and their collectives always run eagerly (domain/compile_policy.py).
     @classmethod
+    @torch.compiler.disable
     def __torch_function__(cls, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         entries = _BY_OP.get(func)

