@@ -43,7 +43,7 @@ def _reference(model, numbers, positions, cell):
     return a.get_potential_energy(), a.get_forces(), -a.get_stress(voigt=False) * a.get_volume()
 
 
-CASES = {2: ["ortho.extxyz:1x1x2", "tri.extxyz"], 3: ["tri.extxyz:1x3x1"], 4: ["ortho.extxyz:2x2x1", "tri.extxyz"],
+CASES = {2: ["ortho.extxyz:1x1x2", "tri.extxyz"], 3: ["ortho.extxyz:3x1x1"], 4: ["ortho.extxyz:2x2x1", "tri.extxyz"],
          8: ["ortho.extxyz"]}
 
 
