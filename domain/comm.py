@@ -185,9 +185,7 @@ _STORES: list = []
 
 def shutdown(comm: Comm) -> None:
     """Tear the group down in step: every rank finishes its traffic (barrier) before the
-    group goes, and rank 0, which serves the rendezvous store, leaves last."""
+    group goes; the rendezvous store object lives until the process exits."""
     if comm.size > 1 and dist.is_initialized():
         dist.barrier(group=comm.group)
         dist.destroy_process_group()
-        if comm.mpi is not None:
-            comm.mpi.COMM_WORLD.Barrier()
