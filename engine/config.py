@@ -70,6 +70,7 @@ KEYS: dict[str, tuple[str, str]] = {
     "model.pairs": ("{}", "lj: explicit pair parameters {A-B: {epsilon, sigma}}"),
     "model.checkpoint": ("null", "mace: path to a mace-torch model file (default: shipped Cu model)"),
     "model.dtype": ("null", "mace: float32 | float64 (default: precision)"),
+    "model.cueq": ("auto", "mace: cuEquivariance kernels: auto (on CUDA when installed) | true | false"),
     "integrator.friction": ("0.01", "langevin: friction gamma in 1/fs"),
 }
 
@@ -240,6 +241,8 @@ def _validate_model(m: DictConfig) -> None:
               "use lorentz-berthelot or geometric")
     elif m.name == "mace":
         _need(m.dtype in (None, "float32", "float64"), "model.dtype", m.dtype, "use float32 or float64")
+        _need(m.get("cueq", "auto") in ("auto", True, False), "model.cueq", m.get("cueq"),
+              "use auto, true or false")
 
 
 def to_container(cfg: DictConfig) -> dict:

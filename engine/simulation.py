@@ -293,9 +293,20 @@ class Simulation:
         total = max(sum(self.timers.values()), 1e-12)
         lines.append("Time split: " + ", ".join(
             f"{k} {v:.3f} s ({100 * v / max(wall, 1e-12):.1f}%)" for k, v in sorted(self.timers.items())))
+        peak = self._peak_gpu_bytes()
+        if peak is not None:
+            lines.append(f"Memory: peak GPU {peak / 2**30:.3f} GiB per rank (max over ranks; torch allocator)")
         self.reporter.summary(lines)
         self.summary = {"wall_s": wall, "builds": builds, "migrated": migrated, **rates, **dict(self.timers),
-                        "timed_s": total}
+                        "timed_s": total, "peak_gpu_bytes": peak}
+
+    def _peak_gpu_bytes(self) -> int | None:
+        """Largest torch-allocator peak on any rank's GPU since start (bytes); None on CPU."""
+        dev = self.state.positions.device
+        if dev.type != "cuda":
+            return None
+        local = torch.tensor([torch.cuda.max_memory_allocated(dev)], dtype=torch.int64, device=dev)
+        return int(self.comm.all_reduce(local, "max")[0])
 
     def checkpoint(self):
         """Write a restart checkpoint of the current step (collective; rank 0 writes)."""

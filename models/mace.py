@@ -94,6 +94,48 @@ def load_mace(path: str | Path, device="cpu", dtype=torch.float64):
     return model.to(device=device, dtype=dtype).eval()
 
 
+def cueq_available(kernels: bool = False) -> bool:
+    """Whether cuEquivariance's torch front end (and mace-torch's converter for it) import;
+    with ``kernels``, also its compiled CUDA kernels (without them it runs naive torch code)."""
+    try:
+        import cuequivariance_torch  # noqa: F401
+        from mace.cli.convert_e3nn_cueq import run  # noqa: F401
+
+        if kernels:
+            import cuequivariance_ops_torch  # noqa: F401
+    except Exception:  # ImportError, or a broken CUDA extension
+        return False
+    return True
+
+
+def to_cueq(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
+    """mace-torch's own e3nn -> cuEquivariance converter (same weights, other kernels).
+
+    The converter sets torch's default dtype to the model's; it is restored here."""
+    import contextlib
+    import io
+
+    from mace.cli.convert_e3nn_cueq import run
+
+    old = torch.get_default_dtype()
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            out = run(model, device=device.type, return_model=True)
+    finally:
+        torch.set_default_dtype(old)
+    return out.to(device).eval()
+
+
+def resolve_cueq(cueq, device: torch.device) -> bool:
+    """model.cueq: 'auto' = on for CUDA when installed; True = required; False = off."""
+    if cueq in (None, "auto"):
+        return device.type == "cuda" and cueq_available(kernels=True)
+    if cueq and not cueq_available():
+        raise ValueError("model.cueq=true but cuequivariance-torch is not installed; "
+                         "pip install cuequivariance-torch cuequivariance-ops-torch-cu13, or set model.cueq=false")
+    return bool(cueq)
+
+
 def file_sha256(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -106,19 +148,23 @@ class MaceModel:
     """mace-torch model on the halo scheme.
 
     checkpoint: mace-torch model file (default: the shipped Cu model); dtype, device: where
-    and how it runs.  Under DistributedModel the decomposition context of the call (for the
+    and how it runs; cueq: cuEquivariance kernels ('auto': on CUDA when installed).  Under DistributedModel the decomposition context of the call (for the
     per-layer exchange) comes from ``current_scope()``; called directly, it runs alone.
     """
 
     name = "mace"
     distribution_spec = SPEC_MACE
 
-    def __init__(self, checkpoint: str | Path | None = None, dtype=torch.float64, device="cpu"):
+    def __init__(self, checkpoint: str | Path | None = None, dtype=torch.float64, device="cpu", cueq="auto"):
         self.path = Path(checkpoint) if checkpoint else DEFAULT_MODEL
         if not checkpoint and not self.path.is_file():
             raise ValueError(f"the shipped MACE model {self.path} is missing; give model.checkpoint=PATH")
         self.dtype, self.device = dtype, torch.device(device)
         self.model = load_mace(self.path, self.device, dtype)
+        #: whether the model runs on cuEquivariance kernels (converted by mace-torch's own tool)
+        self.cueq = resolve_cueq(cueq, self.device)
+        if self.cueq:
+            self.model = to_cueq(self.model, self.device)
         for p in self.model.parameters():
             p.requires_grad_(False)
         self.cutoff = float(self.model.r_max)
@@ -157,8 +203,13 @@ class MaceModel:
         receivers = nl.centers()
         senders = nl.neighbors.long()
         node_attrs = torch.nn.functional.one_hot(self._lut[numbers.long()], len(self.atomic_numbers)).to(self.dtype)
+        vectors = x[receivers] - x[senders] - nl.shifts.to(self.dtype) @ h
+        # the list reaches cutoff + skin; MACE's envelope is exactly zero beyond r_max, so the
+        # edges past it only cost time (~1.7x more edges with a 1 Å skin at 5 Å): drop them
+        keep = torch.nonzero(torch.linalg.vector_norm(vectors, dim=1) < self.cutoff).squeeze(1)
+        receivers, senders, vectors = receivers[keep], senders[keep], vectors[keep]
         with torch.enable_grad():
-            vectors = (x[receivers] - x[senders] - nl.shifts.to(self.dtype) @ h).detach().requires_grad_(True)
+            vectors = vectors.detach().requires_grad_(True)
             data = {
                 "node_attrs": node_attrs,
                 "edge_index": torch.stack([senders, receivers]),

@@ -133,6 +133,29 @@ def run_ours(n: int, policy: str, args) -> dict:
     return s
 
 
+def run_ours_mpi(n: int, policy: str, args) -> dict:
+    """The engine under ``mpiexec -n args.ranks`` (one domain per rank, 1 thread each); rates and
+    split from its log ("Loop:" and "Time split:" lines: the loop only, like LAMMPS's)."""
+    work = Path(tempfile.mkdtemp(prefix="bench_lj_mpi_"))
+    ov = [o for o in overrides(n, policy, args) if not o.startswith(("output=", "threads="))]
+    mpiexec = shutil.which("mpiexec") or str(Path(sys.executable).parent / "mpiexec")
+    cmd = [mpiexec, "-n", str(args.ranks), sys.executable, "-m", "engine", "run", *ov, "threads=1",
+           "checkpoint.every=0", f"output={work}/run.h5"]
+    out = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    log = (work / "run.log").read_text() if (work / "run.log").exists() else ""
+    if out.returncode != 0 or "Loop:" not in log:
+        raise RuntimeError(f"engine failed:\n{out.stderr[-2000:]}")
+    shutil.rmtree(work, ignore_errors=True)
+    m = re.search(r"Loop: ([\d.]+) s, .*?([\d.e+]+) atom-steps/s, (\d+) neighbour builds", log)
+    wall = float(m.group(1))
+    split = {k: float(v) for k, v in re.findall(r"(\w+) ([\d.]+) s \(", log.split("Time split:")[1].splitlines()[0])
+             if k != "checkpoint"}  # the final restart write comes after the loop
+    atoms = 4 * n**3
+    return {"wall_s": wall, "atom_steps_per_s": float(m.group(2)), "builds": int(m.group(3)),
+            "cpu_s": wall * args.ranks, "atom_steps_per_cpu_s": float(m.group(2)) / args.ranks,
+            "split": split, "n_atoms": atoms, "T_end": float("nan")}
+
+
 # -- LAMMPS ---------------------------------------------------------------------------
 def lammps_exe(venv: Path) -> Path:
     lmp = venv / "bin" / "lmp"
@@ -149,7 +172,7 @@ def run_lammps(lmp: Path, n: int, args) -> dict:
         inp.write_text(LAMMPS_INPUT.format(n=n, steps=args.steps))
         env = dict(os.environ, OMP_NUM_THREADS="1")
         mpiexec = lmp.parent / "mpiexec"
-        cmd = ([str(mpiexec), "-n", "1"] if mpiexec.exists() else []) + [
+        cmd = ([str(mpiexec), "-n", str(args.ranks)] if mpiexec.exists() else []) + [
             str(lmp), "-in", str(inp), "-log", str(Path(tmp) / "log.lammps")]
         out = subprocess.run(cmd, cwd=tmp, env=env, capture_output=True, text=True)
         if out.returncode != 0:
@@ -243,7 +266,9 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=STEPS)
     ap.add_argument("--repeats", type=int, default=1, help="alternate runs this many times; report medians")
     ap.add_argument("--policy", default="both", choices=["both", "default", "lammps"])
-    ap.add_argument("--lammps", action="store_true", help="also run LAMMPS (1 MPI rank, 1 thread)")
+    ap.add_argument("--lammps", action="store_true", help="also run LAMMPS (--ranks MPI ranks, 1 thread each)")
+    ap.add_argument("--ranks", type=int, default=1,
+                    help="MPI ranks for both programs (> 1: ours runs under mpiexec, one domain per rank)")
     ap.add_argument("--lammps-venv", default="/tmp/lmpvenv")
     ap.add_argument("--warmup", type=int, default=1, help="untimed warm-up runs of ours (compiles kernels)")
     ap.add_argument("--profile", action="store_true",
@@ -256,14 +281,17 @@ def main(argv=None) -> int:
     u = units()
     print(f"in.lj: {4 * n**3} atoms ({n}^3 fcc cells), a = {u['a']:.4f} Å, cutoff {u['cutoff']:.4f} Å, "
           f"skin {u['skin']:.4f} Å, dt {u['dt_fs']:.3f} fs (tau {u['tau_fs']:.1f} fs), T0 {u['T_K']:.2f} K, "
-          f"{args.steps} steps; {args.device} {args.precision}, {args.threads} thread(s)", flush=True)
+          f"{args.steps} steps; {args.device} {args.precision}, {args.ranks} rank(s) x {args.threads} thread(s)", flush=True)
     policies = ["default", "lammps"] if args.policy == "both" else [args.policy]
     if args.profile:
         profile(n, args)
         return 0
     lmp = lammps_exe(Path(args.lammps_venv)) if args.lammps else None
 
-    for _ in range(args.warmup):
+    ours = run_ours if args.ranks == 1 else run_ours_mpi
+    if args.ranks > 1 and args.device != "cpu":
+        ap.error("--ranks > 1 is the CPU comparison; for GPUs use scripts/scaling.py")
+    for _ in range(args.warmup if args.ranks == 1 else 0):  # under mpiexec the kernels are cached
         wa = argparse.Namespace(**vars(args))
         wa.steps = min(args.steps, 5)
         run_ours(n, policies[0], wa)
@@ -271,10 +299,11 @@ def main(argv=None) -> int:
     results: dict[str, list[dict]] = {}
     for rep in range(args.repeats):
         for pol in policies:
-            r = run_ours(n, pol, args)
+            r = ours(n, pol, args)
             results.setdefault(f"ours/{pol}", []).append(r)
             print(f"  run {rep + 1}: ours {pol:<8s} {r['atom_steps_per_s'] / 1e6:7.3f} M atom-steps/s, "
-                  f"{r['builds']} builds, T_end {r['T_end']:.1f} K", flush=True)
+                  f"{r['builds']} builds" + (f", T_end {r['T_end']:.1f} K" if r['T_end'] == r['T_end'] else ""),
+                  flush=True)
         if lmp is not None:
             r = run_lammps(lmp, n, args)
             results.setdefault("lammps/lammps", []).append(r)

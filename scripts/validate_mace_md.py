@@ -44,11 +44,20 @@ def main() -> int:
     a = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="mace-md-"))
     n = 128
-    res = {"atoms": n, "steps": a.steps}
+    res = {"atoms": n, "steps": a.steps, "work_dir": str(work)}
+    a.out.parent.mkdir(parents=True, exist_ok=True)
+
+    def save(stage: str) -> None:  # partial results survive an interrupted run
+        a.out.write_text(json.dumps(res, indent=2))
+        print(f"[{stage}] done", flush=True)
+
     nve4 = run([f"steps={a.steps}", "domains=4"], work, "nve4")
+    res["nve_4_domains"] = nve_stats(nve4, n)
+    save("nve 4 domains")
     nve1 = run([f"steps={a.steps}"], work, "nve1")
-    res["nve_4_domains"], res["nve_1_domain"] = nve_stats(nve4, n), nve_stats(nve1, n)
+    res["nve_1_domain"] = nve_stats(nve1, n)
     res["nve_max_etot_difference_eV"] = float(np.abs(nve4[:, 5] - nve1[:, 5]).max())
+    save("nve 1 domain")
     lang = run([f"steps={a.steps}", "domains=4", "integrator=langevin", "integrator.friction=0.02", "seed=1"],
                work, "lang4")
     temps = lang[len(lang) // 5:, 2]  # drop the first fifth (equilibration)
@@ -56,8 +65,7 @@ def main() -> int:
     sem = blocks.std(ddof=1) / np.sqrt(len(blocks))
     res["langevin_600K"] = {"mean_T": float(temps.mean()), "block_sem": float(sem),
                             "within_3_sigma": bool(abs(temps.mean() - 600) < 3 * sem)}
-    a.out.parent.mkdir(parents=True, exist_ok=True)
-    a.out.write_text(json.dumps(res, indent=2))
+    save("langevin 4 domains")
     print(json.dumps(res, indent=2))
     return 0
 

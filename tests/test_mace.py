@@ -43,7 +43,8 @@ def _reference(model, numbers, positions, cell):
     return a.get_potential_energy(), a.get_forces(), -a.get_stress(voigt=False) * a.get_volume()
 
 
-CASES = {2: ["ortho.extxyz:1x1x2", "tri.extxyz"], 3: ["ortho.extxyz:3x1x1"], 4: ["ortho.extxyz:2x2x1", "tri.extxyz"],
+# "::cueq": the same model converted by mace-torch to cuEquivariance (its torch fallback on CPU)
+CASES = {2: ["ortho.extxyz:1x1x2", "tri.extxyz", "tri.extxyz::cueq"], 3: ["ortho.extxyz:3x1x1"], 4: ["ortho.extxyz:2x2x1", "tri.extxyz"],
          8: ["ortho.extxyz"]}
 
 
@@ -52,12 +53,12 @@ CASES = {2: ["ortho.extxyz:1x1x2", "tri.extxyz"], 3: ["ortho.extxyz:3x1x1"], 4: 
 @pytest.mark.parametrize("k", sorted(CASES))
 def test_mace_on_k_domains_equals_mace_calculator(k, mace_setup, tmp_path):
     d, model = mace_setup
-    specs = [str(d / c.split(":")[0]) + (":" + c.split(":")[1] if ":" in c else "") for c in CASES[k]]
+    specs = [str(d / c.split(":")[0]) + (c[c.index(":"):] if ":" in c else "") for c in CASES[k]]
     r = subprocess.run(mpiexec_cmd(k, [str(HERE / "mpi" / "mace_cases.py"), str(tmp_path), str(model), *specs]),
                        capture_output=True, text=True, timeout=1500)
     assert r.returncode == 0, r.stderr[-3000:]
     for c in CASES[k]:
-        stem = Path(c.split(":")[0]).stem
+        stem = Path(c.split(":")[0]).stem + ("_cueq" if c.endswith(":cueq") else "")
         res = np.load(tmp_path / f"{stem}_float64.npz")
         assert np.prod(res["grid"]) == k
         for tag in ("0", "1"):

@@ -1,6 +1,7 @@
 """Run under ``mpiexec -n K``: the engine with MACE on K domains, before and after 50 MD steps.
 
-Usage: mpiexec -n K python tests/mpi/mace_cases.py OUT_DIR MODEL_FILE case.extxyz[:grid] ...
+Usage: mpiexec -n K python tests/mpi/mace_cases.py OUT_DIR MODEL_FILE case.extxyz[:grid[:cueq]] ...
+(``cueq``: the model converted to cuEquivariance, files named <stem>_cueq_<prec>.npz).
 For each structure and precision, rank 0 writes OUT_DIR/<stem>_<prec>.npz with the gathered
 positions (unwrapped frame as used), forces, energy and virial at step 0 and at step 50.
 """
@@ -25,12 +26,16 @@ def main():
     out, model = Path(sys.argv[1]), sys.argv[2]
     comm = init_comm("cpu")
     for spec in sys.argv[3:]:
-        path, _, grid = spec.partition(":")
+        path, _, rest = spec.partition(":")
+        grid, _, opts = rest.partition(":")
+        cueq = opts == "cueq"
+        stem = Path(path).stem + ("_cueq" if cueq else "")
         for prec in ("float64", "float32"):
-            args = ["model=mace", f"model.checkpoint={model}", f"system.file={path}", f"precision={prec}",
+            args = ["model=mace", f"model.checkpoint={model}", f"model.cueq={str(cueq).lower()}",
+                    f"system.file={path}", f"precision={prec}",
                     f"domains={comm.size}", "steps=50", "dt=2.0", "temperature=900", "integrator=langevin",
                     "trajectory.every=0", "thermo.every=0", "checkpoint.every=0", "quiet=true",
-                    "neighbor.skin=0.4", f"output={out}/{Path(path).stem}_{prec}.h5"]
+                    "neighbor.skin=0.4", f"output={out}/{stem}_{prec}.h5"]
             if grid:
                 args.append(f"grid=[{grid.replace('x', ',')}]")
             sim = Simulation(compose_config(args), comm=comm)
@@ -39,7 +44,7 @@ def main():
             sim.run(50)
             b, eb, wb = snapshot(sim)
             if comm.is_root:
-                np.savez(out / f"{Path(path).stem}_{prec}.npz", pos0=a["positions"], f0=a["forces"], e0=ea, w0=wa,
+                np.savez(out / f"{stem}_{prec}.npz", pos0=a["positions"], f0=a["forces"], e0=ea, w0=wa,
                          pos1=b["positions"], f1=b["forces"], e1=eb, w1=wb, numbers=a["numbers"],
                          cell=sim.state.cell.double().numpy(), migrated=sim.summary["migrated"],
                          grid=np.array(sim.domain.grid.shape))

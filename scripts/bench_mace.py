@@ -1,0 +1,252 @@
+"""MACE speed and memory: the engine vs mace-torch's own ASE calculator, bare mace-torch, capacity.
+
+Modes (any combination; each prints a table):
+
+    --vs-ase      our engine (1 domain) vs mace-torch's MACECalculator driving ASE's VelocityVerlet,
+                  same system (fcc Cu, shipped model, 300 K, 1 fs), same device and dtype
+    --bare        mace-torch forward + backward (forces by autograd) on a fixed graph: the floor
+                  an MD engine cannot beat; engine overhead = 1 - engine rate / bare rate
+    --capacity    largest system that fits: runs ``python -m engine run`` (under ``mpirun -n R``
+                  for R > 1) on growing fcc repeats until one fails; peak GPU memory per rank
+                  from the engine's "Memory:" line
+
+    python scripts/bench_mace.py --vs-ase --bare --sizes 8 16 24 --dtype float32 --device cuda
+    python scripts/bench_mace.py --capacity --ranks 1 2 --sizes 60 80 100 120 --dtype float32
+
+Sizes are cubic fcc repeats n (4 n^3 atoms).  Rates are atom-steps per second over the timed
+steps after warm-up (CUDA synchronised).  Model: --model (default: the shipped Cu model);
+--cueq converts it with mace-torch's own cuEquivariance converter (GPU) for every path.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+A_CU = 3.59
+
+
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def _reset_peak(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+
+
+def _peak_gib(device: str) -> float:
+    return torch.cuda.max_memory_allocated() / 2**30 if device.startswith("cuda") else float("nan")
+
+
+def atoms_for(n: int, seed: int = 0):
+    from ase.build import bulk
+    from ase.md.velocitydistribution import MaxwellBoltzmannDistribution
+
+    atoms = bulk("Cu", "fcc", a=A_CU, cubic=True).repeat((n, n, n))
+    import numpy as np
+
+    MaxwellBoltzmannDistribution(atoms, temperature_K=300, rng=np.random.default_rng(seed))
+    return atoms
+
+
+def engine_overrides(n: int, a) -> list[str]:
+    ov = ["model=mace", f"system.repeat=[{n},{n},{n}]", f"precision={a.dtype}", f"device={a.device}",
+          "trajectory.every=0", "thermo.every=0", "checkpoint.every=0", "quiet=true", "dt=1.0",
+          f"output={tempfile.gettempdir()}/bench_mace_{os.getpid()}.h5", "overwrite=true"]
+    if a.model:
+        ov.append(f"model.checkpoint={a.model}")
+    ov.append(f"model.cueq={str(a.cueq).lower()}")
+    return ov
+
+
+def run_engine(n: int, a) -> dict:
+    from shardmd.engine.config import compose_config
+    from shardmd.engine.simulation import Simulation
+
+    _reset_peak(a.device)
+    sim = Simulation(compose_config(engine_overrides(n, a)))
+    sim.setup()
+    sim.started = True
+    for _ in range(a.warmup):
+        sim.step()
+    _sync(a.device)
+    t = time.perf_counter()
+    for _ in range(a.steps):
+        sim.step()
+    _sync(a.device)
+    wall = time.perf_counter() - t
+    natoms = sim.state.n_atoms
+    sim.close()
+    return {"atoms": natoms, "rate": natoms * a.steps / wall, "peak_gib": _peak_gib(a.device)}
+
+
+def _calculator(a):
+    import warnings
+
+    from mace.calculators import MACECalculator
+
+    from shardmd.models.mace import DEFAULT_MODEL
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return MACECalculator(model_paths=str(a.model or DEFAULT_MODEL), device=a.device,
+                              default_dtype=a.dtype, enable_cueq=a.cueq)
+
+
+def run_ase(n: int, a, calc) -> dict:
+    from ase import units
+    from ase.md.verlet import VelocityVerlet
+
+    _reset_peak(a.device)
+    atoms = atoms_for(n)
+    atoms.calc = calc
+    dyn = VelocityVerlet(atoms, timestep=1.0 * units.fs)
+    dyn.run(a.warmup)
+    t = time.perf_counter()
+    dyn.run(a.steps)  # the calculator hands back numpy arrays: every step is synchronised
+    wall = time.perf_counter() - t
+    return {"atoms": len(atoms), "rate": len(atoms) * a.steps / wall, "peak_gib": _peak_gib(a.device)}
+
+
+def run_bare(n: int, a, calc) -> dict:
+    """Forward + backward of the calculator's (converted) model on one fixed graph."""
+    from mace import data as mdata
+    from mace.tools import torch_geometric
+
+    atoms = atoms_for(n)
+    model = calc.models[0]
+    config = mdata.config_from_atoms(atoms)
+    ad = mdata.AtomicData.from_config(config, z_table=calc.z_table, cutoff=calc.r_max,
+                                      heads=getattr(calc, "available_heads", None))
+    batch = next(iter(torch_geometric.dataloader.DataLoader([ad], batch_size=1))).to(a.device)
+    dt = getattr(torch, a.dtype)
+    d = {k: (v.to(dt) if torch.is_tensor(v) and v.is_floating_point() else v) for k, v in batch.to_dict().items()}
+
+    def once():
+        out = model(dict(d), compute_force=True, training=False)
+        return out["forces"]
+
+    _reset_peak(a.device)
+    for _ in range(a.warmup):
+        once()
+    _sync(a.device)
+    t = time.perf_counter()
+    for _ in range(a.steps):
+        once()
+    _sync(a.device)
+    wall = time.perf_counter() - t
+    return {"atoms": len(atoms), "rate": len(atoms) * a.steps / wall, "peak_gib": _peak_gib(a.device),
+            "edges": int(d["edge_index"].shape[1])}
+
+
+def make_random_mace(path: Path, channels: int, max_ell: int = 3, correlation: int = 3, r_max: float = 5.0,
+                     seed: int = 0) -> Path:
+    """A Cu MACE of MACE-MP-medium's shape (channels x (0e + 1o), l <= 3, correlation 3) with
+    random weights: speed does not depend on the weights' values."""
+    import numpy as np
+
+    import mace  # noqa: F401
+    from e3nn import o3
+    from mace.modules import interaction_classes
+    from mace.modules.models import ScaleShiftMACE
+
+    torch.manual_seed(seed)
+    block = interaction_classes["RealAgnosticResidualInteractionBlock"]
+    model = ScaleShiftMACE(
+        r_max=r_max, num_bessel=8, num_polynomial_cutoff=5, max_ell=max_ell, interaction_cls=block,
+        interaction_cls_first=block, num_interactions=2, num_elements=1,
+        hidden_irreps=o3.Irreps(f"{channels}x0e+{channels}x1o"), MLP_irreps=o3.Irreps("16x0e"),
+        atomic_energies=np.array([-3.5]), avg_num_neighbors=43.5, atomic_numbers=[29],
+        correlation=correlation, gate=torch.nn.functional.silu, atomic_inter_scale=1.0, atomic_inter_shift=0.0,
+    ).double()
+    torch.save(model, path)
+    return path
+
+
+def capacity(a) -> None:
+    print(f"\ncapacity: fcc Cu, shipped model, {a.dtype}, {a.device}, 5 steps per size; peak = max over ranks")
+    print(f"{'GPUs':>4} {'repeat':>6} {'atoms':>10} {'result':>8} {'peak GiB/rank':>14} {'atom-steps/s':>13}")
+    first = 0  # more GPUs start from the largest size the previous count fitted
+    for r in a.ranks:
+        for i, n in enumerate(a.sizes[first:], start=first):
+            work = Path(tempfile.mkdtemp(prefix="capacity-"))
+            args = ["model=mace", f"system.repeat=[{n},{n},{n}]", f"precision={a.dtype}", f"device={a.device}",
+                    "steps=5", "trajectory.every=0", "thermo.every=0", "checkpoint.every=0", "quiet=true",
+                    f"output={work}/c.h5", f"model.cueq={str(a.cueq).lower()}",
+                    *([f"model.checkpoint={a.model}"] if a.model else [])]
+            cmd = [sys.executable, "-m", "engine", "run", *args]
+            if r > 1:
+                cmd = ["mpirun", "-n", str(r), *cmd]
+            env = dict(os.environ, NCCL_NVLS_ENABLE="0")
+            try:
+                p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=a.timeout)
+                ok, err = p.returncode == 0, (p.stderr.strip().splitlines() or [""])[-1]
+            except subprocess.TimeoutExpired:
+                ok, err = False, f"timeout {a.timeout} s"
+            log = (work / "c.log").read_text() if (work / "c.log").exists() else ""
+            mem = re.search(r"Memory: peak GPU ([\d.]+) GiB", log)
+            rate = re.search(r"([\d.e+]+) atom-steps/s", log)
+            print(f"{r:>4} {n:>6} {4 * n**3:>10} {'ok' if ok else 'FAILED':>8} "
+                  f"{(mem.group(1) if mem else '-'):>14} {(rate.group(1) if rate else '-'):>13}", flush=True)
+            if not ok:
+                print(f"     ({err[:200]})", flush=True)
+                break
+            first = i
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sizes", type=int, nargs="+", default=[6, 10])
+    ap.add_argument("--dtype", default="float32", choices=["float32", "float64"])
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--model", default=None, help="a mace-torch model file (default: the shipped one)")
+    ap.add_argument("--cueq", action="store_true", help="mace-torch's cuEquivariance conversion")
+    ap.add_argument("--random-channels", type=int, default=0,
+                    help="instead of --model: a random-weight MACE with this many channels, l=3, correlation 3")
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--vs-ase", action="store_true")
+    ap.add_argument("--bare", action="store_true")
+    ap.add_argument("--capacity", action="store_true")
+    ap.add_argument("--ranks", type=int, nargs="+", default=[1])
+    ap.add_argument("--timeout", type=float, default=240)
+    a = ap.parse_args(argv)
+    if a.random_channels:
+        a.model = str(make_random_mace(Path(tempfile.gettempdir()) / f"mace_rand_{a.random_channels}.model",
+                                       a.random_channels))
+    if a.capacity:
+        capacity(a)
+    if not (a.vs_ase or a.bare):
+        return 0
+    calc = _calculator(a)
+    name = Path(a.model).name if a.model else "shipped Cu model"
+    print(f"\nMACE ({name}{', cuEquivariance' if a.cueq else ''}), {a.dtype}, {a.device}; "
+          f"{a.steps} timed steps after {a.warmup} warm-up")
+    print(f"{'atoms':>9} {'engine':>12} {'ASE+calc':>12} {'bare f+b':>12} {'eng/ASE':>8} {'eng/bare':>9} "
+          f"{'engine GiB':>10} {'bare GiB':>9}")
+    for n in a.sizes:
+        e = run_engine(n, a)
+        s = run_ase(n, a, calc) if a.vs_ase else None
+        b = run_bare(n, a, calc) if a.bare else None
+        f = lambda r: f"{r['rate']:.4g}" if r else "-"  # noqa: E731
+        print(f"{e['atoms']:>9} {f(e):>12} {f(s):>12} {f(b):>12} "
+              f"{(e['rate'] / s['rate'] if s else float('nan')):>8.2f} "
+              f"{(e['rate'] / b['rate'] if b else float('nan')):>9.2f} {e['peak_gib']:>10.2f} "
+              f"{(b['peak_gib'] if b else float('nan')):>9.2f}", flush=True)
+    print("(atom-steps/s; engine and ASE include the integrator and neighbour lists, bare is one "
+          "forward+backward on a fixed graph)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
