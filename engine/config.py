@@ -57,6 +57,9 @@ KEYS: dict[str, tuple[str, str]] = {
     "neighbor.skin": ("1.0", "Å added to the model cutoff for the Verlet list"),
     "neighbor.every": ("1", "check the skin criterion every N steps"),
     "neighbor.check": ("true", "false: rebuild every `neighbor.every` steps unconditionally"),
+    "neighbor.deferred": ("auto", "read the skin check back only at scheduled steps, replaying "
+                          "a window that missed a rebuild: auto (on CUDA) | true | false"),
+    "neighbor.deferred_max": ("50", "most steps between deferred read-backs"),
     "neighbor.sort_by_id": ("true", "put atoms in id order at every rebuild"),
     "trajectory.every": ("100", "steps between trajectory frames (0: none)"),
     "trajectory.fields": ("[position,image,velocity,force]", "per-atom fields written to each frame"),
@@ -210,6 +213,9 @@ def validate(cfg: DictConfig) -> None:
     _need(_is_int(n.every) and n.every >= 1, "neighbor.every", n.every, "give a whole number >= 1")
     _need(isinstance(n.check, bool), "neighbor.check", n.check, "use true or false")
     _need(isinstance(n.sort_by_id, bool), "neighbor.sort_by_id", n.sort_by_id, "use true or false")
+    _need(n.deferred in ("auto", True, False), "neighbor.deferred", n.deferred, "use auto, true or false")
+    _need(_is_int(n.deferred_max) and n.deferred_max >= 1, "neighbor.deferred_max", n.deferred_max,
+          "give a whole number >= 1")
     t = c.trajectory
     _need(_is_int(t.every) and t.every >= 0, "trajectory.every", t.every, "give a whole number >= 0")
     allowed = {"position", "image", "velocity", "force"}

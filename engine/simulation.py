@@ -27,6 +27,7 @@ from .config import compose_config, to_container
 from .errors import UserError
 from .domains import Decomposition
 from .observables import thermo_from
+from .skin_check import DeferredSkinCheck
 from . import restart as restart_mod
 from .checkpoint import checkpoint_dir, model_identity, write_checkpoint
 from .reporting import Reporter
@@ -101,6 +102,14 @@ class Simulation:
         # plain copies of the settings the step loop reads (OmegaConf access is slow)
         self._nl_every, self._nl_check = int(cfg.neighbor.every), bool(cfg.neighbor.check)
         self._traj_every, self._thermo_every = int(cfg.trajectory.every), int(cfg.thermo.every)
+        deferred = cfg.neighbor.get("deferred", "auto")
+        on = deferred is True or (deferred == "auto" and self.device.type == "cuda")
+        #: the skin check read back only at scheduled steps (see skin_check.py); None: every step
+        self.deferred = (DeferredSkinCheck(0.5 * float(cfg.neighbor.skin), int(cfg.neighbor.get("deferred_max", 50)))
+                         if on and self._nl_every == 1 and self._nl_check else None)
+        self._last_step = int(cfg.steps)
+        self._stop_seen = self._abandoned = self._verified = False
+        self._step0 = 0
         self.timers: dict[str, float] = defaultdict(float)
         self.results: dict[str, torch.Tensor] = {}
         self.writer = None
@@ -131,9 +140,15 @@ class Simulation:
     def rebuild(self) -> None:
         """Wrap, migrate, canonical order (optional), ghosts, new neighbour list."""
         self.domain.rebuild(self.state)
+        if self.deferred is not None:
+            self.deferred.built(self.state.step)
 
-    def maybe_rebuild(self) -> bool:
+    def maybe_rebuild(self) -> bool | None:
+        """Rebuild or refresh ghosts; True if rebuilt; None if the step was abandoned (a deferred
+        check found an earlier step over the skin and rolled the state back)."""
         s = self.state
+        if self.deferred is not None:
+            return self._maybe_rebuild_deferred()
         if (s.step % self._nl_every) != 0:
             self.domain.refresh(s)
             return False
@@ -143,6 +158,44 @@ class Simulation:
         else:
             self.domain.refresh(s)
         return need
+
+    def _output_due(self, step: int) -> bool:
+        return (step >= self._last_step
+                or (self._thermo_every > 0 and step % self._thermo_every == 0)
+                or (self.writer is not None and self._traj_every > 0 and step % self._traj_every == 0)
+                or (self._ckpt_every > 0 and step % self._ckpt_every == 0))
+
+    def _maybe_rebuild_deferred(self) -> bool | None:
+        s, chk, d = self.state, self.deferred, self.domain
+        t = time.perf_counter()
+        local = (self.nl.max_displacement(s.positions) if s.n_atoms
+                 else torch.zeros((), dtype=s.dtype, device=s.positions.device))
+        chk.observe(local)
+        self._verified = chk.due(s.step, self._output_due(s.step))
+        if not self._verified:
+            self.timers["neighbor"] += time.perf_counter() - t
+            d.refresh(s)
+            return False
+        window, last, self._stop_seen = chk.read(self.comm, self.stop.requested)
+        self.timers["neighbor"] += time.perf_counter() - t
+        if chk.violated(window):
+            chk.rollback(s, detected_at=s.step)
+            self._verified = False
+            return None
+        cell_changed = self.nl._cell0 is None or not torch.equal(s.cell, self.nl._cell0)
+        if chk.plan(s.step, last) or cell_changed:
+            self.rebuild()
+            chk.schedule(s.step, 0.0)
+            return True
+        d.refresh(s)
+        return False
+
+    def _stopping(self) -> bool:
+        """Stop requested on any rank: decided at a common step (every step, or at the deferred
+        check's verification steps)."""
+        if self.deferred is None:
+            return self.comm.any(self.stop.requested)
+        return self._verified and self._stop_seen
 
     def compute_forces(self) -> None:
         t = time.perf_counter()
@@ -219,6 +272,10 @@ class Simulation:
         else:
             self.rebuild()
         self.compute_forces()
+        if self.deferred is not None:
+            self.deferred.built(s.step)
+            self.deferred.schedule(s.step, 0.0)
+            self.deferred.save(s)
         self._open_writer()
         if self.checkpoint_in is None:
             self._report(force_traj=True, force_thermo=True)
@@ -234,11 +291,15 @@ class Simulation:
         self.timers["integrate"] += time.perf_counter() - t
         s.step += 1
         s.time += self.integrator.dt
-        self.maybe_rebuild()
+        self._abandoned = self.maybe_rebuild() is None
+        if self._abandoned:
+            return
         self.compute_forces()
         t = time.perf_counter()
         self.integrator.second_half(s.velocities, s.forces, s.masses)
         self.timers["integrate"] += time.perf_counter() - t
+        if self.deferred is not None and self._verified:
+            self.deferred.save(s)
 
     def run(self, steps: int | None = None) -> dict:
         """Run until step ``steps`` (default ``cfg.steps``); returns the final observables."""
@@ -257,9 +318,12 @@ class Simulation:
             t_run = time.perf_counter()
             self.stop.install()
             stopping = False
+            self._last_step, self._step0 = last, s.step
             while s.step < last:
                 self.step()
-                stopping = self.comm.any(self.stop.requested)
+                if self._abandoned:  # rolled back: the loop replays from the saved step
+                    continue
+                stopping = self._stopping()
                 self._report(force_traj=stopping, force_thermo=(s.step == last or stopping))
                 r.progress_update(s.step, last, self.integrator.dt, self.n_global)
                 if stopping:
@@ -293,6 +357,10 @@ class Simulation:
         total = max(sum(self.timers.values()), 1e-12)
         lines.append("Time split: " + ", ".join(
             f"{k} {v:.3f} s ({100 * v / max(wall, 1e-12):.1f}%)" for k, v in sorted(self.timers.items())))
+        if self.deferred is not None:
+            c = self.deferred
+            lines.append(f"Skin check: deferred, read back {c.reads} times in {s.step - self._step0} steps, "
+                         f"{c.rollbacks} rollback(s)")
         peak = self._peak_gpu_bytes()
         if peak is not None:
             lines.append(f"Memory: peak GPU {peak / 2**30:.3f} GiB per rank (max over ranks; torch allocator)")
