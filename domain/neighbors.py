@@ -55,8 +55,9 @@ class NeighborList:
     def centers(self) -> torch.Tensor:
         """(E,) int64 index i of each edge (the centre / receiver)."""
         counts = (self.offsets[1:] - self.offsets[:-1]).long()
+        # output_size given: no device->host read of the total (a sync per call on CUDA)
         return torch.repeat_interleave(
-            torch.arange(self.n_query, device=self.offsets.device), counts
+            torch.arange(self.n_query, device=self.offsets.device), counts, output_size=self.n_edges
         )
 
     def edge_index(self) -> torch.Tensor:
