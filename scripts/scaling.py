@@ -47,24 +47,43 @@ def run(launcher: str, ranks: int, model: str, atoms: int, steps: int, device: s
     if r.returncode != 0 or "Loop:" not in text:
         raise SystemExit(f"run failed ({' '.join(cmd)}):\n{r.stderr[-2000:]}")
     loop = re.search(r"Loop: ([\d.]+) s, ([\d.]+) steps/s, ([\d.]+) ns/day, ([\d.e+]+) atom-steps/s", text)
+    # the thermo table's first row (step 0): step, time, T, PE, ... -> the correctness spot-check
+    first = next((ln.split() for ln in text.splitlines() if ln.split()[:1] == ["0"]), None)
+    pe0 = float(first[3]) if first and len(first) > 3 else float("nan")
     split = dict((k, float(v)) for k, v in re.findall(r"(\w+) ([\d.]+) s \(", text.split("Time split:")[1]))
     return {"ranks": ranks, "atoms": 4 * n**3, "wall": float(loop.group(1)), "ns_day": float(loop.group(3)),
-            "rate": float(loop.group(4)), **{f"t_{k}": v for k, v in split.items()}}
+            "rate": float(loop.group(4)), "pe0": pe0, **{f"t_{k}": v for k, v in split.items()}}
 
 
 def table(title: str, rows: list[dict], kind: str) -> str:
     base = rows[0]
     out = [f"\n{title}", f"{'ranks':>5} {'atoms':>10} {'atom-steps/s':>13} {'ns/day':>9} {'eff':>6} "
-           f"{'model%':>7} {'halo%':>6} {'neigh%':>7} {'integ%':>7}"]
+           f"{'model%':>7} {'halo%':>6} {'neigh%':>7} {'integ%':>7} {'out%':>5} {'other%':>6} {'PE(0) rel.dev':>13}"]
     for r in rows:
         ideal = base["rate"] * r["ranks"] / base["ranks"]
         # strong: rate vs ideal linear speed-up; weak: rate per rank vs the first row's
         eff = r["rate"] / ideal if kind == "strong" else (r["rate"] / r["ranks"]) / (base["rate"] / base["ranks"])
         w = r["wall"] or 1
+        pct = {k: 100 * r.get(f"t_{k}", 0) / w for k in ("model", "comm", "neighbor", "integrate", "output")}
+        other = 100 - sum(pct.values())
+        # step-0 energy per atom vs the first row's (strong: same system, so it must agree)
+        dev = abs(r["pe0"] / r["atoms"] - base["pe0"] / base["atoms"]) / abs(base["pe0"] / base["atoms"] or 1)
         out.append(f"{r['ranks']:>5} {r['atoms']:>10} {r['rate']:>13.4g} {r['ns_day']:>9.4f} {eff:>6.2f} "
-                   f"{100 * r.get('t_model', 0) / w:>7.1f} {100 * r.get('t_comm', 0) / w:>6.1f} "
-                   f"{100 * r.get('t_neighbor', 0) / w:>7.1f} {100 * r.get('t_integrate', 0) / w:>7.1f}")
+                   f"{pct['model']:>7.1f} {pct['comm']:>6.1f} {pct['neighbor']:>7.1f} {pct['integrate']:>7.1f} "
+                   f"{pct['output']:>5.1f} {other:>6.1f} {dev:>13.2e}")
+        r["efficiency"] = eff
     return "\n".join(out)
+
+
+def save(a, series: str, rows: list[dict]) -> None:
+    if a.json is None:
+        return
+    import json
+
+    old = json.loads(a.json.read_text()) if a.json.exists() else []
+    old += [{"series": series, "model": a.model, "device": a.device, "precision": a.precision,
+             "extra": a.extra, **r} for r in rows]
+    a.json.write_text(json.dumps(old, indent=1))
 
 
 def main(argv=None) -> int:
@@ -78,6 +97,8 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--precision", default="float64")
     ap.add_argument("--series", choices=["strong", "weak", "both"], default="both")
+    ap.add_argument("--json", type=Path, default=None,
+                    help="append the rows (with series, model, device, precision) to this JSON file for plot_scaling.py")
     ap.add_argument("extra", nargs="*", help="more engine overrides, e.g. neighbor.skin=0.5")
     a = ap.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="shardmd-scaling-"))
@@ -85,10 +106,12 @@ def main(argv=None) -> int:
         rows = [run(a.launcher, r, a.model, a.strong_atoms, a.steps, a.device, a.precision, a.extra, work)
                 for r in a.ranks]
         print(table(f"strong scaling, {a.model}, {rows[0]['atoms']} atoms, {a.device}, {a.precision}", rows, "strong"))
+        save(a, "strong", rows)
     if a.series in ("weak", "both"):
         rows = [run(a.launcher, r, a.model, a.weak_atoms * r, a.steps, a.device, a.precision, a.extra, work)
                 for r in a.ranks]
         print(table(f"weak scaling, {a.model}, ~{a.weak_atoms} atoms per rank, {a.device}, {a.precision}", rows, "weak"))
+        save(a, "weak", rows)
     return 0
 
 

@@ -9,4 +9,5 @@ export NCCL_NVLS_ENABLE=0
 LAUNCHER=${LAUNCHER:-mpiexec}
 python scripts/scaling.py --launcher "$LAUNCHER" --ranks ${RANKS:-1 2} --model "${MODEL:-lj}" \
   --strong-atoms "${STRONG:-32000}" --weak-atoms "${WEAK:-16000}" --steps "${STEPS:-100}" \
-  --device "${DEVICE:-cpu}" --precision "${PRECISION:-float64}" "$@"
+  --device "${DEVICE:-cpu}" --precision "${PRECISION:-float64}" --json "${JSON:-scaling.json}" "$@"
+# plot: python scripts/plot_scaling.py scaling.json --out scaling.png

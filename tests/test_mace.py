@@ -61,12 +61,17 @@ def test_mace_on_k_domains_equals_mace_calculator(k, mace_setup, tmp_path):
         stem = Path(c.split(":")[0]).stem + ("_cueq" if c.endswith(":cueq") else "")
         res = np.load(tmp_path / f"{stem}_float64.npz")
         assert np.prod(res["grid"]) == k
+        # the reference is always e3nn; cuEquivariance contracts in another order, which moves
+        # forces by ~1e-11 eV/Å absolute (this random model's forces are only ~0.07 eV/Å, its
+        # intermediate features are not small): 1e-9 relative for that case. The engine's own
+        # decomposition error is held to 1e-10 by the e3nn cases.
+        tol = 1e-9 if c.endswith(":cueq") else 1e-10
         for tag in ("0", "1"):
             e, f, w = _reference(model, res["numbers"], res["pos" + tag], res["cell"])
             fmax = np.abs(f).max()
-            assert np.abs(res["f" + tag] - f).max() <= 1e-10 * fmax, (c, tag)
-            assert abs(float(res["e" + tag]) - e) <= 1e-10 * abs(e), (c, tag)
-            assert np.abs(res["w" + tag] - w).max() <= 1e-10 * np.abs(w).max(), (c, tag)
+            assert np.abs(res["f" + tag] - f).max() <= tol * fmax, (c, tag)
+            assert abs(float(res["e" + tag]) - e) <= tol * abs(e), (c, tag)
+            assert np.abs(res["w" + tag] - w).max() <= tol * np.abs(w).max(), (c, tag)
         assert int(res["migrated"]) > 0  # 50 hot steps moved atoms between domains
         # float32: MACE's features and radial basis in single precision keep ~1e-6 relative
         # accuracy per layer; forces (differences of ~20 edge terms) stay within 1e-4 max|F|
