@@ -140,6 +140,7 @@ def test_empty_domains_run(tmp_path):
 
 
 @pytest.mark.mpi
+@pytest.mark.slow
 def test_thin_domains_error_names_largest_count(tmp_path):
     r = run_engine(["run", "model=lj", "system.repeat=[3,3,3]", "domains=16", "steps=5"], cwd=tmp_path)
     assert r.returncode == 2

@@ -31,7 +31,8 @@ def _same_bits(a, b, steps):
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("domains", [1, 4])
+# the 4-domain cases run in the full suite only (fast tier <= 10 min); 1 domain stays fast
+@pytest.mark.parametrize("domains", [1, pytest.param(4, marks=pytest.mark.slow)])
 @pytest.mark.parametrize("integrator", ["verlet", "langevin"])
 def test_bit_exact_continuation(tmp_path, domains, integrator):
     """200 steps straight == 100 + restart + 100 (the checkpoint at 100 is not a rebuild step)."""
@@ -47,6 +48,7 @@ def test_bit_exact_continuation(tmp_path, domains, integrator):
 
 
 @pytest.mark.mpi
+@pytest.mark.slow
 def test_restart_on_other_domain_counts(tmp_path):
     args = [*BASE, "integrator=langevin"]
     assert run_engine(["run", *args, "domains=4", "steps=200", "output=ref.h5"], cwd=tmp_path).returncode == 0
@@ -87,6 +89,7 @@ def _kill_trials(tmp_path, trials, seed):
 
 
 @pytest.mark.mpi
+@pytest.mark.slow
 def test_sigkill_trials_quick(tmp_path):
     _kill_trials(tmp_path, 3, seed=1)
 
