@@ -67,3 +67,22 @@ def test_deferred_keys_are_validated(tmp_path):
     for bad in ("neighbor.deferred=sometimes", "neighbor.deferred_max=0"):
         with pytest.raises((UserError, ValueError), match=bad.split("=")[0]):
             Simulation(compose_config([*HOT, bad, f"output={tmp_path}/x.h5"]))
+
+
+@pytest.mark.gpu
+def test_deferred_is_the_cuda_default_and_matches_the_per_step_check(tmp_path):
+    extra = ["integrator=langevin", "seed=3", "device=cuda"]
+    ref = _run_cuda(tmp_path, "ref", [*extra, "neighbor.deferred=false"])
+    dfr = _run_cuda(tmp_path, "dfr", extra)  # auto: on for CUDA
+    assert dfr["chk"] is not None and dfr["chk"].reads < 0.7 * 200
+    assert np.abs(dfr["x"] - ref["x"]).max() < 1e-9
+    assert np.abs(dfr["v"] - ref["v"]).max() < 1e-9
+
+
+def _run_cuda(tmp_path, name, extra):
+    sim = Simulation(compose_config([*HOT, *extra, "steps=200", f"output={tmp_path}/{name}.h5"]))
+    sim.run()
+    s = sim.state
+    order = np.argsort(s.ids.cpu().numpy())
+    return {"x": s.unwrapped_positions().cpu()[order].numpy(), "v": s.velocities.cpu()[order].numpy(),
+            "chk": sim.deferred}
