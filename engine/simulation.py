@@ -182,8 +182,7 @@ class Simulation:
             chk.rollback(s, detected_at=s.step)
             self._verified = False
             return None
-        cell_changed = self.nl._cell0 is None or not torch.equal(s.cell, self.nl._cell0)
-        if chk.plan(s.step, last) or cell_changed:
+        if chk.plan(s.step, last) or self.nl.cell_changed(s.cell):
             self.rebuild()
             chk.schedule(s.step, 0.0)
             return True

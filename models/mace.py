@@ -218,7 +218,7 @@ class MaceModel:
                 "batch": torch.zeros(n_own, dtype=torch.int64, device=x.device),
                 "natoms": torch.tensor([n_own, n_pad - n_own]),
                 "lammps_class": _Exchange(ctx, n_own),
-                "ptr": torch.tensor([0, n_own]).to(x.device, non_blocking=True),
+                "ptr": torch.arange(2, device=x.device) * n_own,  # [0, n_own], made on the device
             }
             out = self.model(data, compute_force=False, lammps_mliap=True)
             energy = out["energy"][0]

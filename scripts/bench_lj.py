@@ -146,14 +146,13 @@ def run_ours_mpi(n: int, policy: str, args) -> dict:
     if out.returncode != 0 or "Loop:" not in log:
         raise RuntimeError(f"engine failed:\n{out.stderr[-2000:]}")
     shutil.rmtree(work, ignore_errors=True)
-    m = re.search(r"Loop: ([\d.]+) s, .*?([\d.e+]+) atom-steps/s, (\d+) neighbour builds", log)
-    wall = float(m.group(1))
-    split = {k: float(v) for k, v in re.findall(r"(\w+) ([\d.]+) s \(", log.split("Time split:")[1].splitlines()[0])
-             if k != "checkpoint"}  # the final restart write comes after the loop
-    atoms = 4 * n**3
-    return {"wall_s": wall, "atom_steps_per_s": float(m.group(2)), "builds": int(m.group(3)),
-            "cpu_s": wall * args.ranks, "atom_steps_per_cpu_s": float(m.group(2)) / args.ranks,
-            "split": split, "n_atoms": atoms, "T_end": float("nan")}
+    from scaling import parse_loop  # the same folder: the one parser of the engine's log
+
+    loop = parse_loop(log)
+    split = {k: v for k, v in loop["split"].items() if k != "checkpoint"}  # written after the loop
+    return {"wall_s": loop["wall"], "atom_steps_per_s": loop["rate"], "builds": loop["builds"],
+            "cpu_s": loop["wall"] * args.ranks, "atom_steps_per_cpu_s": loop["rate"] / args.ranks,
+            "split": split, "n_atoms": 4 * n**3, "T_end": float("nan")}
 
 
 # -- LAMMPS ---------------------------------------------------------------------------

@@ -46,9 +46,14 @@ def main(argv=None) -> int:
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     comm = init_comm("cuda" if cuda else "cpu")
     n = max(1, round((a.atoms / 4) ** (1 / 3)))
-    lj = ["system.element=Ar", "system.a=5.719", "model.cutoff=8.5125", "model.shift=false",
-          "neighbor.skin=1.0215", "dt=10.794", "temperature=172.12", "model.epsilon={Ar:0.0103}",
-          "model.sigma={Ar:3.405}"] if a.model == "lj" else []
+    lj = []
+    if a.model == "lj":  # LAMMPS's in.lj, from the one place its units are converted
+        from bench_lj import EPSILON, SIGMA, units
+
+        u = units()
+        lj = ["system.element=Ar", f"system.a={u['a']!r}", f"model.cutoff={u['cutoff']!r}", "model.shift=false",
+              f"neighbor.skin={u['skin']!r}", f"dt={u['dt_fs']!r}", f"temperature={u['T_K']!r}",
+              f"model.epsilon={{Ar:{EPSILON}}}", f"model.sigma={{Ar:{SIGMA}}}"]
     cfg = compose_config([f"model={a.model}", f"system.repeat=[{n},{n},{n}]", *lj, f"precision={a.precision}",
                           f"device={'cuda' if cuda else 'cpu'}", f"domains={comm.size}", "trajectory.every=0", "thermo.every=0",
                           "checkpoint.every=0", "quiet=true", "overwrite=true",

@@ -25,6 +25,17 @@ def fcc_repeat(atoms: int) -> int:
     return max(1, round((atoms / 4) ** (1 / 3)))
 
 
+def parse_loop(text: str) -> dict:
+    """The engine log's summary: wall (s), steps/s, ns/day, atom-steps/s, neighbour builds, and
+    the time split (phase -> s) from its "Loop:" and "Time split:" lines."""
+    loop = re.search(r"Loop: ([\d.]+) s, ([\d.]+) steps/s, ([\d.]+) ns/day, ([\d.e+]+) atom-steps/s, "
+                     r"(\d+) neighbour builds", text)
+    line = text.split("Time split:")[1].splitlines()[0]
+    return {"wall": float(loop.group(1)), "steps_per_s": float(loop.group(2)), "ns_day": float(loop.group(3)),
+            "rate": float(loop.group(4)), "builds": int(loop.group(5)),
+            "split": {k: float(v) for k, v in re.findall(r"(\w+) ([\d.]+) s \(", line)}}
+
+
 def run(launcher: str, ranks: int, model: str, atoms: int, steps: int, device: str, precision: str,
         extra: list[str], workdir: Path) -> dict:
     n = fcc_repeat(atoms)
@@ -46,13 +57,12 @@ def run(launcher: str, ranks: int, model: str, atoms: int, steps: int, device: s
     text = log.read_text() if log.exists() else ""
     if r.returncode != 0 or "Loop:" not in text:
         raise SystemExit(f"run failed ({' '.join(cmd)}):\n{r.stderr[-2000:]}")
-    loop = re.search(r"Loop: ([\d.]+) s, ([\d.]+) steps/s, ([\d.]+) ns/day, ([\d.e+]+) atom-steps/s", text)
+    loop = parse_loop(text)
     # the thermo table's first row (step 0): step, time, T, PE, ... -> the correctness spot-check
     first = next((ln.split() for ln in text.splitlines() if ln.split()[:1] == ["0"]), None)
     pe0 = float(first[3]) if first and len(first) > 3 else float("nan")
-    split = dict((k, float(v)) for k, v in re.findall(r"(\w+) ([\d.]+) s \(", text.split("Time split:")[1]))
-    return {"ranks": ranks, "atoms": 4 * n**3, "wall": float(loop.group(1)), "ns_day": float(loop.group(3)),
-            "rate": float(loop.group(4)), "pe0": pe0, **{f"t_{k}": v for k, v in split.items()}}
+    return {"ranks": ranks, "atoms": 4 * n**3, "wall": loop["wall"], "ns_day": loop["ns_day"],
+            "rate": loop["rate"], "pe0": pe0, **{f"t_{k}": v for k, v in loop["split"].items()}}
 
 
 def table(title: str, rows: list[dict], kind: str) -> str:
