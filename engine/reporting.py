@@ -64,12 +64,13 @@ class Reporter:
         if not self.enabled:
             return
         if not self._header_done:
-            self.line("".join(f"{name:>{len(fmt.format(0) if 'd' in fmt else fmt.format(0.0))}}"
+            self.line(" ".join(f"{name:>{len(fmt.format(0) if 'd' in fmt else fmt.format(0.0))}}"
                               for name, fmt, _ in COLUMNS))
             self._header_done = True
         vals = dict(obs, step=step, time_ps=time_fs / 1000.0,
                     pressure_bar=obs["pressure"] * EV_PER_A3_TO_BAR)
-        self.line("".join(fmt.format(vals[key]) for _, fmt, key in COLUMNS))
+        # a space between columns: a wide value (PE of a 10 M-atom system) never joins its neighbour
+        self.line(" ".join(fmt.format(vals[key]) for _, fmt, key in COLUMNS))
 
     def start(self, step: int) -> None:
         self._t0 = time.perf_counter()

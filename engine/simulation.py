@@ -107,6 +107,8 @@ class Simulation:
         #: the skin check read back only at scheduled steps (see skin_check.py); None: every step
         self.deferred = (DeferredSkinCheck(0.5 * float(cfg.neighbor.skin), int(cfg.neighbor.get("deferred_max", 50)))
                          if on and self._nl_every == 1 and self._nl_check else None)
+        if self.deferred is not None and hasattr(model, "static_edges"):
+            model.static_edges = True   # sync-free edge selection; its 'capacity_fill' joins the check
         self._last_step = int(cfg.steps)
         self._stop_seen = self._abandoned = self._verified = False
         self._step0 = 0
@@ -179,8 +181,16 @@ class Simulation:
         window, last, self._stop_seen = chk.read(self.comm, self.stop.requested)
         self.timers["neighbor"] += time.perf_counter() - t
         if chk.violated(window):
-            chk.rollback(s, detected_at=s.step)
             self._verified = False
+            kick = chk.rollback(s, detected_at=s.step)
+            if chk.force_rebuild:  # an incomplete model result: a fresh list (the model resizes)
+                chk.force_rebuild = False
+                self.rebuild()
+                chk.schedule(s.step, 0.0)
+                chk.save(s, kick)   # the rebuild may have reordered the arrays
+            else:
+                d.refresh(s)
+            self._finish_step(kick)   # the restored step's forces, recomputed
             return None
         if chk.plan(s.step, last) or self.nl.cell_changed(s.cell):
             self.rebuild()
@@ -201,6 +211,8 @@ class Simulation:
         s, d = self.state, self.domain
         out = self.dmodel.compute(d.ctx, d.padded_positions, d.padded_numbers, d.nl.current)
         s.forces = out["forces"].to(s.dtype)
+        if self.deferred is not None and "capacity_fill" in out:
+            self.deferred.observe_fill(out["capacity_fill"])
         self.results = out
         self.timers["model"] += time.perf_counter() - t
 
@@ -270,11 +282,11 @@ class Simulation:
             self.domain.restore(self.state, ref)
         else:
             self.rebuild()
-        self.compute_forces()
         if self.deferred is not None:
             self.deferred.built(s.step)
             self.deferred.schedule(s.step, 0.0)
-            self.deferred.save(s)
+            self.deferred.save(s, kick=False)
+        self.compute_forces()
         self._open_writer()
         if self.checkpoint_in is None:
             self._report(force_traj=True, force_thermo=True)
@@ -293,12 +305,19 @@ class Simulation:
         self._abandoned = self.maybe_rebuild() is None
         if self._abandoned:
             return
+        if self.deferred is not None and self._verified:
+            self.deferred.save(s)   # before the forces, which a rollback recomputes
+        self._finish_step()
+
+    def _finish_step(self, kick: bool = True) -> None:
+        """This step's forces, then the integrator's second half."""
+        s = self.state
         self.compute_forces()
+        if not kick:
+            return
         t = time.perf_counter()
         self.integrator.second_half(s.velocities, s.forces, s.masses)
         self.timers["integrate"] += time.perf_counter() - t
-        if self.deferred is not None and self._verified:
-            self.deferred.save(s)
 
     def run(self, steps: int | None = None) -> dict:
         """Run until step ``steps`` (default ``cfg.steps``); returns the final observables."""

@@ -17,15 +17,29 @@ list. Replay is exact: integrators are deterministic given (step, atom id) (Lang
 counter-based Philox stream). Otherwise the step decides whether to rebuild now (when the next
 window would likely cross ``skin / 2``) and saves the state.
 
-State saved: positions, velocities, forces, images, step, time (device copies, no host sync).
+A model may also report, on the device, how full a fixed-capacity buffer of its is
+(``capacity_fill``, MACE's sync-free edge selection: count / capacity). Its maximum joins the
+read-back. Over 1, a result of the window was incomplete: the run rolls back as above, but rebuilds
+the list at the restored step before recomputing its forces (the model sizes its capacity afresh);
+the replay follows. Over ``FILL_REBUILD``, the list is rebuilt now, before the buffer overflows.
+
+State saved: positions, velocities, images, step, time (device copies, no host sync), before the
+verification step's forces; a rollback recomputes them (and the second half-kick).
 Atoms never migrate inside a window (rebuilds happen only at verification steps), so the saved
 arrays always match the current decomposition.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
+
+
+#: a model's capacity fill above which the list is rebuilt (so that the model resizes) at a read-back
+FILL_REBUILD = 0.99
+#: most steps between read-backs while a model reports a capacity fill (a rollback replays them)
+FILL_READ_EVERY = 10
 
 
 @dataclass
@@ -36,6 +50,13 @@ class DeferredSkinCheck:
     max_every: int = 50
     window: torch.Tensor | None = None   # device 0-d: max displacement over the window's earlier steps (Å)
     last: torch.Tensor | None = None     # device 0-d: this step's max displacement (Å)
+    fill: torch.Tensor | None = None     # device 0-d: max capacity fill a model reported (> 1: incomplete)
+    fill_seen: float = 0.0               # the last read-back's fill
+    fill_rate: float = 0.0               # its growth per step on the current list
+    _fill_prev: tuple | None = None      # (step, fill) of the previous read-back on this list
+    _fill_steps: int | None = None       # steps until the next read the fill asks for
+    _fill_first: float = 0.0             # the first fill read on this list
+    force_rebuild: bool = False          # set by read(): the window had an incomplete result
     next_check: int = 0                  # step of the next scheduled verification
     build_step: int = 0                  # step of the last neighbour build
     rate: float | None = None            # Å per step: growth of the max displacement since a build
@@ -52,6 +73,11 @@ class DeferredSkinCheck:
             self.window = self.last if self.window is None else torch.maximum(self.window, self.last)
         self.last = d
 
+    def observe_fill(self, fill: torch.Tensor) -> None:
+        """Fold a model's device-side capacity fill (0-d; > 1 means its result is incomplete)."""
+        fill = fill.detach().reshape(()).to(torch.float64)
+        self.fill = fill if self.fill is None else torch.maximum(self.fill, fill)
+
     def due(self, step: int, must: bool) -> bool:
         return must or step >= self.next_check or step <= self.replay_until
 
@@ -63,9 +89,13 @@ class DeferredSkinCheck:
         self.reads += 1
         last = self.last.to(torch.float64)
         window = self.window.to(torch.float64) if self.window is not None else torch.zeros_like(last)
-        v = torch.stack([window, last, torch.full_like(last, float(stop))])
-        w, last, st = comm.all_reduce(v, "max").tolist()
-        self.window = self.last = None
+        fill = self.fill if self.fill is not None else torch.zeros_like(last)
+        v = torch.stack([window, last, torch.full_like(last, float(stop)), fill])
+        w, last, st, self.fill_seen = comm.all_reduce(v, "max").tolist()
+        self.window = self.last = self.fill = None
+        if self.fill_seen > 1:     # an incomplete result: as if the window had crossed the skin
+            w = math.inf
+            self.force_rebuild = True
         return w, last, bool(st)
 
     def violated(self, window_max: float) -> bool:
@@ -82,29 +112,63 @@ class DeferredSkinCheck:
         # 73 read-backs, 1 x rate 43 and 69 (scheduling at 0.9 of the predicted crossing),
         # none rolled back; a rollback costs only the replayed steps, so the lean margin wins
         rebuild = last > self.half_skin or (self.rate is not None and last + self.rate > self.half_skin)
+        rebuild = self._plan_fill(step) or rebuild
         self.schedule(step, 0.0 if rebuild else last)
         return rebuild
+
+    def _plan_fill(self, step: int) -> bool:
+        """A model's capacity fill: True when the next step would likely pass ``FILL_REBUILD``.
+        While the fill is read, reads come at most ``FILL_READ_EVERY`` steps apart, fewer as the
+        headroom left shrinks, and at half the linearly predicted crossing (the fill accelerates
+        after a start from a lattice)."""
+        f = self.fill_seen
+        if f <= 0:
+            return False
+        if self._fill_prev is None:
+            self._fill_first = f
+        elif step > self._fill_prev[0]:
+            self.fill_rate = max(0.0, (f - self._fill_prev[1]) / (step - self._fill_prev[0]))
+        self._fill_prev = (step, f)
+        if f > FILL_REBUILD or f + self.fill_rate > FILL_REBUILD:
+            return True
+        room = (FILL_REBUILD - f) / max(FILL_REBUILD - self._fill_first, 1e-12)
+        n = FILL_READ_EVERY * min(room, 1.0)
+        if self.fill_rate > 0:
+            n = min(n, 0.5 * (FILL_REBUILD - f) / self.fill_rate)
+        self._fill_steps = max(1, int(n))
+        return False
 
     def schedule(self, step: int, current: float) -> None:
         if self.rate is None or self.rate <= 0:
             n = 1 if self.rate is None else self.max_every
         else:
             n = int(0.9 * (self.half_skin - current) / self.rate)
+        if self._fill_steps is not None:
+            n, self._fill_steps = min(n, self._fill_steps), None
         self.next_check = step + max(1, min(self.max_every, n))
 
     def built(self, step: int) -> None:
         self.build_step = step
+        self._fill_prev, self.fill_rate = None, 0.0   # a new list: the model's capacity is new
+        if self.fill_seen > 0:
+            self._fill_steps = FILL_READ_EVERY
 
     # -- save / roll back ----------------------------------------------------------------
-    def save(self, s) -> None:
+    def save(self, s, kick: bool = True) -> None:
+        """Snapshot at a verification step, taken *before* that step's forces: positions,
+        velocities (half-kicked unless ``kick`` is False: the run's first step), images, step,
+        time. Forces are not saved: a rollback recomputes them, so an incomplete force result
+        of the verification step itself is never kept."""
         self.saved = {"positions": s.positions.clone(), "velocities": s.velocities.clone(),
-                      "forces": s.forces.clone(), "images": s.images.clone(), "step": s.step, "time": s.time}
+                      "images": s.images.clone(), "step": s.step, "time": s.time, "kick": kick}
 
-    def rollback(self, s, detected_at: int) -> None:
-        """Back to the saved step; steps up to ``detected_at`` are then replayed checked."""
-        for k in ("positions", "velocities", "forces", "images"):
+    def rollback(self, s, detected_at: int) -> bool:
+        """Back to the saved step (before its forces); steps up to ``detected_at`` are then
+        replayed checked. Returns whether the restored velocities still need the second half-kick."""
+        for k in ("positions", "velocities", "images"):
             setattr(s, k, self.saved[k].clone())
         s.step, s.time = self.saved["step"], self.saved["time"]
         self.replay_until = detected_at
         self.rollbacks += 1
-        self.window = self.last = None
+        self.window = self.last = self.fill = None
+        return bool(self.saved["kick"])

@@ -27,13 +27,16 @@ import torch
 
 from shardmd.domain.api import SPEC_MPNN_HALO, OutputKind, current_scope
 
+from .edge_filter import RadiusFilter
+
 #: the message-passing halo preset, with this wrapper's outputs: forces come from edge
 #: gradients scattered onto padded rows (ghost rows reverse-exchanged to owners); energy
 #: and virial are this rank's partial sums
 SPEC_MACE = SPEC_MPNN_HALO.replace(
     name="mace-mpnn-halo",
     output_kinds={"energy": OutputKind.PER_GRAPH, "virial": OutputKind.PER_GRAPH,
-                  "forces": OutputKind.PER_NODE, "energies": OutputKind.PER_NODE},
+                  "forces": OutputKind.PER_NODE, "energies": OutputKind.PER_NODE,
+                  "capacity_fill": OutputKind.PER_GRAPH},
     owned_only_outputs=frozenset({"energies"}), reverse_outputs=frozenset({"forces"}),
     all_reduce_outputs=frozenset({"energy", "virial"}))
 
@@ -168,6 +171,10 @@ class MaceModel:
         for p in self.model.parameters():
             p.requires_grad_(False)
         self.cutoff = float(self.model.r_max)
+        #: select edges without a host read; then the caller must read ``capacity_fill`` (the
+        #: engine does in its deferred skin check) and discard results where it is nonzero
+        self.static_edges = False
+        self._filter = RadiusFilter(self.cutoff)
         self.atomic_numbers = [int(z) for z in self.model.atomic_numbers]
         lut = torch.full((max(self.atomic_numbers) + 1,), -1, dtype=torch.int64)
         lut[torch.tensor(self.atomic_numbers)] = torch.arange(len(self.atomic_numbers))
@@ -205,10 +212,11 @@ class MaceModel:
         node_attrs = torch.nn.functional.one_hot(self._lut[numbers.long()], len(self.atomic_numbers)).to(self.dtype)
         vectors = x[receivers] - x[senders] - nl.shifts.to(self.dtype) @ h
         # the list reaches cutoff + skin; MACE's envelope is exactly zero beyond r_max, so the
-        # edges past it only cost time (~1.7x more edges with a 1 Å skin at 5 Å): drop them.
-        # (nonzero reads the count back: the one host sync of a MACE step, worth its 1.7x)
-        keep = torch.nonzero(torch.linalg.vector_norm(vectors, dim=1) < self.cutoff).squeeze(1)
-        receivers, senders, vectors = receivers[keep], senders[keep], vectors[keep]
+        # edges past it only cost time (~1.7x more edges with a 1 Å skin at 5 Å): drop them,
+        # sync-free when the caller reads 'capacity_fill' (models/edge_filter.py)
+        sel = self._filter.select(torch.linalg.vector_norm(vectors, dim=1), nl, self.static_edges)
+        receivers, senders, vectors = self._filter.pad(receivers[sel.index], senders[sel.index],
+                                                       vectors[sel.index], sel, n_own)
         with torch.enable_grad():
             vectors = vectors.detach().requires_grad_(True)
             data = {
@@ -221,14 +229,24 @@ class MaceModel:
                 "ptr": torch.arange(2, device=x.device) * n_own,  # [0, n_own], made on the device
             }
             out = self.model(data, compute_force=False, lammps_mliap=True)
-            energy = out["energy"][0]
-            (grad,) = torch.autograd.grad(energy, vectors, allow_unused=True)
+            # the owned atoms' energies, summed by a reduction tree rather than mace-torch's
+            # scatter-add: on a GPU that accumulates ~1e6 float32 terms of E0 = 3.51 eV one by one
+            # into a total of ~3e6 eV whose spacing is 0.25 eV (measured: -2573 eV instead of
+            # -6345 eV at 864,000 atoms). The reported total is summed in float64.
+            nodes = out["node_energy"][:n_own]
+            (grad,) = torch.autograd.grad(nodes.sum(), vectors, allow_unused=True)
+            energy = nodes.detach().to(torch.float64).sum().to(self.dtype)
         if grad is None:
             grad = torch.zeros_like(vectors)
+        if sel.valid is not None:   # padding edges: exactly zero already; never let them carry a NaN
+            grad = torch.where(sel.valid[:, None], grad, 0.0)
         forces = torch.zeros(n_pad, 3, dtype=self.dtype, device=x.device)
         forces.index_add_(0, receivers, -grad)
         forces.index_add_(0, senders, grad)
         virial = -(vectors.detach().T @ grad)
         virial = 0.5 * (virial + virial.T)
-        return {"energy": energy.detach(), "forces": forces, "virial": virial,
-                "energies": out["node_energy"][:n_own].detach().to(self.dtype)}
+        result = {"energy": energy.detach(), "forces": forces, "virial": virial,
+                  "energies": nodes.detach().to(self.dtype)}
+        if sel.fill is not None:   # > 1: incomplete, discard; near 1: rebuild soon
+            result["capacity_fill"] = sel.fill
+        return result

@@ -39,8 +39,7 @@ def parse_loop(text: str) -> dict:
 def run(launcher: str, ranks: int, model: str, atoms: int, steps: int, device: str, precision: str,
         extra: list[str], workdir: Path) -> dict:
     n = fcc_repeat(atoms)
-    lattice = ["system.element=Cu", "system.a=3.61"] if model == "mace" else []
-    args = [f"model={model}", f"system.repeat=[{n},{n},{n}]", *lattice, f"steps={steps}", "trajectory.every=0",
+    args = [f"model={model}", f"system.repeat=[{n},{n},{n}]", f"steps={steps}", "trajectory.every=0",
             "thermo.every=0", "checkpoint.every=0", "quiet=true", f"device={device}", f"precision={precision}",
             f"output={workdir}/r{ranks}_{atoms}.h5", "overwrite=true", *extra]
     if launcher == "self":
@@ -109,6 +108,7 @@ def main(argv=None) -> int:
     ap.add_argument("--series", choices=["strong", "weak", "both"], default="both")
     ap.add_argument("--json", type=Path, default=None,
                     help="append the rows (with series, model, device, precision) to this JSON file for plot_scaling.py")
+    ap.add_argument("--logs", type=Path, default=None, help="keep each run's engine log in this folder")
     ap.add_argument("extra", nargs="*", help="more engine overrides, e.g. neighbor.skin=0.5")
     a = ap.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="shardmd-scaling-"))
@@ -122,6 +122,10 @@ def main(argv=None) -> int:
                 for r in a.ranks]
         print(table(f"weak scaling, {a.model}, ~{a.weak_atoms} atoms per rank, {a.device}, {a.precision}", rows, "weak"))
         save(a, "weak", rows)
+    if a.logs is not None:
+        a.logs.mkdir(parents=True, exist_ok=True)
+        for log in work.glob("*.log"):   # r{ranks}_{atoms}.log
+            shutil.copy(log, a.logs / f"{a.model}_{a.device}_{a.precision}_{log.name}")
     return 0
 
 
