@@ -48,21 +48,22 @@ class RadiusFilter:
         self.resizes = 0
         self._list = None            # the neighbour list the capacity was sized for
         self._fill: torch.Tensor | None = None   # max fill on the current list (device)
+        self._far: torch.Tensor | None = None    # the padding vector, made once per dtype/device
 
     def select(self, lengths: torch.Tensor, nl, static: bool) -> EdgeSelection:
         """lengths: (E,) Å of every edge of ``nl``."""
         inside = lengths < self.radius
         if not static or lengths.shape[0] == 0:
             return EdgeSelection(torch.nonzero(inside).squeeze(1), None, None)
+        count = inside.sum()
         if nl is not self._list:       # a new list: one read-back, where the build already had many
             if self._fill is not None and bool(self._fill > 1):
                 self.margin = min(max(2 * self.margin, 0.01), 0.5)
             self._fill = None
-            n = int(inside.sum())
+            n = int(count)
             self.capacity = n + int(self.margin * n) + self.slack
             self._list = nl
             self.resizes += 1
-        count = inside.sum()
         index = torch.nonzero_static(inside, size=self.capacity, fill_value=0).squeeze(1)
         valid = torch.arange(self.capacity, device=lengths.device) < count
         fill = count.to(torch.float64) / self.capacity
@@ -75,11 +76,11 @@ class RadiusFilter:
         of point ``row % n_points`` with vector (2 radius, 0, 0)."""
         if sel.valid is None:
             return receivers, senders, vectors
-        key = (vectors.dtype, vectors.device)
-        if getattr(self, "_far_key", None) != key:   # made once: a host scalar written per call would sync
-            self._far = torch.tensor([2.0 * self.radius, 0.0, 0.0], dtype=vectors.dtype).to(vectors.device)
-            self._far_key = key
+        far = self._far
+        if far is None or far.dtype != vectors.dtype or far.device != vectors.device:
+            # made once: a host scalar written into a device tensor per call would sync
+            far = self._far = torch.tensor([2.0 * self.radius, 0.0, 0.0], dtype=vectors.dtype).to(vectors.device)
         spread = torch.arange(vectors.shape[0], device=vectors.device) % max(n_points, 1)
         keep = sel.valid
         return (torch.where(keep, receivers, spread), torch.where(keep, senders, spread),
-                torch.where(keep[:, None], vectors, self._far))
+                torch.where(keep[:, None], vectors, far))

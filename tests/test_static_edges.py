@@ -78,9 +78,6 @@ def test_sync_free_mace_steps_match_the_exact_selection(tmp_path):
 
 @pytest.mark.gpu
 def test_sync_free_mace_steps_on_cuda_match_the_exact_selection(tmp_path):
-    pytest.importorskip("mace", reason="mace-torch is not installed")
-    if not torch.cuda.is_available():
-        pytest.skip("needs CUDA")
     cuda = [*HOT_CU, "device=cuda", "model.cueq=false"]
 
     def final(sim):
