@@ -21,6 +21,7 @@ Energies are owned atoms' site energies (summed over ranks by the caller).  Unit
 from __future__ import annotations
 
 import hashlib
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -41,6 +42,25 @@ SPEC_MACE = SPEC_MPNN_HALO.replace(
     all_reduce_outputs=frozenset({"energy", "virial"}))
 
 DEFAULT_MODEL = Path(__file__).resolve().parent / "data" / "cu_mace_small.model"
+
+
+@contextmanager
+def _fixed_jit_executor():
+    """Run mace-torch's TorchScript parts on TorchScript's simple executor, not the profiling one.
+
+    The profiling executor specialises a scripted function to the shapes it has seen and, on
+    the second call with new shapes, re-optimises it (fuses and compiles kernels) on the
+    host. Every neighbour rebuild changes the edge count, so the step after each rebuild
+    stalled: 190-390 ms against 37 ms (H200, 55k atoms, float32, cuEquivariance; e3nn 190-390
+    against 88), and the second step of a run 280-400 ms. The simple executor gave the same
+    steady-state step (37-39 ms) with no stall (docs/benchmarks.md, docs/logs/issue10/
+    jit_variants_55k.txt). An executor is chosen when a scripted function first runs, so the
+    switch is scoped to this model's calls and the process-wide setting is restored."""
+    previous = torch._C._jit_set_profiling_executor(False)
+    try:
+        yield
+    finally:
+        torch._C._jit_set_profiling_executor(previous)
 
 
 class _Exchange:
@@ -217,7 +237,7 @@ class MaceModel:
         sel = self._filter.select(torch.linalg.vector_norm(vectors, dim=1), nl, self.static_edges)
         receivers, senders, vectors = self._filter.pad(receivers[sel.index], senders[sel.index],
                                                        vectors[sel.index], sel, n_own)
-        with torch.enable_grad():
+        with torch.enable_grad(), _fixed_jit_executor():
             vectors = vectors.detach().requires_grad_(True)
             data = {
                 "node_attrs": node_attrs,
