@@ -243,6 +243,7 @@ class SkinNeighborList:
         self.current: NeighborList | None = None
         self._x0: torch.Tensor | None = None
         self._cell0: torch.Tensor | None = None
+        self._cell_seen: tuple = (None, -1)   # (the build's cell tensor, its version then)
         self.n_builds = 0
 
     @property
@@ -259,8 +260,14 @@ class SkinNeighborList:
         return torch.linalg.vector_norm(positions - self._x0, dim=1).amax()
 
     def cell_changed(self, cell: torch.Tensor) -> bool:
-        """True when ``cell`` differs from the cell of the last build (or there was none)."""
-        return self._cell0 is None or not torch.equal(cell, self._cell0)
+        """True when ``cell`` differs from the cell of the last build (or there was none).
+        The very tensor of the build, not written since (its version counter), is answered
+        without comparing values: on a GPU that comparison is a device->host read."""
+        if self._cell0 is None:
+            return True
+        if cell is self._cell_seen[0] and cell._version == self._cell_seen[1]:
+            return False
+        return not torch.equal(cell, self._cell0)
 
     def needs_rebuild(self, positions: torch.Tensor, cell: torch.Tensor) -> bool:
         if self.current is None or self._x0 is None or self._x0.shape != positions.shape:
@@ -274,5 +281,6 @@ class SkinNeighborList:
         # displacements are checked on the query (owned) points; ghosts mirror their owners
         self._x0 = positions[: self.current.n_query].detach().clone()
         self._cell0 = cell.detach().clone()
+        self._cell_seen = (cell, cell._version)
         self.n_builds += 1
         return self.current

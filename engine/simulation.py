@@ -110,7 +110,7 @@ class Simulation:
         if self.deferred is not None and hasattr(model, "static_edges"):
             model.static_edges = True   # sync-free edge selection; its 'capacity_fill' joins the check
         self._last_step = int(cfg.steps)
-        self._stop_seen = self._abandoned = self._verified = False
+        self._stop_seen = self._abandoned = self._verified = self._save_posted = False
         self._step0 = 0
         self.timers: dict[str, float] = defaultdict(float)
         self.results: dict[str, torch.Tensor] = {}
@@ -173,24 +173,30 @@ class Simulation:
         local = (self.nl.max_displacement(s.positions) if s.n_atoms
                  else torch.zeros((), dtype=s.dtype, device=s.positions.device))
         chk.observe(local)
-        self._verified = chk.due(s.step, self._output_due(s.step))
-        if not self._verified:
+        self._verified = self._save_posted = False
+        verify_now = False
+        if chk.pending is not None:
+            verify_now = self._settle()
+            if verify_now is None:            # rolled back: the step is abandoned
+                self.timers["neighbor"] += time.perf_counter() - t
+                return None
+        must = verify_now or self._output_due(s.step) or self._stop_seen
+        if not chk.due(s.step, must):
             self.timers["neighbor"] += time.perf_counter() - t
             d.refresh(s)
             return False
+        if chk.pipelined and not must and not chk.replaying(s.step):
+            chk.post(self.comm, self.stop.requested, s.step)   # settled at the next step
+            self._save_posted = True
+            self.timers["neighbor"] += time.perf_counter() - t
+            d.refresh(s)
+            return False
+        self._verified = True
         window, last, self._stop_seen = chk.read(self.comm, self.stop.requested)
         self.timers["neighbor"] += time.perf_counter() - t
         if chk.violated(window):
             self._verified = False
-            kick = chk.rollback(s, detected_at=s.step)
-            if chk.force_rebuild:  # an incomplete model result: a fresh list (the model resizes)
-                chk.force_rebuild = False
-                self.rebuild()
-                chk.schedule(s.step, 0.0)
-                chk.save(s, kick)   # the rebuild may have reordered the arrays
-            else:
-                d.refresh(s)
-            self._finish_step(kick)   # the restored step's forces, recomputed
+            self._roll_back(chk.rollback(s, detected_at=s.step))
             return None
         if chk.plan(s.step, last) or self.nl.cell_changed(s.cell):
             self.rebuild()
@@ -198,6 +204,38 @@ class Simulation:
             return True
         d.refresh(s)
         return False
+
+    def _settle(self) -> bool | None:
+        """Decide on the read posted at the previous step p (see engine/skin_check.py): None after
+        a rollback (the step is abandoned); True when this step must be verified by a blocking
+        read (a rebuild is due: rebuilds happen at blocking reads only, which a rebuild's own
+        size reads make no dearer; or a stop was requested), else False."""
+        s, chk = self.state, self.deferred
+        p, window, last, stop = chk.settle()
+        self._stop_seen = self._stop_seen or stop
+        if chk.violated(window):                    # an earlier step of p's window: back to the last rollback point
+            self._roll_back(chk.rollback(s, detected_at=s.step))
+            return None
+        if chk.violated(last):                      # p itself: redo p with a new list
+            chk.late_rebuilds += 1
+            chk.force_rebuild = True
+            self._roll_back(chk.rollback(s, detected_at=s.step, to_posted=True))
+            return None
+        chk.settled_clean()
+        return chk.plan(p, last, lead=2) or self.nl.cell_changed(s.cell) or self._stop_seen
+
+    def _roll_back(self, kick: bool) -> None:
+        """After ``chk.rollback``: rebuild at the restored step if asked, recompute its forces."""
+        s, chk = self.state, self.deferred
+        self._verified = False
+        if chk.force_rebuild:  # an incomplete result or a step past the skin: a fresh list (the model resizes)
+            chk.force_rebuild = False
+            self.rebuild()
+            chk.schedule(s.step, 0.0)
+            chk.save(s, kick)   # the rebuild may have reordered the arrays
+        else:
+            self.domain.refresh(s)
+        self._finish_step(kick)   # the restored step's forces, recomputed
 
     def _stopping(self) -> bool:
         """Stop requested on any rank: decided at a common step (every step, or at the deferred
@@ -305,8 +343,8 @@ class Simulation:
         self._abandoned = self.maybe_rebuild() is None
         if self._abandoned:
             return
-        if self.deferred is not None and self._verified:
-            self.deferred.save(s)   # before the forces, which a rollback recomputes
+        if self.deferred is not None and (self._verified or self._save_posted):
+            self.deferred.save(s, posted=self._save_posted)   # before the forces, which a rollback recomputes
         self._finish_step()
 
     def _finish_step(self, kick: bool = True) -> None:
@@ -377,8 +415,8 @@ class Simulation:
             f"{k} {v:.3f} s ({100 * v / max(wall, 1e-12):.1f}%)" for k, v in sorted(self.timers.items())))
         if self.deferred is not None:
             c = self.deferred
-            lines.append(f"Skin check: deferred, read back {c.reads} times in {s.step - self._step0} steps, "
-                         f"{c.rollbacks} rollback(s)")
+            lines.append(f"Skin check: deferred, read back {c.reads} times in {s.step - self._step0} steps "
+                         f"({c.posted} without waiting), {c.rollbacks} rollback(s)")
         peak = self._peak_gpu_bytes()
         if peak is not None:
             lines.append(f"Memory: peak GPU {peak / 2**30:.3f} GiB per rank (max over ranks; torch allocator)")

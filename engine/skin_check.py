@@ -23,10 +23,33 @@ read-back. Over 1, a result of the window was incomplete: the run rolls back as 
 the list at the restored step before recomputing its forces (the model sizes its capacity afresh);
 the replay follows. Over ``FILL_REBUILD``, the list is rebuilt now, before the buffer overflows.
 
+**Pipelined reads.** A blocking read at step p makes the host wait until the GPU has finished
+everything queued, after which the GPU idles while the host launches the next kernels (GPU
+utilisation 91-98 % in MACE runs against 100 % for the bare model). So a scheduled verification
+only *posts* its read (the all-reduce and a copy into pinned host memory stay on the device
+queue, behind a CUDA event) and carries on with step p's forces; the next step *settles* it,
+waiting only for that event while step p's forces still run. What the settled values decide:
+
+- an earlier step of the window over ``skin / 2`` (or a fill over 1): roll back to the previous
+  verification, as above;
+- step p itself over ``skin / 2``: its forces used a list that may miss a pair: roll back to p
+  (the snapshot taken when posting), rebuild there and recompute its forces;
+- otherwise the window is clean: p's snapshot becomes the rollback point, and the list is
+  rebuilt now (one step after p) if the step after this one would likely cross ``skin / 2``.
+
+Output steps, the last step, steps after a stop request and replays read blocking, as before:
+nothing is reported from a step that was not verified itself. So do steps whose settled read
+asks for a rebuild: rebuilds happen at blocking reads only (a rebuild reads sizes back anyway).
+
+Pipelined reads are **off by default** (``pipelined=False``): the trajectories equal the per-step
+check's on the CPU (tests/test_deferred_check.py), but the CUDA path (pinned copy, event) and
+its speed have not been run on a GPU yet; docs/benchmarks.md says what to measure.
+
 State saved: positions, velocities, images, step, time (device copies, no host sync), before the
 verification step's forces; a rollback recomputes them (and the second half-kick).
-Atoms never migrate inside a window (rebuilds happen only at verification steps), so the saved
-arrays always match the current decomposition.
+Atoms never migrate inside a window (rebuilds happen only at verification steps, or at the step
+that settles a pipelined read, which then saves a new snapshot), so the saved arrays always
+match the current decomposition.
 """
 from __future__ import annotations
 
@@ -60,10 +83,16 @@ class DeferredSkinCheck:
     next_check: int = 0                  # step of the next scheduled verification
     build_step: int = 0                  # step of the last neighbour build
     rate: float | None = None            # Å per step: growth of the max displacement since a build
-    saved: dict = field(default_factory=dict)
+    saved: dict = field(default_factory=dict)       # the rollback point: the last settled verification
+    saved_next: dict = field(default_factory=dict)  # the posted verification's snapshot, until settled
     replay_until: int = -1               # steps <= this are checked every step (after a rollback)
     rollbacks: int = 0
     reads: int = 0
+    pipelined: bool = False              # post scheduled reads and settle them a step later (see above)
+    posted: int = 0                      # reads that were posted (the rest were blocking)
+    late_rebuilds: int = 0               # posted steps found over skin/2: redone with a new list
+    pending: "PendingRead | None" = None
+    _host: torch.Tensor | None = None    # pinned landing buffer of posted reads
 
     # -- every step ----------------------------------------------------------------------
     def observe(self, d: torch.Tensor) -> None:
@@ -82,28 +111,60 @@ class DeferredSkinCheck:
         return must or step >= self.next_check or step <= self.replay_until
 
     # -- at verification steps ---------------------------------------------------------------
-    def read(self, comm, stop: bool) -> tuple[float, float, bool]:
-        """One collective read-back: (max over the window's earlier steps, this step's, stop
-        requested on any rank). Earlier steps over ``skin / 2`` mean forces from a list that may
-        have missed a pair (roll back); this step over it only means: rebuild now."""
-        self.reads += 1
+    def _pack(self, stop: bool) -> torch.Tensor:
+        """(4,) float64 on the device: window max, this step's, stop flag, fill; starts a new window."""
         last = self.last.to(torch.float64)
         window = self.window.to(torch.float64) if self.window is not None else torch.zeros_like(last)
         fill = self.fill if self.fill is not None else torch.zeros_like(last)
-        v = torch.stack([window, last, torch.full_like(last, float(stop)), fill])
-        w, last, st, self.fill_seen = comm.all_reduce(v, "max").tolist()
         self.window = self.last = self.fill = None
+        self.reads += 1
+        return torch.stack([window, last, torch.full_like(last, float(stop)), fill])
+
+    def _unpack(self, values: list[float]) -> tuple[float, float, bool]:
+        w, last, st, self.fill_seen = values
         if self.fill_seen > 1:     # an incomplete result: as if the window had crossed the skin
             w = math.inf
             self.force_rebuild = True
         return w, last, bool(st)
 
+    def read(self, comm, stop: bool) -> tuple[float, float, bool]:
+        """One blocking collective read-back: (max over the window's earlier steps, this step's,
+        stop requested on any rank). Earlier steps over ``skin / 2`` mean forces from a list that
+        may have missed a pair (roll back); this step over it only means: rebuild now."""
+        return self._unpack(comm.all_reduce(self._pack(stop), "max").tolist())
+
+    def post(self, comm, stop: bool, step: int) -> None:
+        """Start the read of ``step`` without waiting (settled by :meth:`settle` at the next step).
+        With NCCL the all-reduce is queued on the device like the copy; gloo reduces at once."""
+        v = comm.all_reduce(self._pack(stop), "max")
+        event = None
+        if v.is_cuda:
+            if self._host is None:
+                self._host = torch.empty(v.shape, dtype=v.dtype, pin_memory=True)
+            self._host.copy_(v, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record()
+            v = self._host
+        self.pending = PendingRead(step, v, event)
+        self.posted += 1
+
+    def settle(self) -> tuple[int, float, float, bool]:
+        """The posted read: (its step, window max before it, its own value, stop flag)."""
+        p, self.pending = self.pending, None
+        if p.event is not None:
+            p.event.synchronize()   # only up to the posted copy: later steps' kernels keep running
+        return (p.step, *self._unpack(p.values.tolist()))
+
+    def replaying(self, step: int) -> bool:
+        return step <= self.replay_until
+
     def violated(self, window_max: float) -> bool:
         return window_max > self.half_skin
 
-    def plan(self, step: int, last: float) -> bool:
-        """After a clean window: whether to rebuild now (this step is over ``skin / 2``, or the
-        next step would likely be); schedules the next verification."""
+    def plan(self, step: int, last: float, lead: int = 1) -> bool:
+        """After a clean window: whether to rebuild now (``step`` is over ``skin / 2``, or the step
+        ``lead`` after it would likely be; a settled posted read decides one step late: lead 2);
+        schedules the next verification from ``step``."""
         elapsed = step - self.build_step
         if elapsed > 0 and last > 0:
             self.rate = last / elapsed
@@ -111,12 +172,12 @@ class DeferredSkinCheck:
         # 300 steps, 38 rebuilds with a per-step check): margin 2 x rate gave 50 rebuilds and
         # 73 read-backs, 1 x rate 43 and 69 (scheduling at 0.9 of the predicted crossing),
         # none rolled back; a rollback costs only the replayed steps, so the lean margin wins
-        rebuild = last > self.half_skin or (self.rate is not None and last + self.rate > self.half_skin)
-        rebuild = self._plan_fill(step) or rebuild
+        rebuild = last > self.half_skin or (self.rate is not None and last + lead * self.rate > self.half_skin)
+        rebuild = self._plan_fill(step, lead) or rebuild
         self.schedule(step, 0.0 if rebuild else last)
         return rebuild
 
-    def _plan_fill(self, step: int) -> bool:
+    def _plan_fill(self, step: int, lead: int = 1) -> bool:
         """A model's capacity fill: True when the next step would likely pass ``FILL_REBUILD``.
         While the fill is read, reads come at most ``FILL_READ_EVERY`` steps apart, fewer as the
         headroom left shrinks, and at half the linearly predicted crossing (the fill accelerates
@@ -129,7 +190,7 @@ class DeferredSkinCheck:
         elif step > self._fill_prev[0]:
             self.fill_rate = max(0.0, (f - self._fill_prev[1]) / (step - self._fill_prev[0]))
         self._fill_prev = (step, f)
-        if f > FILL_REBUILD or f + self.fill_rate > FILL_REBUILD:
+        if f > FILL_REBUILD or f + lead * self.fill_rate > FILL_REBUILD:
             return True
         room = (FILL_REBUILD - f) / max(FILL_REBUILD - self._fill_first, 1e-12)
         n = FILL_READ_EVERY * min(room, 1.0)
@@ -154,21 +215,46 @@ class DeferredSkinCheck:
             self._fill_steps = FILL_READ_EVERY
 
     # -- save / roll back ----------------------------------------------------------------
-    def save(self, s, kick: bool = True) -> None:
+    def save(self, s, kick: bool = True, posted: bool = False) -> None:
         """Snapshot at a verification step, taken *before* that step's forces: positions,
         velocities (half-kicked unless ``kick`` is False: the run's first step), images, step,
         time. Forces are not saved: a rollback recomputes them, so an incomplete force result
-        of the verification step itself is never kept."""
-        self.saved = {"positions": s.positions.clone(), "velocities": s.velocities.clone(),
-                      "images": s.images.clone(), "step": s.step, "time": s.time, "kick": kick}
+        of the verification step itself is never kept. ``posted``: the step's read is pending;
+        the snapshot becomes the rollback point once settled clean."""
+        snap = {"positions": s.positions.clone(), "velocities": s.velocities.clone(),
+                "images": s.images.clone(), "step": s.step, "time": s.time, "kick": kick}
+        if posted:
+            self.saved_next = snap
+        else:
+            self.saved, self.saved_next = snap, {}
 
-    def rollback(self, s, detected_at: int) -> bool:
-        """Back to the saved step (before its forces); steps up to ``detected_at`` are then
-        replayed checked. Returns whether the restored velocities still need the second half-kick."""
+    def settled_clean(self) -> None:
+        """The posted step's window was clean: its snapshot is the new rollback point."""
+        self.saved, self.saved_next = self.saved_next, {}
+
+    def rollback(self, s, detected_at: int, to_posted: bool = False) -> bool:
+        """Back to the saved step (before its forces), or to the posted step's snapshot; steps up
+        to ``detected_at`` are then replayed checked. Returns whether the restored velocities
+        still need the second half-kick."""
+        snap = self.saved_next if to_posted else self.saved
         for k in ("positions", "velocities", "images"):
-            setattr(s, k, self.saved[k].clone())
-        s.step, s.time = self.saved["step"], self.saved["time"]
+            setattr(s, k, snap[k].clone())
+        s.step, s.time = snap["step"], snap["time"]
+        if to_posted:
+            self.saved = snap
+        self.saved_next = {}
+        self.pending = None
         self.replay_until = detected_at
         self.rollbacks += 1
         self.window = self.last = self.fill = None
-        return bool(self.saved["kick"])
+        return bool(snap["kick"])
+
+
+@dataclass(frozen=True)
+class PendingRead:
+    """A posted read-back. values: (4,) float64 (pinned host memory on CUDA) valid once
+    ``event`` (None on the CPU: already valid) has completed."""
+
+    step: int
+    values: torch.Tensor
+    event: object | None

@@ -29,34 +29,61 @@ def _run(tmp_path, name, extra, steps=200, planner=None):
 class _Overconfident(DeferredSkinCheck):
     """Plans as if atoms never moved: every window overshoots skin/2, forcing rollbacks."""
 
-    def plan(self, step, last):
+    def plan(self, step, last, lead=1):
         return last > self.half_skin
 
     def schedule(self, step, current):
         self.next_check = step + self.max_every
 
 
-@pytest.mark.parametrize("integrator", ["verlet", "langevin"])
-def test_deferred_check_gives_the_per_step_trajectory(tmp_path, integrator):
+class _NoLookahead(DeferredSkinCheck):
+    """Reads every step and never rebuilds ahead: a posted step over skin/2 is found only when
+    its read settles, after its forces were computed with the old list."""
+
+    def plan(self, step, last, lead=1):
+        self.next_check = step + 1
+        return last > self.half_skin
+
+    def schedule(self, step, current):
+        self.next_check = step + 1
+
+
+@pytest.mark.parametrize("integrator,pipelined", [("verlet", True), ("langevin", True), ("langevin", False)])
+def test_deferred_check_gives_the_per_step_trajectory(tmp_path, integrator, pipelined):
     extra = [f"integrator={integrator}", "seed=5"]
     ref = _run(tmp_path, "ref", [*extra, "neighbor.deferred=false"])
     assert ref["chk"] is None and ref["builds"] > 20  # the check really fires often
-    dfr = _run(tmp_path, "dfr", [*extra, "neighbor.deferred=true", "neighbor.deferred_max=20"])
+    dfr = _run(tmp_path, "dfr", [*extra, "neighbor.deferred=true"], planner=DeferredSkinCheck(
+        half_skin=0.3, max_every=20, pipelined=pipelined))
     chk = dfr["chk"]
     # far fewer host read-backs than steps; rebuilds may come a step early, never late
     assert chk.reads < 0.7 * 200, chk.reads
+    # pipelined: the scheduled reads that led to no rebuild did not wait (posted, settled a step later)
+    assert (chk.posted >= 20) if pipelined else (chk.posted == 0), chk.posted
     # identical physics; rebuilds at other steps wrap positions at other times: round-off only
     assert np.abs(dfr["x"] - ref["x"]).max() < 1e-9
     assert np.abs(dfr["v"] - ref["v"]).max() < 1e-9
     assert dfr["obs"]["total_energy"] == pytest.approx(ref["obs"]["total_energy"], rel=1e-10, abs=1e-10)
 
 
-def test_missed_rebuild_is_rolled_back_and_replayed(tmp_path):
+@pytest.mark.parametrize("pipelined", [False, True])
+def test_missed_rebuild_is_rolled_back_and_replayed(tmp_path, pipelined):
     extra = ["integrator=langevin", "seed=9"]
     ref = _run(tmp_path, "ref", [*extra, "neighbor.deferred=false"], steps=120)
-    bad = _Overconfident(half_skin=0.3, max_every=15)
+    bad = _Overconfident(half_skin=0.3, max_every=15, pipelined=pipelined)
     out = _run(tmp_path, "bad", [*extra, "neighbor.deferred=true"], steps=120, planner=bad)
     assert bad.rollbacks >= 3  # the overconfident schedule overshoots again and again
+    assert (bad.posted >= 3) == pipelined, bad.posted   # pipelined: the rollbacks come from settled reads
+    assert np.abs(out["x"] - ref["x"]).max() < 1e-9
+    assert np.abs(out["v"] - ref["v"]).max() < 1e-9
+
+
+def test_posted_step_over_the_skin_is_redone_with_a_new_list(tmp_path):
+    extra = ["integrator=langevin", "seed=9"]
+    ref = _run(tmp_path, "ref", [*extra, "neighbor.deferred=false"], steps=120)
+    late = _NoLookahead(half_skin=0.3, max_every=15, pipelined=True)
+    out = _run(tmp_path, "late", [*extra, "neighbor.deferred=true"], steps=120, planner=late)
+    assert late.late_rebuilds >= 3 and late.posted > 60, (late.late_rebuilds, late.posted)
     assert np.abs(out["x"] - ref["x"]).max() < 1e-9
     assert np.abs(out["v"] - ref["v"]).max() < 1e-9
 
@@ -79,8 +106,22 @@ def test_deferred_is_the_cuda_default_and_matches_the_per_step_check(tmp_path):
     assert np.abs(dfr["v"] - ref["v"]).max() < 1e-9
 
 
-def _run_cuda(tmp_path, name, extra):
+@pytest.mark.gpu
+def test_pipelined_reads_on_cuda_match_the_per_step_check(tmp_path):
+    """The CUDA path of posted reads: pinned copy + event, settled a step later."""
+    extra = ["integrator=langevin", "seed=3", "device=cuda"]
+    ref = _run_cuda(tmp_path, "ref", [*extra, "neighbor.deferred=false"])
+    chk = DeferredSkinCheck(half_skin=0.3, max_every=20, pipelined=True)
+    dfr = _run_cuda(tmp_path, "dfr", extra, planner=chk)
+    assert chk.posted >= 20 and chk.reads < 0.7 * 200, (chk.posted, chk.reads)
+    assert np.abs(dfr["x"] - ref["x"]).max() < 1e-9
+    assert np.abs(dfr["v"] - ref["v"]).max() < 1e-9
+
+
+def _run_cuda(tmp_path, name, extra, planner=None):
     sim = Simulation(compose_config([*HOT, *extra, "steps=200", f"output={tmp_path}/{name}.h5"]))
+    if planner is not None:
+        sim.deferred = planner
     sim.run()
     s = sim.state
     order = np.argsort(s.ids.cpu().numpy())
