@@ -149,28 +149,15 @@ def run_bare(n: int, a, calc) -> dict:
             "edges": int(d["edge_index"].shape[1])}
 
 
-def make_random_mace(path: Path, channels: int, max_ell: int = 3, correlation: int = 3, r_max: float = 5.0,
-                     seed: int = 0) -> Path:
+def make_bench_mace(path: Path, channels: int, max_ell: int = 3, correlation: int = 3, r_max: float = 5.0,
+                    seed: int = 0) -> Path:
     """A Cu MACE of MACE-MP-medium's shape (channels x (0e + 1o), l <= 3, correlation 3) with
     random weights: speed does not depend on the weights' values."""
-    import numpy as np
+    from shardmd.models.mace_random import make_random_mace
 
-    import mace  # noqa: F401
-    from e3nn import o3
-    from mace.modules import interaction_classes
-    from mace.modules.models import ScaleShiftMACE
-
-    torch.manual_seed(seed)
-    block = interaction_classes["RealAgnosticResidualInteractionBlock"]
-    model = ScaleShiftMACE(
-        r_max=r_max, num_bessel=8, num_polynomial_cutoff=5, max_ell=max_ell, interaction_cls=block,
-        interaction_cls_first=block, num_interactions=2, num_elements=1,
-        hidden_irreps=o3.Irreps(f"{channels}x0e+{channels}x1o"), MLP_irreps=o3.Irreps("16x0e"),
-        atomic_energies=np.array([-3.5]), avg_num_neighbors=43.5, atomic_numbers=[29],
-        correlation=correlation, gate=torch.nn.functional.silu, atomic_inter_scale=1.0, atomic_inter_shift=0.0,
-    ).double()
-    torch.save(model, path)
-    return path
+    return make_random_mace(path, elements=(29,), r_max=r_max, channels=channels, max_ell=max_ell,
+                            correlation=correlation, num_bessel=8, mlp_channels=16, avg_num_neighbors=43.5,
+                            e0=(-3.5,), scale=1.0, shift=0.0, seed=seed)
 
 
 def capacity(a) -> None:
@@ -222,7 +209,7 @@ def main(argv=None) -> int:
     ap.add_argument("--timeout", type=float, default=240)
     a = ap.parse_args(argv)
     if a.random_channels:
-        a.model = str(make_random_mace(Path(tempfile.gettempdir()) / f"mace_rand_{a.random_channels}.model",
+        a.model = str(make_bench_mace(Path(tempfile.gettempdir()) / f"mace_rand_{a.random_channels}.model",
                                        a.random_channels))
     if a.capacity:
         capacity(a)

@@ -44,7 +44,7 @@ def test_lj_numerical_forces_and_stress():
 
 
 def test_mace_numerical_forces_and_stress(tmp_path):
-    from mace_models import make_random_mace
+    from shardmd.models.mace_random import make_random_mace
 
     model = make_random_mace(tmp_path / "m.model", elements=(29,), r_max=4.0)
     a = bulk("Cu", "fcc", a=3.61, cubic=True).repeat((2, 2, 2))

@@ -11,7 +11,7 @@ from ase.build import bulk
 from ase.io import write
 
 from conftest import mpiexec_cmd, run_engine
-from mace_models import make_random_mace
+from shardmd.models.mace_random import make_random_mace
 
 HERE = Path(__file__).resolve().parent
 
