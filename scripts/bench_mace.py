@@ -75,6 +75,8 @@ def run_engine(n: int, a) -> dict:
 
     _reset_peak(a.device)
     sim = Simulation(compose_config(engine_overrides(n, a)))
+    if a.pipelined_reads and sim.deferred is not None:
+        sim.deferred.pipelined = True   # engine/skin_check.py; off by default until measured
     sim.setup()
     sim.started = True
     for _ in range(a.warmup):
@@ -86,6 +88,10 @@ def run_engine(n: int, a) -> dict:
     _sync(a.device)
     wall = time.perf_counter() - t
     natoms = sim.state.n_atoms
+    c = sim.deferred
+    if c is not None:
+        print(f"  engine, {natoms} atoms: {sim.nl.n_builds} builds, skin check read {c.reads} times "
+              f"({c.posted} posted), {c.rollbacks} rollbacks")
     sim.close()
     return {"atoms": natoms, "rate": natoms * a.steps / wall, "peak_gib": _peak_gib(a.device)}
 
@@ -204,6 +210,8 @@ def main(argv=None) -> int:
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--vs-ase", action="store_true")
     ap.add_argument("--bare", action="store_true")
+    ap.add_argument("--pipelined-reads", action="store_true",
+                    help="the deferred skin check posts its reads (engine/skin_check.py), for an A/B")
     ap.add_argument("--capacity", action="store_true")
     ap.add_argument("--ranks", type=int, nargs="+", default=[1])
     ap.add_argument("--timeout", type=float, default=240)
