@@ -74,6 +74,36 @@ def test_sync_free_mace_steps_match_the_exact_selection(tmp_path):
     xb, vb = _final(bad)
     assert bad.deferred.rollbacks >= 1 and bad.model._filter.margin > 0.0
     assert np.abs(xb - x_ref).max() < 1e-9 and np.abs(vb - v_ref).max() < 1e-9
+    # the same with pipelined reads: the overflow arrives in a read settled a step later
+    late = Simulation(compose_config([*HOT_CU, "neighbor.deferred=true", f"output={tmp_path}/p.h5"]))
+    late.deferred.pipelined = True
+    late.model._filter.margin, late.model._filter.slack = 0.0, -1
+    xp, vp = _final(late)
+    assert late.deferred.rollbacks >= 1 and late.deferred.posted >= 1 and late.model._filter.margin > 0.0
+    assert np.abs(xp - x_ref).max() < 1e-9 and np.abs(vp - v_ref).max() < 1e-9
+
+
+def test_mace_call_restores_the_torchscript_executor_setting():
+    """MaceModel switches TorchScript to its simple executor for its own call only."""
+    pytest.importorskip("mace")
+    from ase.build import bulk
+
+    from shardmd.domain.neighbors import build_neighbor_list
+    from shardmd.models.mace import MaceModel
+
+    model = MaceModel()
+    a = bulk("Cu", "fcc", a=3.6, cubic=True).repeat((2, 2, 2))
+    x = torch.tensor(a.positions, dtype=torch.float64)
+    cell = torch.tensor(a.cell.array, dtype=torch.float64)
+    nl = build_neighbor_list(x, cell, (True, True, True), model.cutoff)
+    for setting in (True, False):
+        before = torch._C._jit_set_profiling_executor(setting)
+        try:
+            out = model.compute(x, cell, (True, True, True), torch.tensor(a.numbers), nl)
+            assert torch._C._jit_set_profiling_executor(setting) is setting
+        finally:
+            torch._C._jit_set_profiling_executor(before)
+        assert torch.isfinite(out["forces"]).all()
 
 
 @pytest.mark.gpu
