@@ -23,11 +23,14 @@ optimisers and trajectory writers that should write once.
 """
 from __future__ import annotations
 
+import atexit
+import sys
+
 import numpy as np
 import torch
 from ase.calculators.calculator import Calculator, all_changes
 
-from shardmd.domain.comm import Comm, init_comm, under_launcher
+from shardmd.domain.comm import Comm, init_comm, shutdown, under_launcher
 from shardmd.domain.distributed_model import DistributedModel
 from shardmd.models import build_model
 
@@ -45,7 +48,17 @@ def job_comm(device: str = "cpu") -> Comm:
         _COMM = init_comm(device) if under_launcher() else Comm(device=torch.device(device))
         if _COMM.size > 1:
             fix_ase_world()
+            # a script never ends the group itself: tear it down (and join gloo's worker
+            # threads) while the interpreter is still whole, see domain/comm.py shutdown
+            atexit.register(_shutdown_at_exit, _COMM)
     return _COMM
+
+
+def _shutdown_at_exit(comm: Comm) -> None:
+    """After a clean run only: after an uncaught exception (sys.last_value is set) the barrier
+    could wait for a rank that failed; the launcher ends the job then, as before."""
+    if getattr(sys, "last_value", None) is None:
+        shutdown(comm)
 
 
 def fix_ase_world() -> bool:

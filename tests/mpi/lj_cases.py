@@ -43,7 +43,17 @@ def main():
                 np.savez(out / f"{name}_{grid}_{prec}.npz", ids=full["ids"], forces=full["forces"],
                          energy=float(res["energy"]), virial=res["virial"].double().numpy(),
                          grid=np.array(dec.grid.shape), ghosts=int(n_ghost[0]))
+    workers = _gloo_workers()
     shutdown(comm)
+    # shutdown joins gloo's worker threads (left alive, one may abort the process at exit);
+    # the count before shows the threads are recognised by name at all
+    if workers == 0 or _gloo_workers():
+        sys.exit(f"rank {comm.rank}: gloo worker threads {workers} before shutdown, {_gloo_workers()} after")
+
+
+def _gloo_workers() -> int:
+    """Live threads of this process that torch names pt_gloo* (Linux /proc)."""
+    return sum((t / "comm").read_text().startswith("pt_gloo") for t in Path("/proc/self/task").iterdir())
 
 
 if __name__ == "__main__":
