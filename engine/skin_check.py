@@ -34,8 +34,8 @@ waiting only for that event while step p's forces still run. What the settled va
   verification, as above;
 - step p itself over ``skin / 2``: its forces used a list that may miss a pair: roll back to p
   (the snapshot taken when posting), rebuild there and recompute its forces;
-- otherwise the window is clean: p's snapshot becomes the rollback point, and the list is
-  rebuilt now (one step after p) if the step after this one would likely cross ``skin / 2``.
+- otherwise the window is clean: p's snapshot becomes the rollback point; if the step after
+  this one would likely cross ``skin / 2``, this step reads blocking and rebuilds (below).
 
 Output steps, the last step, steps after a stop request and replays read blocking, as before:
 nothing is reported from a step that was not verified itself. So do steps whose settled read
@@ -47,9 +47,8 @@ its speed have not been run on a GPU yet; docs/benchmarks.md says what to measur
 
 State saved: positions, velocities, images, step, time (device copies, no host sync), before the
 verification step's forces; a rollback recomputes them (and the second half-kick).
-Atoms never migrate inside a window (rebuilds happen only at verification steps, or at the step
-that settles a pipelined read, which then saves a new snapshot), so the saved arrays always
-match the current decomposition.
+Atoms never migrate inside a window (rebuilds happen only at blocking verification steps), so
+the saved arrays always match the current decomposition.
 """
 from __future__ import annotations
 
@@ -240,8 +239,6 @@ class DeferredSkinCheck:
         for k in ("positions", "velocities", "images"):
             setattr(s, k, snap[k].clone())
         s.step, s.time = snap["step"], snap["time"]
-        if to_posted:
-            self.saved = snap
         self.saved_next = {}
         self.pending = None
         self.replay_until = detected_at

@@ -51,7 +51,7 @@ def _fixed_jit_executor():
     The profiling executor specialises a scripted function to the shapes it has seen and, on
     the second call with new shapes, re-optimises it (fuses and compiles kernels) on the
     host. Every neighbour rebuild changes the edge count, so the step after each rebuild
-    stalled: 190-390 ms against 37 ms (H200, 55k atoms, float32, cuEquivariance; e3nn 190-390
+    stalled: 190-390 ms against 37 ms (H200, 55k atoms, float32, cuEquivariance; e3nn 190-340
     against 88), and the second step of a run 280-400 ms. The simple executor gave the same
     steady-state step (37-39 ms) with no stall (docs/benchmarks.md, docs/logs/issue10/
     jit_variants_55k.txt). An executor is chosen when a scripted function first runs, so the

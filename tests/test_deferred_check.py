@@ -15,10 +15,12 @@ HOT = ["model=lj", "system.element=Ar", "system.lattice=fcc", "system.a=5.8", "s
        "checkpoint.every=0", "quiet=true", "overwrite=true", "model.cutoff=7.0"]
 
 
-def _run(tmp_path, name, extra, steps=200, planner=None):
+def _run(tmp_path, name, extra, steps=200, planner=None, pipelined=False):
     sim = Simulation(compose_config([*HOT, *extra, f"steps={steps}", f"output={tmp_path}/{name}.h5"]))
     if planner is not None:
         sim.deferred = planner
+    if pipelined:
+        sim.deferred.pipelined = True
     obs = sim.run()
     s = sim.state
     order = np.argsort(s.ids.numpy())
@@ -53,8 +55,8 @@ def test_deferred_check_gives_the_per_step_trajectory(tmp_path, integrator, pipe
     extra = [f"integrator={integrator}", "seed=5"]
     ref = _run(tmp_path, "ref", [*extra, "neighbor.deferred=false"])
     assert ref["chk"] is None and ref["builds"] > 20  # the check really fires often
-    dfr = _run(tmp_path, "dfr", [*extra, "neighbor.deferred=true"], planner=DeferredSkinCheck(
-        half_skin=0.3, max_every=20, pipelined=pipelined))
+    dfr = _run(tmp_path, "dfr", [*extra, "neighbor.deferred=true", "neighbor.deferred_max=20"],
+               pipelined=pipelined)
     chk = dfr["chk"]
     # far fewer host read-backs than steps; rebuilds may come a step early, never late
     assert chk.reads < 0.7 * 200, chk.reads
