@@ -60,6 +60,8 @@ KEYS: dict[str, tuple[str, str]] = {
     "neighbor.deferred": ("auto", "read the skin check back only at scheduled steps, replaying "
                           "a window that missed a rebuild: auto (on CUDA) | true | false"),
     "neighbor.deferred_max": ("50", "most steps between deferred read-backs"),
+    "neighbor.pipelined": ("auto", "post the deferred check's scheduled reads and settle them a step "
+                           "later, so the GPU queue never drains: auto (on CUDA) | true | false"),
     "neighbor.sort_by_id": ("true", "put atoms in id order at every rebuild"),
     "trajectory.every": ("100", "steps between trajectory frames (0: none)"),
     "trajectory.fields": ("[position,image,velocity,force]", "per-atom fields written to each frame"),
@@ -216,6 +218,8 @@ def validate(cfg: DictConfig) -> None:
     _need(n.deferred in ("auto", True, False), "neighbor.deferred", n.deferred, "use auto, true or false")
     _need(_is_int(n.deferred_max) and n.deferred_max >= 1, "neighbor.deferred_max", n.deferred_max,
           "give a whole number >= 1")
+    _need(n.get("pipelined", "auto") in ("auto", True, False), "neighbor.pipelined", n.get("pipelined"),
+          "use auto, true or false")
     t = c.trajectory
     _need(_is_int(t.every) and t.every >= 0, "trajectory.every", t.every, "give a whole number >= 0")
     allowed = {"position", "image", "velocity", "force"}

@@ -105,7 +105,9 @@ class Simulation:
         deferred = cfg.neighbor.get("deferred", "auto")
         on = deferred is True or (deferred == "auto" and self.device.type == "cuda")
         #: the skin check read back only at scheduled steps (see skin_check.py); None: every step
-        self.deferred = (DeferredSkinCheck(0.5 * float(cfg.neighbor.skin), int(cfg.neighbor.get("deferred_max", 50)))
+        pipelined = cfg.neighbor.get("pipelined", "auto")
+        self.deferred = (DeferredSkinCheck(0.5 * float(cfg.neighbor.skin), int(cfg.neighbor.get("deferred_max", 50)),
+                                           pipelined=pipelined is True or (pipelined == "auto" and self.device.type == "cuda"))
                          if on and self._nl_every == 1 and self._nl_check else None)
         if self.deferred is not None and hasattr(model, "static_edges"):
             model.static_edges = True   # sync-free edge selection; its 'capacity_fill' joins the check

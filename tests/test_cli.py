@@ -78,6 +78,7 @@ def test_mace_and_domains_are_accepted_by_the_config(engine_cli, tmp_path):
     (["run", "model=lj", "system.element=Kr"], "Kr"),
     (["run", "model=lj", "trajectory.fields=[position,spin]"], "spin"),
     (["run", "model=lj", "steps=[1,2"], "cannot read"),
+    (["run", "model=lj", "neighbor.pipelined=maybe"], "neighbor.pipelined"),
     (["fly"], "unknown command"),
 ])
 def test_bad_input_is_one_line(engine_cli, tmp_path, args, needle):

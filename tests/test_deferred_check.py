@@ -55,8 +55,8 @@ def test_deferred_check_gives_the_per_step_trajectory(tmp_path, integrator, pipe
     extra = [f"integrator={integrator}", "seed=5"]
     ref = _run(tmp_path, "ref", [*extra, "neighbor.deferred=false"])
     assert ref["chk"] is None and ref["builds"] > 20  # the check really fires often
-    dfr = _run(tmp_path, "dfr", [*extra, "neighbor.deferred=true", "neighbor.deferred_max=20"],
-               pipelined=pipelined)
+    dfr = _run(tmp_path, "dfr", [*extra, "neighbor.deferred=true", "neighbor.deferred_max=20",
+                                 f"neighbor.pipelined={str(pipelined).lower()}"])
     chk = dfr["chk"]
     # far fewer host read-backs than steps; rebuilds may come a step early, never late
     assert chk.reads < 0.7 * 200, chk.reads
