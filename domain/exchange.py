@@ -18,13 +18,14 @@ def tag(axis: int, toward_upper: bool, kind: int = 0) -> int:
     return (kind * 3 + axis) * 2 + int(toward_upper)
 
 
-def swap(comm: Comm, sends: list[tuple[int, torch.Tensor, int]],
-         recvs: list[tuple[int, tuple, torch.dtype, int]]) -> list[torch.Tensor]:
-    """Post every send and receive, wait for all; return the received tensors in ``recvs`` order.
+def swap_into(comm: Comm, sends: list[tuple[int, torch.Tensor, int]],
+              recvs: list[tuple[int, torch.Tensor, int]]) -> None:
+    """Post every send and receive, wait for all; each receive lands in its given tensor.
 
-    sends: (peer rank, tensor, tag); recvs: (peer rank, shape, dtype, tag).  Empty tensors are
-    neither sent nor received (both sides know the counts).  With ``comm.staged`` the data
-    travel through host memory.
+    sends: (peer rank, tensor, tag); recvs: (peer rank, destination, tag), where a destination
+    may be a view into a larger buffer (a row slice: a receive straight into its final place,
+    no copy).  Empty tensors are neither sent nor received (both sides know the counts).  With
+    ``comm.staged`` the data travel through host memory.
     """
     ops = []
     keep = []
@@ -36,21 +37,31 @@ def swap(comm: Comm, sends: list[tuple[int, torch.Tensor, int]],
             buf = buf.cpu()
         keep.append(buf)
         ops.append(dist.P2POp(dist.isend, buf, peer, group=comm.group, tag=tg))
-    out = []
-    dev = torch.device("cpu") if comm.staged else comm.device
-    for peer, shape, dtype, tg in recvs:
-        buf = torch.empty(shape, dtype=dtype, device=dev)
-        out.append(buf)
-        if buf.numel():
-            ops.append(dist.P2POp(dist.irecv, buf, peer, group=comm.group, tag=tg))
+    landing = []   # (receive buffer, destination) where they differ
+    for peer, dest, tg in recvs:
+        if dest.numel() == 0:
+            continue
+        buf = dest
+        if comm.staged or not dest.is_contiguous():
+            buf = torch.empty(dest.shape, dtype=dest.dtype, device="cpu" if comm.staged else dest.device)
+            landing.append((buf, dest))
+        ops.append(dist.P2POp(dist.irecv, buf, peer, group=comm.group, tag=tg))
     # One batch: NCCL runs a batch's sends and receives as one group, so two ranks that
     # both send first cannot deadlock (separate isend/irecv calls can, on NCCL).
     if ops:
         for r in dist.batch_isend_irecv(ops):
             r.wait()
-    if comm.staged:
-        out = [b.to(comm.device) for b in out]
+    for buf, dest in landing:
+        dest.copy_(buf)
     del keep
+
+
+def swap(comm: Comm, sends: list[tuple[int, torch.Tensor, int]],
+         recvs: list[tuple[int, tuple, torch.dtype, int]]) -> list[torch.Tensor]:
+    """:func:`swap_into` with fresh receive buffers: recvs (peer rank, shape, dtype, tag);
+    returns the received tensors in ``recvs`` order (on the comm's device)."""
+    out = [torch.empty(shape, dtype=dtype, device=comm.device) for _, shape, dtype, _ in recvs]
+    swap_into(comm, sends, [(peer, buf, tg) for (peer, _, _, tg), buf in zip(recvs, out)])
     return out
 
 

@@ -26,7 +26,7 @@ import torch
 from .cell import perpendicular_widths, to_fractional
 from .comm import Comm
 from .decomposition import DomainGrid
-from .exchange import swap, swap_counts, tag
+from .exchange import swap, swap_counts, swap_into, tag
 
 
 @dataclass
@@ -155,47 +155,49 @@ def build_halo(comm: Comm, grid: DomainGrid, cell: torch.Tensor, pbc, positions:
 
 
 # -- exchanges ----------------------------------------------------------------------------
+def _axis_groups(plan: HaloPlan) -> list[list[HaloStep]]:
+    """The plan's steps grouped by sweep (axis), in sweep order."""
+    groups: list[list[HaloStep]] = []
+    for s in plan.steps:
+        if groups and groups[-1][0].axis == s.axis:
+            groups[-1].append(s)
+        else:
+            groups.append([s])
+    return groups
+
+
 def _forward(comm: Comm, plan: HaloPlan, x: torch.Tensor) -> torch.Tensor:
-    cur = x[: plan.n_owned]
-    i = 0
-    steps = plan.steps
-    while i < len(steps):
-        axis = steps[i].axis
-        group = [s for s in steps[i:] if s.axis == axis]
-        i += len(group)
-        sends = [(s.send_peer, cur[s.send_idx], tag(axis, s.toward_upper, 1)) for s in group if s.send_peer >= 0]
-        recvs = [(s.recv_peer, (s.recv_count, *x.shape[1:]), x.dtype, tag(axis, s.toward_upper, 1))
-                 for s in group if s.recv_peer >= 0]
-        got = swap(comm, sends, recvs)
-        if got:
-            cur = torch.cat([cur] + got)
+    """One output buffer of n_padded rows: owned rows copied in, each sweep's sends packed
+    (gathered rows), its receives landing in place in their planned slots (no concatenation)."""
+    n_own, n_ghost = plan.n_owned, plan.n_ghost
+    out = x.new_empty((plan.n_padded, *x.shape[1:]))
+    out[:n_own] = x[:n_own]
     if plan.n_filler:
-        cur = torch.cat([cur, cur.new_zeros((plan.n_filler, *cur.shape[1:]))])
-    return cur
+        out[n_own + n_ghost:] = 0
+    for group in _axis_groups(plan):
+        sends = [(s.send_peer, out[s.send_idx], tag(s.axis, s.toward_upper, 1)) for s in group if s.send_peer >= 0]
+        recvs = [(s.recv_peer, out[s.recv_start:s.recv_start + s.recv_count], tag(s.axis, s.toward_upper, 1))
+                 for s in group if s.recv_peer >= 0]
+        swap_into(comm, sends, recvs)
+    return out
 
 
 def _reverse(comm: Comm, plan: HaloPlan, g: torch.Tensor) -> torch.Tensor:
-    cur = g
-    steps = plan.steps
-    axes = []
-    for s in steps:
-        if s.axis not in axes:
-            axes.append(s.axis)
-    for axis in reversed(axes):
-        group = [s for s in steps if s.axis == axis]
-        recv_steps = [s for s in group if s.recv_peer >= 0]
-        first = min((s.recv_start for s in recv_steps), default=cur.shape[0])
-        sends = [(s.recv_peer, cur[s.recv_start:s.recv_start + s.recv_count], tag(axis, s.toward_upper, 2))
-                 for s in recv_steps]
-        recvs = [(s.send_peer, (int(s.send_idx.numel()), *g.shape[1:]), g.dtype, tag(axis, s.toward_upper, 2))
-                 for s in group if s.send_peer >= 0]
+    """One working copy of ``g``: sweeps in reverse; each sends its ghost rows (contiguous
+    slices) back to their owners and adds what it receives into its own rows, in plan order."""
+    buf = g.clone(memory_format=torch.contiguous_format)
+    for group in reversed(_axis_groups(plan)):
+        sends = [(s.recv_peer, buf[s.recv_start:s.recv_start + s.recv_count], tag(s.axis, s.toward_upper, 2))
+                 for s in group if s.recv_peer >= 0]
+        back = [s for s in group if s.send_peer >= 0]
+        recvs = [(s.send_peer, (int(s.send_idx.numel()), *g.shape[1:]), g.dtype, tag(s.axis, s.toward_upper, 2))
+                 for s in back]
         got = swap(comm, sends, recvs)
-        base = cur[:first].clone()
-        for s, contrib in zip([s for s in group if s.send_peer >= 0], got):
+        # the rows a sweep adds into (its senders' rows) all precede the rows it sent back
+        for s, contrib in zip(back, got):
             if contrib.numel():
-                base.index_add_(0, s.send_idx, contrib)
-        cur = base
-    return cur[: plan.n_owned]
+                buf.index_add_(0, s.send_idx, contrib)
+    return buf[: plan.n_owned]
 
 
 class _HaloForward(torch.autograd.Function):

@@ -3,7 +3,9 @@
 Usage: mpiexec -n K python tests/mpi/lj_cases.py OUT_DIR [case ...]
 Each case is ``name:grid`` (grid like 1x1x2 or 'auto'); rank 0 writes OUT_DIR/<name>_<grid>.npz
 with ids, positions (as given), forces, energy, virial, the grid used and the max ghost count.
+SHARDMD_TEST_DEVICE=cuda runs on the GPUs (one per rank, NCCL) instead of the CPU (gloo).
 """
+import os
 import sys
 from pathlib import Path
 
@@ -22,7 +24,8 @@ from systems import make_system  # noqa: E402
 
 def main():
     out = Path(sys.argv[1])
-    comm = init_comm("cpu")
+    device = os.environ.get("SHARDMD_TEST_DEVICE", "cpu")
+    comm = init_comm(device)
     torch.set_num_threads(1)
     lj = LennardJones({"Ar": 0.0104, "Kr": 0.014}, {"Ar": 3.40, "Kr": 3.65}, cutoff=7.0, shift=True)
     for spec in sys.argv[2:]:
@@ -30,7 +33,7 @@ def main():
         for prec in ("float64", "float32"):
             atoms = make_system(name)
             dtype = torch.float64 if prec == "float64" else torch.float32
-            state = State.from_atoms(atoms, dtype=dtype)
+            state = State.from_atoms(atoms, dtype=dtype, device=comm.device)
             shape = None if grid == "auto" else tuple(int(g) for g in grid.split("x"))
             dec = Decomposition(comm, lj.cutoff, 0.7, grid=shape)
             state = dec.distribute(state)
@@ -38,11 +41,14 @@ def main():
             res = DistributedModel(lj).compute(dec.ctx, dec.padded_positions, dec.padded_numbers, dec.nl.current)
             state.forces = res["forces"]
             full = dec.gather(state, ("positions", "forces"))
-            n_ghost = comm.all_reduce(torch.tensor([dec.plan.n_ghost]), "max")
+            n_ghost = comm.all_reduce(torch.tensor([dec.plan.n_ghost], device=comm.device), "max").cpu()
             if comm.is_root:
                 np.savez(out / f"{name}_{grid}_{prec}.npz", ids=full["ids"], forces=full["forces"],
-                         energy=float(res["energy"]), virial=res["virial"].double().numpy(),
+                         energy=float(res["energy"]), virial=res["virial"].double().cpu().numpy(),
                          grid=np.array(dec.grid.shape), ghosts=int(n_ghost[0]))
+    if comm.backend != "gloo":
+        shutdown(comm)
+        return
     workers = _gloo_workers()
     shutdown(comm)
     # shutdown joins gloo's worker threads (left alive, one may abort the process at exit);

@@ -4,7 +4,10 @@ Usage: mpiexec -n K python tests/mpi/mace_cases.py OUT_DIR MODEL_FILE case.extxy
 (``cueq``: the model converted to cuEquivariance, files named <stem>_cueq_<prec>.npz).
 For each structure and precision, rank 0 writes OUT_DIR/<stem>_<prec>.npz with the gathered
 positions (unwrapped frame as used), forces, energy and virial at step 0 and at step 50.
+SHARDMD_TEST_DEVICE=cuda runs on the GPUs (one per rank, NCCL; the deferred, pipelined skin
+check is then on) instead of the CPU (gloo).
 """
+import os
 import sys
 from pathlib import Path
 
@@ -24,7 +27,8 @@ def snapshot(sim):
 
 def main():
     out, model = Path(sys.argv[1]), sys.argv[2]
-    comm = init_comm("cpu")
+    device = os.environ.get("SHARDMD_TEST_DEVICE", "cpu")
+    comm = init_comm(device)
     for spec in sys.argv[3:]:
         path, _, rest = spec.partition(":")
         grid, _, opts = rest.partition(":")
@@ -32,7 +36,7 @@ def main():
         stem = Path(path).stem + ("_cueq" if cueq else "")
         for prec in ("float64", "float32"):
             args = ["model=mace", f"model.checkpoint={model}", f"model.cueq={str(cueq).lower()}",
-                    f"system.file={path}", f"precision={prec}",
+                    f"system.file={path}", f"precision={prec}", f"device={device}",
                     f"domains={comm.size}", "steps=50", "dt=2.0", "temperature=900", "integrator=langevin",
                     "trajectory.every=0", "thermo.every=0", "checkpoint.every=0", "quiet=true",
                     "neighbor.skin=0.4", f"output={out}/{stem}_{prec}.h5"]
@@ -46,7 +50,7 @@ def main():
             if comm.is_root:
                 np.savez(out / f"{stem}_{prec}.npz", pos0=a["positions"], f0=a["forces"], e0=ea, w0=wa,
                          pos1=b["positions"], f1=b["forces"], e1=eb, w1=wb, numbers=a["numbers"],
-                         cell=sim.state.cell.double().numpy(), migrated=sim.summary["migrated"],
+                         cell=sim.state.cell.double().cpu().numpy(), migrated=sim.summary["migrated"],
                          grid=np.array(sim.domain.grid.shape))
     shutdown(comm)
 
