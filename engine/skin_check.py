@@ -46,9 +46,7 @@ trajectories equal the per-step check's, on the CPU and on CUDA (tests/test_defe
 on one H200 they raised MACE at 55k atoms from 1.459e6/1.462e6 to 1.471e6/1.472e6 atom-steps/s
 (docs/benchmarks.md). On the CPU (gloo) a posted read is complete at once, so they gain nothing.
 
-State saved: positions, velocities, images, step, time (device copies, no host sync), before the
-verification step's forces; a rollback recomputes them (and the second half-kick).
-Atoms never migrate inside a window (rebuilds happen only at blocking verification steps), so
+The snapshots a rollback returns to live in engine/rollback.py. Atoms never migrate inside a window (rebuilds happen only at blocking verification steps), so
 the saved arrays always match the current decomposition.
 """
 from __future__ import annotations
@@ -57,6 +55,8 @@ import math
 from dataclasses import dataclass, field
 
 import torch
+
+from .rollback import RollbackPoints
 
 
 #: a model's capacity fill above which the list is rebuilt (so that the model resizes) at a read-back
@@ -83,8 +83,7 @@ class DeferredSkinCheck:
     next_check: int = 0                  # step of the next scheduled verification
     build_step: int = 0                  # step of the last neighbour build
     rate: float | None = None            # Å per step: growth of the max displacement since a build
-    saved: dict = field(default_factory=dict)       # the rollback point: the last settled verification
-    saved_next: dict = field(default_factory=dict)  # the posted verification's snapshot, until settled
+    points: RollbackPoints = field(default_factory=RollbackPoints)   # where a rollback returns
     replay_until: int = -1               # steps <= this are checked every step (after a rollback)
     rollbacks: int = 0
     reads: int = 0
@@ -216,36 +215,25 @@ class DeferredSkinCheck:
 
     # -- save / roll back ----------------------------------------------------------------
     def save(self, s, kick: bool = True, posted: bool = False) -> None:
-        """Snapshot at a verification step, taken *before* that step's forces: positions,
-        velocities (half-kicked unless ``kick`` is False: the run's first step), images, step,
-        time. Forces are not saved: a rollback recomputes them, so an incomplete force result
-        of the verification step itself is never kept. ``posted``: the step's read is pending;
-        the snapshot becomes the rollback point once settled clean."""
-        snap = {"positions": s.positions.clone(), "velocities": s.velocities.clone(),
-                "images": s.images.clone(), "step": s.step, "time": s.time, "kick": kick}
-        if posted:
-            self.saved_next = snap
-        else:
-            self.saved, self.saved_next = snap, {}
+        """Snapshot at a verification step, before its forces (engine/rollback.py). ``kick``
+        False: the run's first step. ``posted``: the step's read is pending; the snapshot
+        becomes the rollback point once settled clean."""
+        self.points.save(s, kick, posted)
 
     def settled_clean(self) -> None:
         """The posted step's window was clean: its snapshot is the new rollback point."""
-        self.saved, self.saved_next = self.saved_next, {}
+        self.points.settle()
 
     def rollback(self, s, detected_at: int, to_posted: bool = False) -> bool:
-        """Back to the saved step (before its forces), or to the posted step's snapshot; steps up
-        to ``detected_at`` are then replayed checked. Returns whether the restored velocities
-        still need the second half-kick."""
-        snap = self.saved_next if to_posted else self.saved
-        for k in ("positions", "velocities", "images"):
-            setattr(s, k, snap[k].clone())
-        s.step, s.time = snap["step"], snap["time"]
-        self.saved_next = {}
+        """Back to the rollback point (before its forces), or to the posted step's snapshot;
+        steps up to ``detected_at`` are then replayed checked. Returns whether the restored
+        velocities still need the second half-kick."""
+        kick = self.points.restore(s, to_posted)
         self.pending = None
         self.replay_until = detected_at
         self.rollbacks += 1
         self.window = self.last = self.fill = None
-        return bool(snap["kick"])
+        return kick
 
 
 @dataclass(frozen=True)
