@@ -11,6 +11,7 @@ from .adapters import (AdapterScope, AllReduceSum, GatherInputs, GatherInputsFul
 from .collectives import all_reduce_sum, all_to_all_v
 from .compile_policy import CompilePolicy, GraphPadder
 from .distributed_model import DistributedModel, ModelConfig, NeighborConfig, StorageIdNeighborList
+from .graphed_call import GraphedCall
 from .runtime import Scope, current_scope, grad_leaf, refresh_halo, scatter_to_owners, system_sum, to_local
 from .shard_tensor import (GroupConfig, HaloMeta, ShardMeta, ShardTensor, dispatch_trace, register_handler,
                            registered_handlers, shard_like, unregister_handler)
@@ -33,7 +34,7 @@ def trace_and_validate(*args, **kwargs):
 
 __all__ = [
     "AdapterScope", "AllReduceSum", "CompilePolicy", "DistributedModel", "DistributionSpec", "GatherInputs",
-    "GatherInputsFull", "GraphPadder", "GroupConfig", "HaloMeta", "HaloStorage", "JitAdapter", "MLIPSpec",
+    "GatherInputsFull", "GraphPadder", "GraphedCall", "GroupConfig", "HaloMeta", "HaloStorage", "JitAdapter", "MLIPSpec",
     "MethodAdapter", "ModelConfig", "NeighborConfig", "OpAdapter", "OutputKind", "PRESETS", "PythonAdapter",
     "ReverseOutputs", "SPEC_MPNN_HALO", "SPEC_MPNN_SHARDED", "SPEC_PAIR_HALO", "ScatterOutputs", "Scope", "ShardMeta",
     "ShardTensor", "ShardedStorage", "SliceOutputsOwned", "SliceOwned", "SpecLoadError", "StorageIdNeighborList",

@@ -67,8 +67,13 @@ class RadiusFilter:
         index = torch.nonzero_static(inside, size=self.capacity, fill_value=0).squeeze(1)
         valid = torch.arange(self.capacity, device=lengths.device) < count
         fill = count.to(torch.float64) / self.capacity
-        self._fill = fill if self._fill is None else torch.maximum(self._fill, fill)
         return EdgeSelection(index, valid, fill)
+
+    def observe(self, fill: torch.Tensor) -> None:
+        """Fold a call's fill (device, no sync) into the list's maximum, which doubles the
+        margin at the next list if it passed 1. Called after the call returns, not inside it,
+        so that a call replayed as a CUDA graph is counted at every replay."""
+        self._fill = fill if self._fill is None else torch.maximum(self._fill, fill)
 
     def pad(self, receivers: torch.Tensor, senders: torch.Tensor, vectors: torch.Tensor, sel: EdgeSelection,
             n_points: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

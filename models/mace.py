@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from shardmd.domain.api import SPEC_MPNN_HALO, OutputKind, current_scope
+from shardmd.domain.api import SPEC_MPNN_HALO, GraphedCall, OutputKind, current_scope
 
 from .edge_filter import RadiusFilter
 
@@ -171,14 +171,18 @@ class MaceModel:
     """mace-torch model on the halo scheme.
 
     checkpoint: mace-torch model file (default: the shipped Cu model); dtype, device: where
-    and how it runs; cueq: cuEquivariance kernels ('auto': on CUDA when installed).  Under DistributedModel the decomposition context of the call (for the
-    per-layer exchange) comes from ``current_scope()``; called directly, it runs alone.
+    and how it runs; cueq: cuEquivariance kernels ('auto': on CUDA when installed);
+    cuda_graph: replay the call as a CUDA graph between neighbour rebuilds ('auto'/True: when
+    it can be, i.e. on CUDA, on one domain, with sync-free edge selection; False: never; see
+    domain/graphed_call.py). Under DistributedModel the decomposition context of the call
+    (for the per-layer exchange) comes from ``current_scope()``; called directly, it runs alone.
     """
 
     name = "mace"
     distribution_spec = SPEC_MACE
 
-    def __init__(self, checkpoint: str | Path | None = None, dtype=torch.float64, device="cpu", cueq="auto"):
+    def __init__(self, checkpoint: str | Path | None = None, dtype=torch.float64, device="cpu", cueq="auto",
+                 cuda_graph="auto"):
         self.path = Path(checkpoint) if checkpoint else DEFAULT_MODEL
         if not checkpoint and not self.path.is_file():
             raise ValueError(f"the shipped MACE model {self.path} is missing; give model.checkpoint=PATH")
@@ -195,6 +199,8 @@ class MaceModel:
         #: engine does in its deferred skin check) and discard results where it is nonzero
         self.static_edges = False
         self._filter = RadiusFilter(self.cutoff)
+        self.cuda_graph = cuda_graph is not False and self.device.type == "cuda"
+        self._graphed = GraphedCall()
         self.atomic_numbers = [int(z) for z in self.model.atomic_numbers]
         lut = torch.full((max(self.atomic_numbers) + 1,), -1, dtype=torch.int64)
         lut[torch.tensor(self.atomic_numbers)] = torch.arange(len(self.atomic_numbers))
@@ -223,6 +229,22 @@ class MaceModel:
             scope = current_scope()
             ctx = scope.ctx if scope is not None and scope.halo is not None else None
         positions = positions.as_subclass(torch.Tensor)  # a plain view of the ShardTensor
+        h = cell.as_subclass(torch.Tensor) if isinstance(cell, torch.Tensor) else torch.as_tensor(cell)
+        numbers = numbers.as_subclass(torch.Tensor)
+        alone = ctx is None or ctx.comm.size == 1
+        if self.cuda_graph and self.static_edges and alone and positions.is_cuda:
+            # fixed shapes until the next list: one CUDA graph per list (domain/graphed_call.py)
+            sig = (int(positions.shape[0]), positions.dtype, int(numbers.shape[0]))
+            out = self._graphed(lambda x, c, z: self._evaluate(x, c, z, nl, ctx), nl, sig, (positions, h, numbers))
+        else:
+            out = self._evaluate(positions, h, numbers, nl, ctx)
+        if "capacity_fill" in out:
+            self._filter.observe(out["capacity_fill"])
+        return out
+
+    def _evaluate(self, positions: torch.Tensor, cell: torch.Tensor, numbers: torch.Tensor, nl,
+                  ctx) -> dict[str, torch.Tensor]:
+        """The call itself, on plain tensors (no host read when ``static_edges``)."""
         n_pad = int(positions.shape[0])
         n_own = nl.n_query
         x = positions.to(self.dtype)

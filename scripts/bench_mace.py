@@ -72,6 +72,8 @@ def engine_overrides(n: int, a) -> list[str]:
     ov.append(f"model.cueq={str(a.cueq).lower()}")
     if a.no_pipelined_reads:
         ov.append("neighbor.pipelined=false")
+    if a.no_cuda_graph:
+        ov.append("model.cuda_graph=false")
     return ov
 
 
@@ -97,6 +99,10 @@ def run_engine(n: int, a) -> dict:
     edges = f"{f.capacity} edge slots" if f is not None and f.capacity else "exact edges"
     reads = (f"skin check read {c.reads} times ({c.posted} posted), {c.rollbacks} rollbacks"
              if c is not None else "skin check every step")
+    g = getattr(sim.model, "_graphed", None)
+    if g is not None:
+        reads += (f"; CUDA graph: {g.captures} captures, {g.replays} replays, {g.eager} eager calls"
+                  + (f" (off: {g.disabled})" if g.disabled else ""))
     print(f"  engine, {natoms} atoms: {sim.nl.n_builds} builds, {reads}; {edges}")
     final = sim.domain.gather(sim.state, ("positions",))["positions"]   # id order, Å
     sim.close()
@@ -226,6 +232,8 @@ def main(argv=None) -> int:
     ap.add_argument("--bare", action="store_true")
     ap.add_argument("--no-pipelined-reads", action="store_true",
                     help="neighbor.pipelined=false: every scheduled skin-check read blocks (for an A/B)")
+    ap.add_argument("--no-cuda-graph", action="store_true",
+                    help="model.cuda_graph=false: the engine's MACE call runs eagerly (for an A/B)")
     ap.add_argument("--capacity", action="store_true")
     ap.add_argument("--ranks", type=int, nargs="+", default=[1])
     ap.add_argument("--timeout", type=float, default=240)

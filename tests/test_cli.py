@@ -79,6 +79,7 @@ def test_mace_and_domains_are_accepted_by_the_config(engine_cli, tmp_path):
     (["run", "model=lj", "trajectory.fields=[position,spin]"], "spin"),
     (["run", "model=lj", "steps=[1,2"], "cannot read"),
     (["run", "model=lj", "neighbor.pipelined=maybe"], "neighbor.pipelined"),
+    (["run", "model=mace", "model.cuda_graph=maybe"], "model.cuda_graph"),
     (["fly"], "unknown command"),
 ])
 def test_bad_input_is_one_line(engine_cli, tmp_path, args, needle):

@@ -39,7 +39,9 @@ def test_static_selection_reports_overflow_and_grows_at_the_next_list():
     nl = _List()
     f.select(lengths, nl, static=True)
     grown = torch.linspace(0.0, 5.5, 1000, dtype=torch.float64)   # more edges inside, same list
-    assert float(f.select(grown, nl, static=True).fill) > 1.0
+    over = f.select(grown, nl, static=True)
+    assert float(over.fill) > 1.0
+    f.observe(over.fill)    # what the model does after each call (eager or replayed graph)
     sel = f.select(grown, _List(), static=True)                    # a new list: resized, margin up
     assert float(sel.fill) <= 1.0 and f.margin > 0.0
     assert torch.equal(sel.index[sel.valid], torch.nonzero(grown < 5.0).squeeze(1))
