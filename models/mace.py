@@ -172,9 +172,9 @@ class MaceModel:
 
     checkpoint: mace-torch model file (default: the shipped Cu model); dtype, device: where
     and how it runs; cueq: cuEquivariance kernels ('auto': on CUDA when installed);
-    cuda_graph: replay the call as a CUDA graph between neighbour rebuilds ('auto'/True: when
-    it can be, i.e. on CUDA, on one domain, with sync-free edge selection; False: never; see
-    domain/graphed_call.py). Under DistributedModel the decomposition context of the call
+    cuda_graph: replay the call as a CUDA graph between neighbour rebuilds (True or 'auto': when
+    it can be, i.e. on CUDA, on one domain, with sync-free edge selection; False, the default
+    until the engine path has run on a GPU: never; see domain/graphed_call.py). Under DistributedModel the decomposition context of the call
     (for the per-layer exchange) comes from ``current_scope()``; called directly, it runs alone.
     """
 
@@ -182,7 +182,7 @@ class MaceModel:
     distribution_spec = SPEC_MACE
 
     def __init__(self, checkpoint: str | Path | None = None, dtype=torch.float64, device="cpu", cueq="auto",
-                 cuda_graph="auto"):
+                 cuda_graph=False):
         self.path = Path(checkpoint) if checkpoint else DEFAULT_MODEL
         if not checkpoint and not self.path.is_file():
             raise ValueError(f"the shipped MACE model {self.path} is missing; give model.checkpoint=PATH")
@@ -199,7 +199,7 @@ class MaceModel:
         #: engine does in its deferred skin check) and discard results where it is nonzero
         self.static_edges = False
         self._filter = RadiusFilter(self.cutoff)
-        self.cuda_graph = cuda_graph is not False and self.device.type == "cuda"
+        self.cuda_graph = cuda_graph in (True, "auto") and self.device.type == "cuda"
         self._graphed = GraphedCall()
         self.atomic_numbers = [int(z) for z in self.model.atomic_numbers]
         lut = torch.full((max(self.atomic_numbers) + 1,), -1, dtype=torch.int64)

@@ -70,7 +70,7 @@ def test_graphed_mace_run_matches_the_eager_run_and_mace_calculator(tmp_path):
 
     from shardmd.models.mace import DEFAULT_MODEL
 
-    sim, full = _run(tmp_path, "graph", "auto")
+    sim, full = _run(tmp_path, "graph", "true")
     g = sim.model._graphed
     assert g.disabled is None, g.disabled
     assert g.replays >= 30 and g.captures >= 1, (g.replays, g.captures, g.eager)
