@@ -77,7 +77,7 @@ KEYS: dict[str, tuple[str, str]] = {
     "model.dtype": ("null", "mace: float32 | float64 (default: precision)"),
     "model.cueq": ("auto", "mace: cuEquivariance kernels: auto (on CUDA when installed) | true | false"),
     "model.cuda_graph": ("false", "mace: replay the call as a CUDA graph between neighbour rebuilds "
-                         "(one domain on CUDA): true (= auto) | false; off until run on a GPU"),
+                         "(one domain on CUDA): true | auto (up to 50,000 atoms) | false; off until run on a GPU"),
     "integrator.friction": ("0.01", "langevin: friction gamma in 1/fs"),
 }
 
