@@ -12,6 +12,7 @@ GPU), so the group falls back to gloo and exchanges are staged through host memo
 """
 from __future__ import annotations
 
+import functools
 import os
 import socket
 from dataclasses import dataclass, field
@@ -113,6 +114,7 @@ class Comm:
         os._exit(code)
 
 
+@functools.cache
 def _large_messages(mpi) -> bool:
     """Whether mpi4py can send pickles over 2 GiB: mpi4py 4 on an MPI-4 library (large
     counts). Older pairs cap a message at 2**31 bytes; there torch's collectives are used."""

@@ -255,7 +255,7 @@ def _validate_model(m: DictConfig) -> None:
         _need(m.dtype in (None, "float32", "float64"), "model.dtype", m.dtype, "use float32 or float64")
         _need(m.get("cueq", "auto") in ("auto", True, False), "model.cueq", m.get("cueq"),
               "use auto, true or false")
-        _need(m.get("cuda_graph", "auto") in ("auto", True, False), "model.cuda_graph", m.get("cuda_graph"),
+        _need(m.get("cuda_graph", False) in ("auto", True, False), "model.cuda_graph", m.get("cuda_graph"),
               "use true, auto or false")
 
 

@@ -102,13 +102,14 @@ class Simulation:
         # plain copies of the settings the step loop reads (OmegaConf access is slow)
         self._nl_every, self._nl_check = int(cfg.neighbor.every), bool(cfg.neighbor.check)
         self._traj_every, self._thermo_every = int(cfg.trajectory.every), int(cfg.thermo.every)
-        deferred = cfg.neighbor.get("deferred", "auto")
-        on = deferred is True or (deferred == "auto" and self.device.type == "cuda")
+        def on_cuda(key: str) -> bool:   # true | false | auto (= on for CUDA)
+            v = cfg.neighbor.get(key, "auto")
+            return v is True or (v == "auto" and self.device.type == "cuda")
+
         #: the skin check read back only at scheduled steps (see skin_check.py); None: every step
-        pipelined = cfg.neighbor.get("pipelined", "auto")
         self.deferred = (DeferredSkinCheck(0.5 * float(cfg.neighbor.skin), int(cfg.neighbor.get("deferred_max", 50)),
-                                           pipelined=pipelined is True or (pipelined == "auto" and self.device.type == "cuda"))
-                         if on and self._nl_every == 1 and self._nl_check else None)
+                                           pipelined=on_cuda("pipelined"))
+                         if on_cuda("deferred") and self._nl_every == 1 and self._nl_check else None)
         if self.deferred is not None and hasattr(model, "static_edges"):
             model.static_edges = True   # sync-free edge selection; its 'capacity_fill' joins the check
         self._last_step = int(cfg.steps)

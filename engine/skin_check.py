@@ -46,8 +46,9 @@ trajectories equal the per-step check's, on the CPU and on CUDA (tests/test_defe
 on one H200 they raised MACE at 55k atoms from 1.459e6/1.462e6 to 1.471e6/1.472e6 atom-steps/s
 (docs/benchmarks.md). On the CPU (gloo) a posted read is complete at once, so they gain nothing.
 
-The snapshots a rollback returns to live in engine/rollback.py. Atoms never migrate inside a window (rebuilds happen only at blocking verification steps), so
-the saved arrays always match the current decomposition.
+The snapshots a rollback returns to live in engine/rollback.py. Atoms never migrate inside a
+window (rebuilds happen only at blocking verification steps), so the saved arrays always match
+the current decomposition.
 """
 from __future__ import annotations
 

@@ -141,8 +141,9 @@ def run_ase(n: int, a, calc) -> dict:
 def run_bare(n: int, a, calc, positions=None) -> dict:
     """Forward + backward of the calculator's (converted) model on one fixed graph: the
     engine's last configuration when ``positions`` (Å, id order) are given. A thermalised
-    crystal has ~5 % more edges inside r_max than the perfect lattice (fcc Cu, 300 K, 5 Å),
-    so timing the bare model on the lattice would flatter it."""
+    crystal has more edges inside r_max than the perfect lattice (fcc Cu, 300 K, 5 Å, 55k
+    atoms: 2.40e6 against 2,322,432, +3.3 %), so timing the bare model on the lattice would
+    flatter it."""
     from mace import data as mdata
     from mace.tools import torch_geometric
 

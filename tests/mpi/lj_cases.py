@@ -3,7 +3,8 @@
 Usage: mpiexec -n K python tests/mpi/lj_cases.py OUT_DIR [case ...]
 Each case is ``name:grid`` (grid like 1x1x2 or 'auto'); rank 0 writes OUT_DIR/<name>_<grid>.npz
 with ids, positions (as given), forces, energy, virial, the grid used and the max ghost count.
-SHARDMD_TEST_DEVICE=cuda runs on the GPUs (one per rank, NCCL) instead of the CPU (gloo).
+SHARDMD_TEST_DEVICE=cuda runs on the GPUs (one per rank over NCCL; ranks sharing a GPU go
+through host memory) instead of the CPU (gloo).
 """
 import os
 import sys

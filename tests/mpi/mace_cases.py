@@ -4,8 +4,8 @@ Usage: mpiexec -n K python tests/mpi/mace_cases.py OUT_DIR MODEL_FILE case.extxy
 (``cueq``: the model converted to cuEquivariance, files named <stem>_cueq_<prec>.npz).
 For each structure and precision, rank 0 writes OUT_DIR/<stem>_<prec>.npz with the gathered
 positions (unwrapped frame as used), forces, energy and virial at step 0 and at step 50.
-SHARDMD_TEST_DEVICE=cuda runs on the GPUs (one per rank, NCCL; the deferred, pipelined skin
-check is then on) instead of the CPU (gloo).
+SHARDMD_TEST_DEVICE=cuda runs on the GPUs (one per rank over NCCL; ranks sharing a GPU go
+through host memory; the deferred, pipelined skin check is then on) instead of the CPU (gloo).
 """
 import os
 import sys
