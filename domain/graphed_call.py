@@ -38,6 +38,7 @@ class GraphedCall:
         self.static_out: dict[str, torch.Tensor] = {}
         self.eager = self.captures = self.replays = 0
         self.disabled: str | None = None
+        self._stream: torch.cuda.Stream | None = None   # the capture stream, made at the first capture
 
     def __call__(self, fn: Callable[..., dict], owner: object, signature: tuple,
                  inputs: tuple[torch.Tensor, ...]) -> dict[str, torch.Tensor]:
@@ -65,10 +66,30 @@ class GraphedCall:
         return {k: v.clone() for k, v in self.static_out.items()}
 
     def _capture(self, fn: Callable[..., dict], inputs: tuple[torch.Tensor, ...]) -> None:
+        """Capture ``fn`` on a stream of its own, so that a failure leaves no trace.
+
+        ``torch.cuda.graph`` leaves the process broken when the body raises: its exit ends
+        the capture and raises again (the capture was invalidated) before it restores the
+        current stream, so later work runs on the dead capture stream, and the next capture
+        fails with "operation failed due to a previous error during capture" (seen on an H200:
+        a MACE capture after a function that read back). Here a read-back raises in PyTorch's
+        sync check before it reaches CUDA, so the capture is still valid and ends cleanly, and
+        the stream is restored whatever happens."""
         self.static_in = tuple(t.detach().clone() for t in inputs)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            out = fn(*self.static_in)
+        if self._stream is None:
+            self._stream = torch.cuda.Stream()
+        stream, graph = self._stream, torch.cuda.CUDAGraph()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            graph.capture_begin(capture_error_mode="thread_local")
+            mode = torch.cuda.get_sync_debug_mode()
+            torch.cuda.set_sync_debug_mode("error")
+            try:
+                out = fn(*self.static_in)
+            finally:
+                torch.cuda.set_sync_debug_mode(mode)
+                graph.capture_end()
+        torch.cuda.current_stream().wait_stream(stream)
         self.graph, self.static_out = graph, dict(out)
         self.captures += 1
 

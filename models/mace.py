@@ -181,9 +181,8 @@ class MaceModel:
     checkpoint: mace-torch model file (default: the shipped Cu model); dtype, device: where
     and how it runs; cueq: cuEquivariance kernels ('auto': on CUDA when installed);
     cuda_graph: replay the call as a CUDA graph between neighbour rebuilds when it can be: on
-    CUDA, on one domain, with sync-free edge selection (True: then always; 'auto': up to
-    ``GRAPH_MAX_POINTS``; False, the default until the engine path has run on a GPU: never;
-    see domain/graphed_call.py). Under DistributedModel the decomposition context of the call
+    CUDA, on one domain, with sync-free edge selection (True: then always; 'auto', the default:
+    up to ``GRAPH_MAX_POINTS``; False: never; see domain/graphed_call.py). Under DistributedModel the decomposition context of the call
     (for the per-layer exchange) comes from ``current_scope()``; called directly, it runs alone.
     """
 
@@ -191,7 +190,7 @@ class MaceModel:
     distribution_spec = SPEC_MACE
 
     def __init__(self, checkpoint: str | Path | None = None, dtype=torch.float64, device="cpu", cueq="auto",
-                 cuda_graph=False):
+                 cuda_graph="auto"):
         self.path = Path(checkpoint) if checkpoint else DEFAULT_MODEL
         if not checkpoint and not self.path.is_file():
             raise ValueError(f"the shipped MACE model {self.path} is missing; give model.checkpoint=PATH")

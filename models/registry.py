@@ -21,7 +21,7 @@ def _build_mace(cfg: Mapping, dtype: torch.dtype, device: torch.device):
     want = cfg.get("dtype")
     dt = {"float32": torch.float32, "float64": torch.float64}[want] if want else dtype
     return MaceModel(cfg.get("checkpoint"), dtype=dt, device=device, cueq=cfg.get("cueq", "auto"),
-                     cuda_graph=cfg.get("cuda_graph", False))
+                     cuda_graph=cfg.get("cuda_graph", "auto"))
 
 
 MODELS: dict[str, Callable] = {"lj": _build_lj, "mace": _build_mace}

@@ -72,8 +72,7 @@ def engine_overrides(n: int, a) -> list[str]:
     ov.append(f"model.cueq={str(a.cueq).lower()}")
     if a.no_pipelined_reads:
         ov.append("neighbor.pipelined=false")
-    if a.cuda_graph:
-        ov.append("model.cuda_graph=true")
+    ov.append(f"model.cuda_graph={'false' if a.no_cuda_graph else 'auto'}")
     return ov
 
 
@@ -233,8 +232,8 @@ def main(argv=None) -> int:
     ap.add_argument("--bare", action="store_true")
     ap.add_argument("--no-pipelined-reads", action="store_true",
                     help="neighbor.pipelined=false: every scheduled skin-check read blocks (for an A/B)")
-    ap.add_argument("--cuda-graph", action="store_true",
-                    help="model.cuda_graph=true: the engine replays its MACE call as a CUDA graph")
+    ap.add_argument("--no-cuda-graph", action="store_true",
+                    help="model.cuda_graph=false: the engine runs its MACE call eagerly (default: auto)")
     ap.add_argument("--capacity", action="store_true")
     ap.add_argument("--ranks", type=int, nargs="+", default=[1])
     ap.add_argument("--timeout", type=float, default=240)

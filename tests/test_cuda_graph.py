@@ -51,6 +51,15 @@ def test_graphed_call_stays_eager_when_the_function_reads_back():
     for _ in range(3):
         assert torch.equal(call(reads_back, owner, (4,), (x,))["y"], x * 6.0)
     assert call.disabled and call.captures == 0 and call.eager == 3
+    # the failed capture left nothing behind: work is back on the default stream, and a new
+    # capture in this process succeeds (a torch.cuda.graph body that raised broke both)
+    assert torch.cuda.current_stream() == torch.cuda.default_stream()
+    w = torch.eye(16, device="cuda")
+    good, owner = GraphedCall(), object()
+    for k in range(3):
+        x = torch.full((8, 16), float(k), device="cuda")
+        assert torch.allclose(good(_fn, owner, (8,), (x, w))["y"], torch.tanh(x)), k
+    assert good.disabled is None and (good.captures, good.replays) == (1, 2)
 
 
 def _run(tmp_path, name, graph):
