@@ -89,6 +89,28 @@ def _fold(b: int, n: int):
     return b, s
 
 
+#: a packed edge holds each shift component in [-PACK_LIMIT, PACK_LIMIT) (10 bits each) above
+#: the neighbour index (31 bits)
+PACK_LIMIT = 512
+
+
+@wp.func
+def _pack(j: int, s: wp.vec3i):
+    k = ((s[0] + 512) << 20) | ((s[1] + 512) << 10) | (s[2] + 512)
+    return (wp.int64(k) << wp.int64(31)) | wp.int64(j)
+
+
+@wp.kernel
+def unpack_edges(packed: wp.array(dtype=wp.int64), neighbors: wp.array(dtype=wp.int32),
+                 shifts: wp.array(dtype=wp.vec3i)):
+    """Edge ``p`` of a packed list into ``neighbors[p]`` and ``shifts[p]`` (coalesced)."""
+    p = wp.tid()
+    v = packed[p]
+    neighbors[p] = wp.int32(v & wp.int64(2147483647))
+    k = wp.int32(v >> wp.int64(31))
+    shifts[p] = wp.vec3i(((k >> 20) & 1023) - 512, ((k >> 10) & 1023) - 512, (k & 1023) - 512)
+
+
 @wp.func
 def _lowest_bit(bits: wp.uint32):
     """Index of the lowest set bit of a non-zero word."""
@@ -115,6 +137,7 @@ def scan_neighbors(
     counts: wp.array(dtype=wp.int32),
     neighbors: wp.array(dtype=wp.int32),
     shifts: wp.array(dtype=wp.vec3i),
+    packed: wp.array(dtype=wp.int64),
 ):
     """Neighbours of query point ``i`` in two passes over the same candidates.
 
@@ -129,6 +152,11 @@ def scan_neighbors(
     each hit; ``counts[i]`` = number of hits.
     ``write == 1`` (emit): visit only the set bits, in candidate order, and write those
     neighbours from ``offsets[i]`` on.
+    ``write == 2`` (emit packed): the same edges, each as one int64 (:func:`_pack`), for
+    :func:`unpack_edges`. Each thread writes its own stretch of the list, so a warp's stores
+    land in 32 places: one 8-byte store per edge instead of four 4-byte ones (the neighbour
+    and the three shift components) took the emit pass from 23 to 10 ms at 4 M points on an
+    H200; the unpacking then writes coalesced.
     """
     i = wp.tid()
     h = cell[0]
@@ -201,8 +229,11 @@ def scan_neighbors(
                             w = w & ((wp.uint32(1) << wp.uint32(n_bits)) - wp.uint32(1))
                         while w != wp.uint32(0):
                             j = order[first + c - c_first + _lowest_bit(w)]
-                            neighbors[n_found] = j
-                            shifts[n_found] = shift - img[j]
+                            if write == 1:
+                                neighbors[n_found] = j
+                                shifts[n_found] = shift - img[j]
+                            else:
+                                packed[n_found] = _pack(j, shift - img[j])
                             n_found += 1
                             w = w & (w - wp.uint32(1))
                         c += n_bits
@@ -228,5 +259,5 @@ for _vec, _mat, _s in (
          wp.array(dtype=wp.int32), wp.array(dtype=wp.int32), wp.array(dtype=wp.vec3i),
          wp.array(dtype=_mat), wp.vec3i, wp.vec3i, wp.vec3i, _s, wp.array(dtype=wp.int32), int,
          wp.array(dtype=wp.uint32), wp.array(dtype=wp.int32), wp.array(dtype=wp.int32),
-         wp.array(dtype=wp.int32), wp.array(dtype=wp.vec3i)],
+         wp.array(dtype=wp.int32), wp.array(dtype=wp.vec3i), wp.array(dtype=wp.int64)],
     )

@@ -174,7 +174,8 @@ def build_neighbor_list(
     candidates = _candidates_per_bin(per_bin, nb, reach, pbc_t)[bin_of[:nq].long()]
     word_start = torch.zeros(nq + 1, dtype=torch.int64, device=device)
     word_start[1:] = torch.cumsum((candidates + 31) // 32, 0)
-    n_words = int(word_start[-1])
+    # one read-back for two sizes: the mask words, and the largest bin image (packed edges)
+    n_words, max_img = torch.stack([word_start[-1], img.abs().max().to(torch.int64)]).tolist()
     if n_words >= 2**31:
         raise ValueError(f"neighbour search: {32 * n_words} candidate pairs exceed the int32 index range; "
                          "the cutoff is far too large for this system")
@@ -184,6 +185,7 @@ def build_neighbor_list(
     offsets = torch.zeros(nq + 1, dtype=torch.int32, device=device)
     dummy_n = torch.zeros(1, dtype=torch.int32, device=device)
     dummy_s = torch.zeros(1, 3, dtype=torch.int32, device=device)
+    dummy_p = torch.zeros(1, dtype=torch.int64, device=device)
     scal = scalar_type(dtype)
     common = [as_vec3(xs), as_array(order32), as_array(rank), as_array(start32), as_array(bin_of),
               as_vec3i(img), cell_w, pbc_v, nb_v, reach_v, scal(float(cutoff) ** 2),
@@ -191,14 +193,25 @@ def build_neighbor_list(
     mask_w = wp.from_torch(mask, dtype=wp.uint32)
     wp.launch(nk.scan_neighbors, dim=nq, device=dev,
               inputs=common + [0, mask_w, as_array(offsets), as_array(counts), as_array(dummy_n),
-                               as_vec3i(dummy_s)])
+                               as_vec3i(dummy_s), as_array(dummy_p)])
     offsets[1:] = torch.cumsum(counts, 0)
     n_edges = int(offsets[-1])
     neighbors = torch.empty(max(n_edges, 1), dtype=torch.int32, device=device)
     shifts = torch.empty(max(n_edges, 1), 3, dtype=torch.int32, device=device)
-    wp.launch(nk.scan_neighbors, dim=nq, device=dev,
-              inputs=common + [1, mask_w, as_array(offsets), as_array(counts), as_array(neighbors),
-                               as_vec3i(shifts)])
+    # a shift component is (bin periods folded, at most ceil(reach / nb)) + img_i - img_j
+    fold = max((-(-reach[k] // nb[k]) for k in range(3) if pbc_t[k]), default=0)
+    if fold + 2 * max_img < nk.PACK_LIMIT:
+        packed = torch.empty(max(n_edges, 1), dtype=torch.int64, device=device)
+        wp.launch(nk.scan_neighbors, dim=nq, device=dev,
+                  inputs=common + [2, mask_w, as_array(offsets), as_array(counts), as_array(dummy_n),
+                                   as_vec3i(dummy_s), as_array(packed)])
+        wp.launch(nk.unpack_edges, dim=n_edges, device=dev,
+                  inputs=[as_array(packed), as_array(neighbors), as_vec3i(shifts)])
+        del packed
+    else:   # points many cells away from the cell (unwrapped input): write the edges directly
+        wp.launch(nk.scan_neighbors, dim=nq, device=dev,
+                  inputs=common + [1, mask_w, as_array(offsets), as_array(counts), as_array(neighbors),
+                                   as_vec3i(shifts), as_array(dummy_p)])
     return NeighborList(
         offsets=offsets, neighbors=neighbors[:n_edges], shifts=shifts[:n_edges],
         cutoff=float(cutoff), n_points=n,

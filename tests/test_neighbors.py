@@ -171,6 +171,27 @@ def test_unwrapped_positions(pbc, dtype):
     check(pos, cell, pbc, cutoff=4.0, dtype=dtype)
 
 
+@pytest.mark.parametrize("pbc", [(True, True, True), (False, True, True)])
+def test_points_hundreds_of_cells_away(pbc):
+    """Points moved by up to 400 lattice vectors: bin images past the packed edge format's
+    10-bit shifts, so the edges are written directly (domain/neighbors.py). The list must be
+    the brute-force list of the points in the cell, each S changed by n_i - n_j."""
+    rng = np.random.default_rng(8)
+    cell = random_cell(rng, lengths=(5.0, 7.0), max_tilt=0.5)
+    pos = random_positions(rng, 30, cell, pbc)
+    _, ref = check(pos, cell, pbc, cutoff=4.0)
+    moves = rng.integers(-400, 401, size=(30, 3)) * np.asarray(pbc, dtype=np.int64)
+    assert np.abs(moves).max() > 256                       # past the packed range
+    far = pos + moves @ cell
+    nl = build_neighbor_list(torch.as_tensor(far), torch.as_tensor(cell), torch.tensor(pbc), 4.0)
+    got = set(_edges(nl, 30))
+    want = {(i, j, tuple(int(x) for x in np.asarray(s) + moves[i] - moves[j])) for i, j, s in ref}
+    tol = _tolerance(far, cell, 4.0, torch.float64)
+    for (i, j, s) in got ^ want:   # only pairs at the cutoff (round-off) may differ
+        assert abs(pair_distance(far, cell, i, j, s) - 4.0) < tol, (i, j, s)
+    assert len(got) > 0
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_unwrapped_matches_wrapped_distances(dtype):
     """Shifting one atom by a lattice vector changes S by the opposite amount only."""
