@@ -90,8 +90,27 @@ def _fold(b: int, n: int):
 
 
 #: a packed edge holds each shift component in [-PACK_LIMIT, PACK_LIMIT) (10 bits each) above
-#: the neighbour index (31 bits)
+#: the neighbour index (31 bits); a zero shift packs to ``ZERO_SHIFT``
 PACK_LIMIT = 512
+ZERO_SHIFT = (512 << 20) | (512 << 10) | 512
+
+
+@wp.func
+def packed_neighbor(v: wp.int64):
+    """The neighbour index of a packed edge."""
+    return wp.int32(v & wp.int64(2147483647))
+
+
+@wp.func
+def packed_shift_code(v: wp.int64):
+    """The shift of a packed edge, still packed (``ZERO_SHIFT`` when S = 0)."""
+    return wp.int32(v >> wp.int64(31))
+
+
+@wp.func
+def shift_of_code(k: wp.int32):
+    """The shift S (vec3i) of a packed shift code."""
+    return wp.vec3i(((k >> 20) & 1023) - 512, ((k >> 10) & 1023) - 512, (k & 1023) - 512)
 
 
 @wp.func
@@ -106,9 +125,8 @@ def unpack_edges(packed: wp.array(dtype=wp.int64), neighbors: wp.array(dtype=wp.
     """Edge ``p`` of a packed list into ``neighbors[p]`` and ``shifts[p]`` (coalesced)."""
     p = wp.tid()
     v = packed[p]
-    neighbors[p] = wp.int32(v & wp.int64(2147483647))
-    k = wp.int32(v >> wp.int64(31))
-    shifts[p] = wp.vec3i(((k >> 20) & 1023) - 512, ((k >> 10) & 1023) - 512, (k & 1023) - 512)
+    neighbors[p] = packed_neighbor(v)
+    shifts[p] = shift_of_code(packed_shift_code(v))
 
 
 @wp.func

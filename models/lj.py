@@ -79,6 +79,7 @@ class LennardJones:
         self._tables: dict = {}
         self._types_cache = None
         self._scratch: torch.Tensor | None = None
+        self._stand_ins: dict[torch.device, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
 
     # -- parameters -----------------------------------------------------------------
     def species(self) -> list[int]:
@@ -141,6 +142,16 @@ class LennardJones:
             buf = self._scratch = torch.empty(n, 3, 3, dtype=dtype, device=device)
         return buf
 
+    def _no_edges(self, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One-element stand-ins for the edge arrays a kernel variant does not read."""
+        device = torch.device(device)
+        kept = self._stand_ins.get(device)
+        if kept is None:
+            kept = self._stand_ins[device] = (torch.zeros(1, dtype=torch.int32, device=device),
+                                              torch.zeros(1, 3, dtype=torch.int32, device=device),
+                                              torch.zeros(1, dtype=torch.int64, device=device))
+        return kept
+
     # -- evaluation -----------------------------------------------------------------
     def compute(self, positions: torch.Tensor, cell: torch.Tensor, pbc, numbers: torch.Tensor,
                 nl: NeighborList) -> dict[str, torch.Tensor]:
@@ -164,10 +175,17 @@ class LennardJones:
             # the virial follows from sum_i x_i (x) F_i plus an image term over the few edges
             # with S != 0; with ghost points (n_query < n_points) it is summed edge by edge.
             pair_virial = nl.n_query != nl.n_points
+            # the packed edges when the list has them (one load per edge), else the arrays
+            packed = getattr(nl, "packed", None)
+            none_n, none_s, none_p = self._no_edges(device)
+            if packed is not None:
+                edges = [as_array(none_n), as_vec3i(none_s), as_array(packed)]
+            else:
+                edges = [as_array(nl.neighbors), as_vec3i(nl.shifts), as_array(none_p)]
             wp.launch(
-                lk.LJ_KERNELS[t == 1, pair_virial], dim=nq, device=wp_device(positions),
+                lk.LJ_KERNELS[t == 1, pair_virial, packed is not None], dim=nq, device=wp_device(positions),
                 inputs=[as_vec3(positions.contiguous()), as_mat33(cell.to(dtype).contiguous()[None]),
-                        as_array(nl.offsets), as_array(nl.neighbors), as_vec3i(nl.shifts),
+                        as_array(nl.offsets), *edges,
                         as_array(types), as_vec3(table), t, scalar_type(dtype)(self.cutoff**2),
                         as_vec3(forces), as_array(energies), as_mat33(virials)],
             )

@@ -29,20 +29,22 @@ _ids = itertools.count(1)
 
 @torch.library.custom_op("shardmd_lj::lennard_jones", mutates_args=())
 def lennard_jones(positions: torch.Tensor, cell: torch.Tensor, numbers: torch.Tensor, offsets: torch.Tensor,
-                  neighbors: torch.Tensor, shifts: torch.Tensor, cutoff: float, n_points: int,
+                  neighbors: torch.Tensor, shifts: torch.Tensor, packed: torch.Tensor, cutoff: float, n_points: int,
                   handle: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(energy (), forces (n_query, 3), virial (3, 3), energies (n_query,)) of the model
-    registered under ``handle`` on the CSR list (offsets, neighbors, shifts)."""
+    registered under ``handle`` on the CSR list (offsets, neighbors, shifts; ``packed``: the
+    list's packed edges, or an empty tensor when it has none)."""
     model = _MODELS.get(int(handle))
     if model is None:
         raise RuntimeError(f"shardmd_lj::lennard_jones: no LennardJones model registered under handle {handle}")
-    nl = NeighborList(offsets=offsets, neighbors=neighbors, shifts=shifts, cutoff=float(cutoff), n_points=int(n_points))
+    nl = NeighborList(offsets=offsets, neighbors=neighbors, shifts=shifts, cutoff=float(cutoff), n_points=int(n_points),
+                      packed=packed if packed.shape[0] == neighbors.shape[0] and neighbors.shape[0] else None)
     out = model.compute(positions, cell, None, numbers, nl)
     return out["energy"], out["forces"], out["virial"], out["energies"]
 
 
 @lennard_jones.register_fake
-def _(positions, cell, numbers, offsets, neighbors, shifts, cutoff, n_points, handle):
+def _(positions, cell, numbers, offsets, neighbors, shifts, packed, cutoff, n_points, handle):
     nq = offsets.shape[0] - 1
     return (positions.new_empty(()), positions.new_empty(nq, 3), positions.new_empty(3, 3), positions.new_empty(nq))
 
@@ -80,8 +82,11 @@ class LennardJonesOp:
         return self.lj.describe() + " via shardmd_lj::lennard_jones"
 
     def compute(self, positions, cell, pbc, numbers, nl) -> dict:
-        e, f, w, es = lennard_jones(positions, cell, numbers, nl.offsets, nl.neighbors, nl.shifts, float(nl.cutoff),
-                                    int(nl.n_points), self.handle)
+        packed = getattr(nl, "packed", None)
+        if packed is None:
+            packed = nl.offsets.new_zeros(0, dtype=torch.int64)
+        e, f, w, es = lennard_jones(positions, cell, numbers, nl.offsets, nl.neighbors, nl.shifts, packed,
+                                    float(nl.cutoff), int(nl.n_points), self.handle)
         return {"energy": e, "forces": f, "virial": w, "energies": es}
 
 

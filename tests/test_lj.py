@@ -11,6 +11,8 @@ from __future__ import annotations
 import os
 import sys
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -132,6 +134,30 @@ def test_vs_reference_single_species_float_params(shift):
     ref, sc = run_ref(pos, cell, pbc, numbers, shift)
     got = run_impl(make_lj(shift, two_species=False), pos, cell, pbc, numbers)
     assert_close(got, ref, sc, RTOL64)
+
+
+@pytest.mark.parametrize("two_species", [True, False])
+@pytest.mark.parametrize("n_query", [None, 12])
+def test_packed_and_plain_edges_vs_reference(two_species, n_query):
+    """The kernel reads the list's packed edges when it has them (domain/neighbors.py) and the
+    neighbour and shift arrays otherwise: both against the float64 reference, in a sheared
+    cell (edges with image shifts), with every point a query point and with 12 of 20."""
+    pos, cell, pbc, numbers = make_config(7, n=20, rotate=True, two_species=two_species)
+    ref, sc = run_ref(pos, cell, pbc, numbers)
+    lj = make_lj(two_species=two_species)
+    p, c, b, z = to_t(pos, cell, pbc, numbers, torch.float64)
+    nl = build_neighbor_list(p, c, b, lj.cutoff, n_query=n_query)
+    assert nl.packed is not None and bool((nl.shifts != 0).any())
+    for edges in (nl, dataclasses.replace(nl, packed=None)):
+        got = lj.compute(p, c, b, z, edges)
+        nq = len(pos) if n_query is None else n_query
+        dF = (got["forces"].numpy() - ref["forces"][:nq]).__abs__().max()
+        assert dF <= RTOL64 * sc["forces"], (edges.packed is None, dF)
+        dEa = np.abs(got["energies"].numpy() - ref["energies"][:nq]).max()
+        assert dEa <= RTOL64 * sc["energies"].max(), (edges.packed is None, dEa)
+        if n_query is None:
+            assert abs(float(got["energy"]) - ref["energy"]) <= RTOL64 * sc["energy"]
+            assert np.abs(got["virial"].numpy() - ref["virial"]).max() <= RTOL64 * sc["virial"]
 
 
 def test_small_cell_many_images():
