@@ -182,8 +182,9 @@ class MaceModel:
     and how it runs; cueq: cuEquivariance kernels ('auto': on CUDA when installed);
     cuda_graph: replay the call as a CUDA graph between neighbour rebuilds when it can be: on
     CUDA, on one domain, with sync-free edge selection (True: then always; 'auto', the default:
-    up to ``GRAPH_MAX_POINTS``; False: never; see domain/graphed_call.py). Under DistributedModel the decomposition context of the call
-    (for the per-layer exchange) comes from ``current_scope()``; called directly, it runs alone.
+    up to ``GRAPH_MAX_POINTS``; False: never; see domain/graphed_call.py). Under
+    DistributedModel the decomposition context of the call (for the per-layer exchange) comes
+    from ``current_scope()``; called directly, it runs alone.
     """
 
     name = "mace"
