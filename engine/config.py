@@ -62,7 +62,8 @@ KEYS: dict[str, tuple[str, str]] = {
     "neighbor.deferred_max": ("50", "most steps between deferred read-backs"),
     "neighbor.pipelined": ("auto", "post the deferred check's scheduled reads and settle them a step "
                            "later, so the GPU queue never drains: auto (on CUDA) | true | false"),
-    "neighbor.sort_by_id": ("true", "put atoms in id order at every rebuild"),
+    "neighbor.sort": ("spatial", "atoms' memory order, set at every rebuild: spatial (neighbour-grid bins, "
+                      "fast kernels) | id | none"),
     "trajectory.every": ("100", "steps between trajectory frames (0: none)"),
     "trajectory.fields": ("[position,image,velocity,force]", "per-atom fields written to each frame"),
     "thermo.every": ("100", "steps between thermo lines (0: first and last only)"),
@@ -216,7 +217,7 @@ def validate(cfg: DictConfig) -> None:
     _need(_is_num(n.skin) and n.skin >= 0, "neighbor.skin", n.skin, "give a skin >= 0 in Å")
     _need(_is_int(n.every) and n.every >= 1, "neighbor.every", n.every, "give a whole number >= 1")
     _need(isinstance(n.check, bool), "neighbor.check", n.check, "use true or false")
-    _need(isinstance(n.sort_by_id, bool), "neighbor.sort_by_id", n.sort_by_id, "use true or false")
+    _need(n.sort in ("spatial", "id", "none"), "neighbor.sort", n.sort, "use spatial, id or none")
     _need(n.deferred in ("auto", True, False), "neighbor.deferred", n.deferred, "use auto, true or false")
     _need(_is_int(n.deferred_max) and n.deferred_max >= 1, "neighbor.deferred_max", n.deferred_max,
           "give a whole number >= 1")

@@ -17,20 +17,29 @@ from shardmd.domain.halo import build_halo, ghost_positions, local_pbc
 from shardmd.domain.migration import MigrationError, id_checksum, migrate, verify
 from shardmd.domain.neighbors import SkinNeighborList
 from shardmd.domain.cell import to_fractional
+from shardmd.domain.spatial_sort import spatial_order
 
 from .errors import CollectiveError
 from .observables import kinetic_tensor
 from .state import PER_ATOM, State
 
 
-class Decomposition:
-    """comm: the job's Comm; cutoff, skin: Å; every/check: rebuild policy; sort_by_id."""
+#: memory orders of a rank's atoms, set at every neighbour rebuild (``neighbor.sort``):
+#: spatial = (bin, id) on the neighbour grid (fast kernels), id = ascending id, none = as arrived
+SORTS = ("spatial", "id", "none")
 
-    def __init__(self, comm: Comm, cutoff: float, skin: float, sort_by_id: bool = True, grid=None):
+
+class Decomposition:
+    """comm: the job's Comm; cutoff, skin: Å; sort: the atoms' memory order set at every
+    rebuild (one of :data:`SORTS`); grid: [Px, Py, Pz] or None (chosen)."""
+
+    def __init__(self, comm: Comm, cutoff: float, skin: float, sort: str = "spatial", grid=None):
+        if sort not in SORTS:
+            raise ValueError(f"neighbor.sort={sort!r}: use one of {', '.join(SORTS)}")
         self.comm = comm
         self.nl = SkinNeighborList(cutoff, skin)
         self.ghost_width = cutoff + skin
-        self.sort_by_id = sort_by_id
+        self.sort = sort
         self.grid_shape = tuple(grid) if grid is not None else None
         self.grid = None
         self.plan = None
@@ -82,8 +91,9 @@ class Decomposition:
                 verify(self.comm, s.ids, self.expected)
             except MigrationError as exc:
                 raise CollectiveError(str(exc)) from None
-        if self.sort_by_id:
-            s.sort_by_id()
+        order = self._order(s, s.positions)
+        if order is not None:
+            s.permute(order)
         labels = torch.stack([s.ids, s.numbers], dim=1)
         self.plan, gpos, glab = build_halo(self.comm, self.grid, s.cell, pbc, s.positions, labels,
                                            self.ghost_width)
@@ -100,6 +110,10 @@ class Decomposition:
         """Rebuild ghosts and lists from the positions of the last rebuild (a restart), then
         refresh ghosts to the current positions: the uninterrupted run's lists, exactly."""
         t = time.perf_counter()
+        order = self._order(s, reference)   # the order that rebuild gave these very positions
+        if order is not None:
+            s.permute(order)
+            reference = reference[order].contiguous()
         labels = torch.stack([s.ids, s.numbers], dim=1)
         pbc = s.pbc.tolist()
         self.plan, gpos, glab = build_halo(self.comm, self.grid, s.cell, pbc, reference, labels,
@@ -112,6 +126,15 @@ class Decomposition:
         self.nl.build(padded_ref, s.cell, torch.tensor(lp), ids=self.padded_ids, n_query=s.n_atoms)
         self.timers["neighbor"] += time.perf_counter() - t
         self.refresh(s)
+
+    def _order(self, s: State, where: torch.Tensor) -> torch.Tensor | None:
+        """Permutation of ``s``'s atoms for the memory order ``self.sort`` asks, from the
+        positions ``where`` (n, 3) Å (wrapped, as at a rebuild); None when nothing moves."""
+        if self.sort == "spatial":
+            return spatial_order(where, s.cell, s.pbc, self.nl.radius, ids=s.ids)
+        if self.sort == "id" and s.n_atoms and not bool((s.ids[1:] > s.ids[:-1]).all()):
+            return torch.argsort(s.ids)
+        return None
 
     def reference_positions(self) -> torch.Tensor:
         """(n_owned, 3) positions of this rank's atoms at the last rebuild (memory order)."""

@@ -4,9 +4,9 @@
     sim.run()
 
 Each step: integrator first half -> (skin check -> wrap, sort, rebuild) -> forces ->
-integrator second half -> thermo / trajectory.  Atoms are wrapped into the cell and (with
-``neighbor.sort_by_id``) put in id order at every neighbour rebuild, and only then, so the
-positions the skin check measures are continuous between rebuilds.
+integrator second half -> thermo / trajectory.  Atoms are wrapped into the cell and put in
+the memory order ``neighbor.sort`` asks (spatial by default) at every neighbour rebuild, and
+only then, so the positions the skin check measures are continuous between rebuilds.
 """
 from __future__ import annotations
 
@@ -89,7 +89,7 @@ class Simulation:
             except ValueError as exc:
                 raise UserError(str(exc)) from None
         self.domain = Decomposition(self.comm, model.cutoff, float(cfg.neighbor.skin),
-                                    sort_by_id=bool(cfg.neighbor.sort_by_id),
+                                    sort=str(cfg.neighbor.sort),
                                     grid=None if cfg.grid is None else [int(g) for g in cfg.grid])
         self.state = self.domain.distribute(state, reference=reference)
         self.n_global = self.domain.n_global

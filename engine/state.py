@@ -63,11 +63,6 @@ class State:
         for name in PER_ATOM:
             setattr(self, name, getattr(self, name)[order].contiguous())
 
-    def sort_by_id(self) -> None:
-        """Put atoms in canonical order (ascending global id)."""
-        if self.n_atoms and not bool((self.ids[1:] > self.ids[:-1]).all()):
-            self.permute(torch.argsort(self.ids))
-
     # -- ASE interop ------------------------------------------------------------------
     @classmethod
     def from_atoms(cls, atoms, dtype=torch.float64, device="cpu", ids=None) -> "State":

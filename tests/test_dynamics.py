@@ -86,7 +86,7 @@ def test_langevin_temperature_quick(tmp_path):
 def _trajectory(tmp_path, permute: bool, steps=60):
     cfg = compose_config(["model=lj", "system.repeat=[3,3,3]", "quiet=true", "trajectory.every=0",
                           "thermo.every=0", f"output={tmp_path / 'p.h5'}", "integrator=langevin",
-                          "temperature=120", "dt=4.0", "neighbor.skin=0.3", "neighbor.sort_by_id=false",
+                          "temperature=120", "dt=4.0", "neighbor.skin=0.3", "neighbor.sort=none",
                           f"steps={steps}", "seed=11"])
     sim = Simulation(cfg)
     if permute:
