@@ -21,34 +21,41 @@ from .cell import to_fractional
 from .neighbors import _bin_grid, _regularise_open_axes
 
 
+def _bins(positions: torch.Tensor, cell: torch.Tensor, pbc, radius: float) -> tuple[torch.Tensor, int]:
+    """((n,) int64 linear bin of each point, number of bins) on the build's grid."""
+    pbc_t = tuple(bool(p) for p in (pbc.tolist() if torch.is_tensor(pbc) else pbc))
+    cell = _regularise_open_axes(cell.to(positions), pbc_t, positions, radius)
+    nb, _ = _bin_grid(cell, pbc_t, radius, int(positions.shape[0]))
+    f = to_fractional(positions, cell)
+    f = torch.where(torch.tensor(pbc_t, device=f.device), f - torch.floor(f), f)
+    b = torch.floor(f * torch.tensor(nb, dtype=f.dtype, device=f.device)).long()
+    b = torch.minimum(b.clamp_min(0), torch.tensor(nb, device=b.device) - 1)
+    return (b[:, 0] * nb[1] + b[:, 1]) * nb[2] + b[:, 2], nb[0] * nb[1] * nb[2]
+
+
 def bin_index(positions: torch.Tensor, cell: torch.Tensor, pbc, radius: float) -> torch.Tensor:
     """(n,) int64 linear bin of each point on the neighbour build's grid for ``radius`` (Å).
 
     positions: (n, 3) Å, any values (folded on periodic axes, clamped to the grid on open ones);
     cell: (3, 3) Å, rows are lattice vectors; pbc: three bools."""
-    n = int(positions.shape[0])
-    pbc_t = tuple(bool(p) for p in (pbc.tolist() if torch.is_tensor(pbc) else pbc))
-    cell = _regularise_open_axes(cell.to(positions), pbc_t, positions, radius)
-    nb, _ = _bin_grid(cell, pbc_t, radius, n)
-    f = to_fractional(positions, cell)
-    periodic = torch.tensor(pbc_t, device=positions.device)
-    f = torch.where(periodic, f - torch.floor(f), f)
-    nbt = torch.tensor(nb, dtype=f.dtype, device=f.device)
-    b = torch.floor(f * nbt).long()
-    b = torch.minimum(b.clamp_min(0), torch.tensor(nb, device=b.device) - 1)
-    return (b[:, 0] * nb[1] + b[:, 1]) * nb[2] + b[:, 2]
+    return _bins(positions, cell, pbc, radius)[0]
 
 
 def spatial_order(positions: torch.Tensor, cell: torch.Tensor, pbc, radius: float,
-                  ids: torch.Tensor | None = None) -> torch.Tensor:
+                  ids: torch.Tensor | None = None, id_bound: int | None = None) -> torch.Tensor:
     """(n,) int64 permutation putting points in (bin, id) order (``ids`` default: the index).
 
     ``x[spatial_order(x, ...)]`` lists the points of bin 0 first, in ascending id, then those of
-    bin 1, and so on."""
-    if positions.shape[0] == 0:
+    bin 1, and so on.  ``id_bound``: a number above every id (0 <= ids < id_bound), known to
+    the caller: one sort of the key ``bin * id_bound + id`` then does the work of two stable
+    sorts (4 M points on an H200: docs/benchmarks.md, "Spatial sort")."""
+    n = int(positions.shape[0])
+    if n == 0:
         return torch.zeros(0, dtype=torch.int64, device=positions.device)
-    bins = bin_index(positions, cell, pbc, radius)
+    bins, n_bins = _bins(positions, cell, pbc, radius)
     if ids is None:
         return torch.argsort(bins, stable=True)
+    if id_bound is not None and n_bins * int(id_bound) < 2**62:
+        return torch.argsort(bins * int(id_bound) + ids)   # keys are unique: no stable sort needed
     by_id = torch.argsort(ids, stable=True)
     return by_id[torch.argsort(bins[by_id], stable=True)]

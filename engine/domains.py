@@ -50,6 +50,7 @@ class Decomposition:
         self.expected = None
         self.timers = {"neighbor": 0.0, "comm": 0.0}
         self.n_global = 0
+        self.id_bound: int | None = None
         self.stats = {"received": 0}
 
     # -- set-up ----------------------------------------------------------------------
@@ -66,6 +67,9 @@ class Decomposition:
         if reference is None:
             full.wrap()
         self.n_global = full.n_atoms
+        # one sort key for the spatial order: a bound above every id (ids never change in a run)
+        lo, hi = torch.stack([full.ids.min(), full.ids.max()]).tolist() if full.n_atoms else (0, 0)
+        self.id_bound = hi + 1 if lo >= 0 else None
         if self.comm.size > 1:
             where = full.positions if reference is None else reference
             mine = torch.nonzero(self.grid.owner(to_fractional(where, full.cell)) == self.comm.rank).flatten()
@@ -131,7 +135,7 @@ class Decomposition:
         """Permutation of ``s``'s atoms for the memory order ``self.sort`` asks, from the
         positions ``where`` (n, 3) Å (wrapped, as at a rebuild); None when nothing moves."""
         if self.sort == "spatial":
-            return spatial_order(where, s.cell, s.pbc, self.nl.radius, ids=s.ids)
+            return spatial_order(where, s.cell, s.pbc, self.nl.radius, ids=s.ids, id_bound=self.id_bound)
         if self.sort == "id" and s.n_atoms and not bool((s.ids[1:] > s.ids[:-1]).all()):
             return torch.argsort(s.ids)
         return None

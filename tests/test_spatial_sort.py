@@ -42,6 +42,7 @@ def test_order_is_bin_then_id_and_independent_of_arrival(pbc):
     ids = torch.randperm(n, generator=g) * 3 + 5                                     # not 0..n-1
     order = spatial_order(x, cell, pbc, 4.0, ids=ids)
     assert torch.equal(torch.sort(order).values, torch.arange(n))                    # a permutation
+    assert torch.equal(spatial_order(x, cell, pbc, 4.0, ids=ids, id_bound=3 * n + 5), order)  # one-key sort
     assert_bin_then_id(x[order].numpy(), cell.numpy(), pbc, 4.0, ids[order].numpy())
     # the same points arriving in another order end in the same order
     p = torch.randperm(n, generator=g)
