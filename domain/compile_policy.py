@@ -158,9 +158,7 @@ def pad_graph(padder: GraphPadder, positions: torch.Tensor, numbers: torch.Tenso
         offsets[-1] += e_pad
         neighbors = torch.cat([nl.neighbors, nl.neighbors.new_full((e_pad,), n)])
         shifts = torch.cat([nl.shifts, nl.shifts.new_zeros((e_pad, 3))])
-        fields = {f: getattr(nl, f) for f in nl.__dataclass_fields__}
-        fields.update(offsets=offsets, neighbors=neighbors, shifts=shifts, n_points=nl.n_points + p_pad)
-        nl = type(nl)(**fields)
+        nl = nl.replace(offsets=offsets, neighbors=neighbors, shifts=shifts, n_points=nl.n_points + p_pad)
     return Padded(pos, num, nl, padded_inputs, n, e, p_pad, e_pad)
 
 

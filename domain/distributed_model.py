@@ -102,12 +102,17 @@ class ModelConfig:
             raise ValueError(f"autograd_inputs {sorted(bad)} are neither 'positions' nor point_inputs")
 
 
-@dataclass(frozen=True)
 class StorageIdNeighborList(NeighborList):
     """The rank's neighbour list in sharded storage: ``centers()`` and ``neighbors`` are
-    storage ids, ``shifts`` include the halo images (``x[id_j] + S @ cell - x[id_i]``)."""
+    storage ids, ``shifts`` include the halo images (``x[id_j] + S @ cell - x[id_i]``);
+    center_ids: (n_query,) int64 storage id of each query point."""
 
-    center_ids: torch.Tensor | None = None
+    def __init__(self, *, center_ids: torch.Tensor, **fields):
+        super().__init__(**fields)
+        self.center_ids = center_ids
+
+    def fields(self) -> dict:
+        return {**super().fields(), "center_ids": self.center_ids}
 
     def centers(self) -> torch.Tensor:
         return self.center_ids[super().centers()]

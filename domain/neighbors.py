@@ -16,7 +16,6 @@ hide a move (a bug other engines shipped: see docs/design.md).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 
@@ -27,7 +26,6 @@ from .warp_setup import as_array, as_mat33, as_vec3, as_vec3i, init_warp, scalar
 wp = init_warp()
 
 
-@dataclass(frozen=True)
 class NeighborList:
     """A full neighbour list in CSR form.
 
@@ -40,14 +38,69 @@ class NeighborList:
                format in domain/neighbor_kernels.py), kept by the build when the shifts fit.
                A kernel walking a point's edges in one thread reads one word per edge
                instead of four: the LJ kernel at 4 M points on an H200, 4.9 -> 2.6 ms.
+
+    A list may be given its packed edges alone (the build does this): ``neighbors`` and
+    ``shifts`` are then unpacked on first access and kept. A model that reads only the packed
+    words (Lennard-Jones) never pays for them: 8 bytes per edge instead of 24, and no unpack
+    pass per build. Treat a list as immutable.
     """
 
-    offsets: torch.Tensor
-    neighbors: torch.Tensor
-    shifts: torch.Tensor
-    cutoff: float
-    n_points: int
-    packed: torch.Tensor | None = None
+    def __init__(self, offsets: torch.Tensor, neighbors: torch.Tensor | None = None,
+                 shifts: torch.Tensor | None = None, cutoff: float = 0.0, n_points: int = 0,
+                 packed: torch.Tensor | None = None):
+        if (neighbors is None or shifts is None) and packed is None:
+            raise ValueError("NeighborList needs neighbors and shifts, or packed edges")
+        self.offsets = offsets
+        self._neighbors = neighbors
+        self._shifts = shifts
+        self.cutoff = float(cutoff)
+        self.n_points = int(n_points)
+        self.packed = packed
+
+    @property
+    def neighbors(self) -> torch.Tensor:
+        if self._neighbors is None:
+            self._unpack()
+        return self._neighbors
+
+    @property
+    def shifts(self) -> torch.Tensor:
+        if self._shifts is None:
+            self._unpack()
+        return self._shifts
+
+    @property
+    def has_arrays(self) -> bool:
+        """Whether ``neighbors`` and ``shifts`` exist yet (or will be unpacked on access)."""
+        return self._neighbors is not None
+
+    def _unpack(self) -> None:
+        e, device = int(self.packed.shape[0]), self.packed.device
+        neighbors = torch.empty(max(e, 1), dtype=torch.int32, device=device)
+        shifts = torch.empty(max(e, 1), 3, dtype=torch.int32, device=device)
+        if e:
+            wp.launch(nk.unpack_edges, dim=e, device=wp_device(self.packed),
+                      inputs=[as_array(self.packed), as_array(neighbors), as_vec3i(shifts)])
+        self._neighbors, self._shifts = neighbors[:e], shifts[:e]
+
+    def fields(self) -> dict:
+        """The constructor's arguments that give this list (arrays not yet unpacked stay None)."""
+        return {"offsets": self.offsets, "neighbors": self._neighbors, "shifts": self._shifts,
+                "cutoff": self.cutoff, "n_points": self.n_points, "packed": self.packed}
+
+    def replace(self, **changes) -> "NeighborList":
+        """A list of the same type with some constructor arguments changed. Changing the edges
+        (``neighbors``, ``shifts``) keeps ``packed`` only if it is changed too: stale packed
+        words would describe other edges."""
+        fields = self.fields()
+        if ("neighbors" in changes or "shifts" in changes) and "packed" not in changes:
+            fields.update(neighbors=self.neighbors, shifts=self.shifts, packed=None)
+        fields.update(changes)
+        return type(self)(**fields)
+
+    def without_packed(self) -> "NeighborList":
+        """The same edges as arrays only (``packed`` None)."""
+        return self.replace(neighbors=self.neighbors, shifts=self.shifts, packed=None)
 
     @property
     def n_query(self) -> int:
@@ -55,7 +108,7 @@ class NeighborList:
 
     @property
     def n_edges(self) -> int:
-        return int(self.neighbors.shape[0])
+        return int((self.packed if self._neighbors is None else self._neighbors).shape[0])
 
     def centers(self) -> torch.Tensor:
         """(E,) int64 index i of each edge (the centre / receiver)."""
@@ -201,27 +254,22 @@ def build_neighbor_list(
                                as_vec3i(dummy_s), as_array(dummy_p)])
     offsets[1:] = torch.cumsum(counts, 0)
     n_edges = int(offsets[-1])
-    neighbors = torch.empty(max(n_edges, 1), dtype=torch.int32, device=device)
-    shifts = torch.empty(max(n_edges, 1), 3, dtype=torch.int32, device=device)
     # a shift component is (bin periods folded, at most ceil(reach / nb)) + img_i - img_j
     fold = max((-(-reach[k] // nb[k]) for k in range(3) if pbc_t[k]), default=0)
-    packed = None
-    if fold + 2 * max_img < nk.PACK_LIMIT:
+    if fold + 2 * max_img < nk.PACK_LIMIT:   # packed edges only: arrays unpacked when asked for
         packed = torch.empty(max(n_edges, 1), dtype=torch.int64, device=device)
         wp.launch(nk.scan_neighbors, dim=nq, device=dev,
                   inputs=common + [2, mask_w, as_array(offsets), as_array(counts), as_array(dummy_n),
                                    as_vec3i(dummy_s), as_array(packed)])
-        wp.launch(nk.unpack_edges, dim=n_edges, device=dev,
-                  inputs=[as_array(packed), as_array(neighbors), as_vec3i(shifts)])
-        packed = packed[:n_edges]
-    else:   # points many cells away from the cell (unwrapped input): write the edges directly
-        wp.launch(nk.scan_neighbors, dim=nq, device=dev,
-                  inputs=common + [1, mask_w, as_array(offsets), as_array(counts), as_array(neighbors),
-                                   as_vec3i(shifts), as_array(dummy_p)])
-    return NeighborList(
-        offsets=offsets, neighbors=neighbors[:n_edges], shifts=shifts[:n_edges],
-        cutoff=float(cutoff), n_points=n, packed=packed,
-    )
+        return NeighborList(offsets=offsets, cutoff=float(cutoff), n_points=n, packed=packed[:n_edges])
+    # points many cells away from the cell (unwrapped input): write the edges directly
+    neighbors = torch.empty(max(n_edges, 1), dtype=torch.int32, device=device)
+    shifts = torch.empty(max(n_edges, 1), 3, dtype=torch.int32, device=device)
+    wp.launch(nk.scan_neighbors, dim=nq, device=dev,
+              inputs=common + [1, mask_w, as_array(offsets), as_array(counts), as_array(neighbors),
+                               as_vec3i(shifts), as_array(dummy_p)])
+    return NeighborList(offsets=offsets, neighbors=neighbors[:n_edges], shifts=shifts[:n_edges],
+                        cutoff=float(cutoff), n_points=n)
 
 
 def _regularise_open_axes(cell: torch.Tensor, pbc, positions: torch.Tensor, cutoff: float):

@@ -32,13 +32,17 @@ def lennard_jones(positions: torch.Tensor, cell: torch.Tensor, numbers: torch.Te
                   neighbors: torch.Tensor, shifts: torch.Tensor, packed: torch.Tensor, cutoff: float, n_points: int,
                   handle: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(energy (), forces (n_query, 3), virial (3, 3), energies (n_query,)) of the model
-    registered under ``handle`` on the CSR list (offsets, neighbors, shifts; ``packed``: the
-    list's packed edges, or an empty tensor when it has none)."""
+    registered under ``handle`` on the CSR list: its packed edges when ``packed`` is not
+    empty (``neighbors`` and ``shifts`` are then not read, and may be empty), else the
+    arrays (offsets, neighbors, shifts)."""
     model = _MODELS.get(int(handle))
     if model is None:
         raise RuntimeError(f"shardmd_lj::lennard_jones: no LennardJones model registered under handle {handle}")
-    nl = NeighborList(offsets=offsets, neighbors=neighbors, shifts=shifts, cutoff=float(cutoff), n_points=int(n_points),
-                      packed=packed if packed.shape[0] == neighbors.shape[0] and neighbors.shape[0] else None)
+    if packed.shape[0]:
+        nl = NeighborList(offsets=offsets, cutoff=float(cutoff), n_points=int(n_points), packed=packed)
+    else:
+        nl = NeighborList(offsets=offsets, neighbors=neighbors, shifts=shifts, cutoff=float(cutoff),
+                          n_points=int(n_points))
     out = model.compute(positions, cell, None, numbers, nl)
     return out["energy"], out["forces"], out["virial"], out["energies"]
 
@@ -83,9 +87,12 @@ class LennardJonesOp:
 
     def compute(self, positions, cell, pbc, numbers, nl) -> dict:
         packed = getattr(nl, "packed", None)
-        if packed is None:
+        if packed is not None and packed.shape[0]:   # the kernel reads these alone: never unpack
+            neighbors, shifts = nl.offsets.new_zeros(0), nl.offsets.new_zeros(0, 3)
+        else:
             packed = nl.offsets.new_zeros(0, dtype=torch.int64)
-        e, f, w, es = lennard_jones(positions, cell, numbers, nl.offsets, nl.neighbors, nl.shifts, packed,
+            neighbors, shifts = nl.neighbors, nl.shifts
+        e, f, w, es = lennard_jones(positions, cell, numbers, nl.offsets, neighbors, shifts, packed,
                                     float(nl.cutoff), int(nl.n_points), self.handle)
         return {"energy": e, "forces": f, "virial": w, "energies": es}
 

@@ -8,7 +8,6 @@ round-off is bounded by those and not by the (possibly cancelling) totals.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import sys
 
@@ -146,8 +145,10 @@ def test_packed_and_plain_edges_vs_reference(two_species, n_query):
     lj = make_lj(two_species=two_species)
     p, c, b, z = to_t(pos, cell, pbc, numbers, torch.float64)
     nl = build_neighbor_list(p, c, b, lj.cutoff, n_query=n_query)
-    assert nl.packed is not None and bool((nl.shifts != 0).any())
-    for edges in (nl, dataclasses.replace(nl, packed=None)):
+    assert nl.packed is not None and not nl.has_arrays    # the build keeps the packed words alone
+    plain = build_neighbor_list(p, c, b, lj.cutoff, n_query=n_query).without_packed()
+    assert plain.packed is None and bool((plain.shifts != 0).any())
+    for edges in (nl, plain):
         got = {k: v.numpy() for k, v in lj.compute(p, c, b, z, edges).items()}
         if n_query is None:
             assert_close(got, ref, sc, RTOL64)
@@ -156,6 +157,7 @@ def test_packed_and_plain_edges_vs_reference(two_species, n_query):
             assert dF <= RTOL64 * sc["forces"], (edges.packed is None, dF)
             dEa = np.abs(got["energies"] - ref["energies"][:n_query]).max()
             assert dEa <= RTOL64 * sc["energies"].max(), (edges.packed is None, dEa)
+    assert not nl.has_arrays    # the kernel read the packed words only: nothing was unpacked
 
 
 def test_small_cell_many_images():
