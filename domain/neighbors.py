@@ -46,7 +46,7 @@ class NeighborList:
     """
 
     def __init__(self, offsets: torch.Tensor, neighbors: torch.Tensor | None = None,
-                 shifts: torch.Tensor | None = None, cutoff: float = 0.0, n_points: int = 0,
+                 shifts: torch.Tensor | None = None, *, cutoff: float, n_points: int,
                  packed: torch.Tensor | None = None):
         if (neighbors is None or shifts is None) and packed is None:
             raise ValueError("NeighborList needs neighbors and shifts, or packed edges")
@@ -71,7 +71,7 @@ class NeighborList:
 
     @property
     def has_arrays(self) -> bool:
-        """Whether ``neighbors`` and ``shifts`` exist yet (or will be unpacked on access)."""
+        """True once ``neighbors`` and ``shifts`` exist (given, or unpacked by a first access)."""
         return self._neighbors is not None
 
     def _unpack(self) -> None:

@@ -33,14 +33,6 @@ def _bins(positions: torch.Tensor, cell: torch.Tensor, pbc, radius: float) -> tu
     return (b[:, 0] * nb[1] + b[:, 1]) * nb[2] + b[:, 2], nb[0] * nb[1] * nb[2]
 
 
-def bin_index(positions: torch.Tensor, cell: torch.Tensor, pbc, radius: float) -> torch.Tensor:
-    """(n,) int64 linear bin of each point on the neighbour build's grid for ``radius`` (Å).
-
-    positions: (n, 3) Å, any values (folded on periodic axes, clamped to the grid on open ones);
-    cell: (3, 3) Å, rows are lattice vectors; pbc: three bools."""
-    return _bins(positions, cell, pbc, radius)[0]
-
-
 def spatial_order(positions: torch.Tensor, cell: torch.Tensor, pbc, radius: float,
                   ids: torch.Tensor | None = None, id_bound: int | None = None) -> torch.Tensor:
     """(n,) int64 permutation putting points in (bin, id) order (``ids`` default: the index).
