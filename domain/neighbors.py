@@ -150,6 +150,28 @@ def _bin_grid(cell: torch.Tensor, pbc: tuple[bool, bool, bool], cutoff: float, n
     return nb, reach
 
 
+def bin_points(positions: torch.Tensor, cell: torch.Tensor, pbc: tuple[bool, bool, bool], nb):
+    """Bin points on the grid of ``nb`` (3,) bins per axis (one Warp kernel).
+
+    positions: (n, 3) Å; cell: (3, 3) Å, a usable frame (:func:`_regularise_open_axes`).
+    Returns the positions wrapped on periodic axes (n, 3) Å, their bin images (n, 3) int32
+    (``positions = wrapped + images @ cell``) and linear bins (n,) int32,
+    ``(b0 * nb1 + b1) * nb2 + b2`` (clamped to the grid on open axes)."""
+    n, device = int(positions.shape[0]), positions.device
+    cell = cell.to(dtype=positions.dtype, device=device).contiguous()
+    hinv = torch.linalg.inv(cell.T).contiguous()
+    x = positions.contiguous()
+    xw = torch.empty_like(x)
+    img = torch.empty(n, 3, dtype=torch.int32, device=device)
+    bin_of = torch.empty(n, dtype=torch.int32, device=device)
+    if n:
+        wp.launch(nk.bin_points, dim=n, device=wp_device(positions),
+                  inputs=[as_vec3(x), as_mat33(hinv[None]), as_mat33(cell[None]),
+                          wp.vec3i(*[int(p) for p in pbc]), wp.vec3i(*nb), as_vec3(xw), as_vec3i(img),
+                          as_array(bin_of)])
+    return xw, img, bin_of
+
+
 def _candidates_per_bin(per_bin: torch.Tensor, nb, reach, pbc) -> torch.Tensor:
     """(n_bins,) number of points in the ``(2 reach + 1)^3`` bins the scan visits from each bin
     (periodic axes wrap, possibly more than once in small cells; open axes stop at the grid)."""
@@ -200,20 +222,11 @@ def build_neighbor_list(
     cell = cell.to(dtype=dtype, device=device).contiguous()
     # An open axis needs a usable frame vector even if the user gave a zero one.
     cell = _regularise_open_axes(cell, pbc_t, positions, cutoff)
-    hinv = torch.linalg.inv(cell.T).contiguous()
     nb, reach = _bin_grid(cell, pbc_t, cutoff, n)
     dev = wp_device(positions)
     pbc_v, nb_v, reach_v = wp.vec3i(*[int(p) for p in pbc_t]), wp.vec3i(*nb), wp.vec3i(*reach)
-
-    x = positions.contiguous()
-    xw = torch.empty_like(x)
-    img = torch.empty(n, 3, dtype=torch.int32, device=device)
-    bin_of = torch.empty(n, dtype=torch.int32, device=device)
-    cell_w, hinv_w = as_mat33(cell[None]), as_mat33(hinv[None])
-    wp.launch(
-        nk.bin_points, dim=n, device=dev,
-        inputs=[as_vec3(x), hinv_w, cell_w, pbc_v, nb_v, as_vec3(xw), as_vec3i(img), as_array(bin_of)],
-    )
+    xw, img, bin_of = bin_points(positions, cell, pbc_t, nb)
+    cell_w = as_mat33(cell[None])
     # points sorted by (bin, id): a stable sort by id, then a stable sort by bin
     if ids is None:
         order = torch.argsort(bin_of, stable=True)

@@ -17,20 +17,16 @@ from __future__ import annotations
 
 import torch
 
-from .cell import to_fractional
-from .neighbors import _bin_grid, _regularise_open_axes
+from .neighbors import _bin_grid, _regularise_open_axes, bin_points
 
 
 def _bins(positions: torch.Tensor, cell: torch.Tensor, pbc, radius: float) -> tuple[torch.Tensor, int]:
-    """((n,) int64 linear bin of each point, number of bins) on the build's grid."""
+    """((n,) int64 linear bin of each point, number of bins) on the build's grid, from the
+    build's own binning kernel."""
     pbc_t = tuple(bool(p) for p in (pbc.tolist() if torch.is_tensor(pbc) else pbc))
     cell = _regularise_open_axes(cell.to(positions), pbc_t, positions, radius)
     nb, _ = _bin_grid(cell, pbc_t, radius, int(positions.shape[0]))
-    f = to_fractional(positions, cell)
-    f = torch.where(torch.tensor(pbc_t, device=f.device), f - torch.floor(f), f)
-    b = torch.floor(f * torch.tensor(nb, dtype=f.dtype, device=f.device)).long()
-    b = torch.minimum(b.clamp_min(0), torch.tensor(nb, device=b.device) - 1)
-    return (b[:, 0] * nb[1] + b[:, 1]) * nb[2] + b[:, 2], nb[0] * nb[1] * nb[2]
+    return bin_points(positions, cell, pbc_t, nb)[2].long(), nb[0] * nb[1] * nb[2]
 
 
 def spatial_order(positions: torch.Tensor, cell: torch.Tensor, pbc, radius: float,
