@@ -92,10 +92,12 @@ class NeighborList:
         """A list of the same type with some constructor arguments changed. Changing the edges
         (``neighbors``, ``shifts``) keeps ``packed`` only if it is changed too: stale packed
         words would describe other edges."""
-        fields = self.fields()
+        fields = {**self.fields(), **changes}
         if ("neighbors" in changes or "shifts" in changes) and "packed" not in changes:
-            fields.update(neighbors=self.neighbors, shifts=self.shifts, packed=None)
-        fields.update(changes)
+            fields["packed"] = None
+            for name in ("neighbors", "shifts"):   # the one not changed, unpacked if need be
+                if name not in changes:
+                    fields[name] = getattr(self, name)
         return type(self)(**fields)
 
     def without_packed(self) -> "NeighborList":
