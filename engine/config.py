@@ -77,6 +77,8 @@ KEYS: dict[str, tuple[str, str]] = {
     "model.checkpoint": ("null", "mace: path to a mace-torch model file (default: shipped Cu model)"),
     "model.dtype": ("null", "mace: float32 | float64 (default: precision)"),
     "model.cueq": ("auto", "mace: cuEquivariance kernels: auto (on CUDA when installed) | true | false"),
+    "model.trust_pickle": ("false", "mace: unpickle a model file outside the safe loader's allow-list "
+                           "(runs any code the file holds: only for files you trust)"),
     "model.cuda_graph": ("auto", "mace: replay the call as a CUDA graph between neighbour rebuilds "
                          "(one domain on CUDA): auto (up to 50,000 atoms) | true | false"),
     "integrator.friction": ("0.01", "langevin: friction gamma in 1/fs"),
@@ -256,6 +258,8 @@ def _validate_model(m: DictConfig) -> None:
         _need(m.dtype in (None, "float32", "float64"), "model.dtype", m.dtype, "use float32 or float64")
         _need(m.get("cueq", "auto") in ("auto", True, False), "model.cueq", m.get("cueq"),
               "use auto, true or false")
+        _need(isinstance(m.get("trust_pickle", False), bool), "model.trust_pickle", m.get("trust_pickle"),
+              "use true or false")
         _need(m.get("cuda_graph", "auto") in ("auto", True, False), "model.cuda_graph", m.get("cuda_graph"),
               "use true, auto or false")
 

@@ -1,4 +1,17 @@
-"""User-facing errors: one line naming the problem and the fix, never a traceback."""
+"""User-facing errors: one line naming the problem and the fix, never a traceback.
+
+Exit statuses (the CLI's, also those of every rank under MPI):
+
+====  ===================================================================================
+ 0    the run reached ``steps``
+ 2    bad input (configuration, structure or checkpoint file); nothing was started
+ 3    the run became unhealthy (non-finite or exploding positions, velocities, forces or
+      energy); frames and checkpoints up to the last healthy output are kept
+ 4    an output could not be written (disk full, read-only, I/O error); earlier frames
+      and checkpoints are kept
+75    stopped by a signal after writing a checkpoint (``engine/stop.py``)
+====  ===================================================================================
+"""
 from __future__ import annotations
 
 
@@ -17,3 +30,15 @@ class CollectiveError(UserError):
     """A UserError every rank raises at the same point (e.g. an impossible decomposition)."""
 
     collective = True
+
+
+class UnhealthyRun(UserError):
+    """The dynamics went bad (NaN/inf, an atom jumping too far): exit status 3."""
+
+    exit_code = 3
+
+
+class OutputError(UserError):
+    """A trajectory, log or checkpoint write failed (ENOSPC, EIO, read-only): exit status 4."""
+
+    exit_code = 4
