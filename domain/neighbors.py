@@ -351,10 +351,14 @@ class SkinNeighborList:
             return False
         return not torch.equal(cell, self._cell0)
 
+    def stale(self, positions: torch.Tensor, cell: torch.Tensor) -> bool:
+        """True when the list cannot serve these points at all: none built, another number of
+        points, or another cell (no displacement is measured)."""
+        return (self.current is None or self._x0 is None or self._x0.shape != positions.shape
+                or self.cell_changed(cell))
+
     def needs_rebuild(self, positions: torch.Tensor, cell: torch.Tensor) -> bool:
-        if self.current is None or self._x0 is None or self._x0.shape != positions.shape:
-            return True
-        if self.cell_changed(cell):
+        if self.stale(positions, cell):
             return True
         return bool(self.max_displacement(positions) > 0.5 * self.skin)
 

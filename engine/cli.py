@@ -76,11 +76,14 @@ def main(argv: list[str] | None = None) -> int:
 def _run(args: list[str]) -> int:
     from .config import compose_config
     from .parallel import env_size, launch_self, under_launcher
+    from .preflight import check_domains, check_outputs
 
     cfg = compose_config(args)
+    check_outputs(cfg)
     explicit_domains = any(a.lstrip("+").startswith("domains=") for a in args)
     if not under_launcher():
         if cfg.domains > 1:
+            check_domains(cfg, local=True)   # before starting any rank
             return launch_self(int(cfg.domains), ["run", *args])
         return _run_ranks(cfg)
     size = env_size()
@@ -102,6 +105,10 @@ def _run_ranks(cfg) -> int:
     from .errors import UserError
     from .simulation import Simulation
 
+    if os.environ.get("SHARDMD_SELF_LAUNCHED"):
+        from .parallel import watch_parent
+
+        watch_parent()
     comm = init_comm(cfg.device) if cfg.domains > 1 else None
     code = 0
     try:

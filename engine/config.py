@@ -9,6 +9,7 @@ compose API (no ``@hydra.main``: no working-directory change, no output folders)
 from __future__ import annotations
 
 import difflib
+import math
 import re
 from pathlib import Path
 from typing import Any
@@ -64,6 +65,8 @@ KEYS: dict[str, tuple[str, str]] = {
                            "later, so the GPU queue never drains: auto (on CUDA) | true | false"),
     "neighbor.sort": ("spatial", "atoms' memory order, set at every rebuild: spatial (neighbour-grid bins, "
                       "fast kernels) | id | none"),
+    "health.max_step": ("1.0", "Å: an atom drifting farther in one step (|v| dt) stops the run (exit 3)"),
+    "health.min_distance": ("0.5", "Å: atoms closer at the start are refused; 0 allows close contacts"),
     "trajectory.every": ("100", "steps between trajectory frames (0: none)"),
     "trajectory.fields": ("[position,image,velocity,force]", "per-atom fields written to each frame"),
     "thermo.every": ("100", "steps between thermo lines (0: first and last only)"),
@@ -160,7 +163,8 @@ def _is_int(v) -> bool:
 
 
 def _is_num(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
+    """A finite number (inf and NaN are refused for every float key)."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
 def _need(cond: bool, key: str, value: Any, what: str) -> None:
@@ -225,6 +229,10 @@ def validate(cfg: DictConfig) -> None:
           "give a whole number >= 1")
     _need(n.get("pipelined", "auto") in ("auto", True, False), "neighbor.pipelined", n.get("pipelined"),
           "use auto, true or false")
+    h = c.health
+    _need(_is_num(h.max_step) and h.max_step > 0, "health.max_step", h.max_step, "give a distance > 0 in Å")
+    _need(_is_num(h.min_distance) and h.min_distance >= 0, "health.min_distance", h.min_distance,
+          "give a distance >= 0 in Å (0: no check)")
     t = c.trajectory
     _need(_is_int(t.every) and t.every >= 0, "trajectory.every", t.every, "give a whole number >= 0")
     allowed = {"position", "image", "velocity", "force"}

@@ -15,11 +15,12 @@ from shardmd.domain.context import DomainContext
 from shardmd.domain.decomposition import DecompositionError, choose_grid
 from shardmd.domain.halo import build_halo, ghost_positions, local_pbc
 from shardmd.domain.migration import MigrationError, id_checksum, migrate, verify
-from shardmd.domain.neighbors import SkinNeighborList
+from shardmd.domain.neighbors import SkinNeighborList, build_neighbor_list
 from shardmd.domain.cell import to_fractional
 from shardmd.domain.spatial_sort import spatial_order
 
 from .errors import CollectiveError
+from .health import step_measure
 from .observables import kinetic_tensor
 from .state import PER_ATOM, State
 
@@ -156,11 +157,39 @@ class Decomposition:
 
     def needs_rebuild(self, s: State) -> bool:
         """Skin criterion on owned atoms, decided together by all ranks (one small all-reduce)."""
+        return self.check(s)[0]
+
+    def check(self, s: State, dt: float = 0.0) -> tuple[bool, float]:
+        """Skin criterion and the health measure of engine/health.py (max ``|v| dt``, inf for
+        a non-finite velocity or position), reduced together in one small all-reduce:
+        (rebuild needed on any rank, the largest measure on any rank)."""
         t = time.perf_counter()
-        local = self.nl.needs_rebuild(s.positions, s.cell) if s.n_atoms else False
-        need = self.comm.any(local)
+        nl = self.nl
+        if not s.n_atoms:
+            need, h = False, torch.zeros((), dtype=torch.float64)
+        elif nl.stale(s.positions, s.cell):
+            need, h = True, step_measure(s.velocities, dt)
+        else:
+            d = nl.max_displacement(s.positions)
+            need, h = d > 0.5 * nl.skin, step_measure(s.velocities, dt, d)
+        local = torch.stack([torch.as_tensor(need, dtype=torch.float64).reshape(()).cpu(), h.cpu()])
+        need, worst = self.comm.all_reduce(local, "max").tolist()
         self.timers["neighbor"] += time.perf_counter() - t
-        return need
+        return bool(need), worst
+
+    def close_pairs(self, s: State, radius: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(id_i, id_j, distance Å) of every pair closer than ``radius`` with i owned here, from
+        a list of that radius over the current points (ghosts included: radius < ghost width)."""
+        lp = local_pbc(self.grid, s.pbc.tolist())
+        nl = build_neighbor_list(self.padded_positions, s.cell, torch.tensor(lp), radius,
+                                 ids=self.padded_ids, n_query=s.n_atoms)
+        if nl.n_edges == 0:
+            empty = torch.zeros(0, dtype=torch.int64)
+            return empty, empty, empty.double()
+        i, j = nl.centers(), nl.neighbors.long()
+        x = self.padded_positions.double()
+        d = torch.linalg.vector_norm(x[j] + nl.shift_vectors(s.cell.double()) - x[i], dim=1)
+        return self.padded_ids[i], self.padded_ids[j], d
 
     # -- reductions and output ----------------------------------------------------------
     def migrated(self) -> int:

@@ -111,7 +111,8 @@ def launch_self(n: int, argv: list[str]) -> int:
     import signal
 
     cmd = launch_command(n, argv)
-    env = dict(os.environ, SHARDMD_SELF_LAUNCHED="1", PYTHONUNBUFFERED="1")
+    env = dict(os.environ, SHARDMD_SELF_LAUNCHED="1", PYTHONUNBUFFERED="1",
+               SHARDMD_PARENT=f"{os.getpid()}:{_start_time(os.getpid())}")
     proc = subprocess.Popen(cmd, env=env)
 
     def forward(signum, frame):  # noqa: ARG001
@@ -135,6 +136,47 @@ def launch_self(n: int, argv: list[str]) -> int:
     finally:
         for s, h in old.items():
             signal.signal(s, h)
+
+
+def _start_time(pid: int) -> str:
+    """The process's start time (clock ticks since boot, /proc): with the pid, a name no
+    later process can take. Empty where /proc is missing."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return ""
+
+
+#: seconds between the watchdog's looks at the launching process, and the grace a rank has
+#: to stop and checkpoint after it is gone before the rank ends itself
+WATCH_EVERY, WATCH_GRACE = 0.5, 6.0
+
+
+def watch_parent() -> None:
+    """In a rank the engine started itself: when the launching process is gone (killed with
+    SIGKILL, which it cannot forward), stop this rank as SIGTERM would (all ranks stop at a
+    common step and checkpoint), and end it outright ``WATCH_GRACE`` s later. A daemon thread."""
+    import signal
+    import threading
+    import time
+
+    spec = os.environ.get("SHARDMD_PARENT", "")
+    pid, _, started = spec.partition(":")
+    if not pid.isdigit():
+        return
+
+    def alive() -> bool:
+        return _start_time(int(pid)) == started if started else Path(f"/proc/{pid}").exists()
+
+    def watch() -> None:
+        while alive():
+            time.sleep(WATCH_EVERY)
+        sys.stderr.write(f"rank {env_rank()}: the launching process {pid} is gone; stopping\n")
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(WATCH_GRACE)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="shardmd-parent-watch", daemon=True).start()
 
 
 __all__ = ["env_rank", "env_size", "find_mpiexec", "launch_self", "under_launcher"]

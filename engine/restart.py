@@ -23,7 +23,7 @@ import torch
 
 from .checkpoint import checkpoint_dir, model_identity, newest_valid, physics_changes, read_checkpoint
 from .config import to_container
-from .errors import CollectiveError
+from .errors import CollectiveError, UserError
 from .state import State
 
 
@@ -32,14 +32,17 @@ def resolve(cfg) -> dict | None:
     out = Path(cfg.output)
     spec = cfg.restart.file
     ckpt = None
-    if spec == "auto":
-        found = newest_valid(checkpoint_dir(out))
-        ckpt = found[1] if found else None
-        if ckpt is not None:
-            ckpt["path"] = str(found[0])
-    elif spec:
-        ckpt = read_checkpoint(spec)
-        ckpt["path"] = str(spec)
+    try:   # every rank reads the same files: an error is met alike everywhere
+        if spec == "auto":
+            found = newest_valid(checkpoint_dir(out))
+            ckpt = found[1] if found else None
+            if ckpt is not None:
+                ckpt["path"] = str(found[0])
+        elif spec:
+            ckpt = read_checkpoint(spec)
+            ckpt["path"] = str(spec)
+    except UserError as exc:
+        raise CollectiveError(str(exc)) from None
     if ckpt is None:
         if out.exists() and int(cfg.trajectory.every) > 0 and not cfg.overwrite and spec != "auto":
             raise CollectiveError(f"output {str(out)!r} exists; add overwrite=true to replace it, "

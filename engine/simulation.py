@@ -24,10 +24,12 @@ from shardmd.integrators import INTEGRATORS
 from shardmd.models import build_model
 
 from .config import compose_config, to_container
-from .errors import UserError
+from .errors import CollectiveError, UserError
+from .preflight import check_outputs
 from .domains import Decomposition
 from .observables import thermo_from
 from .skin_check import DeferredSkinCheck
+from . import health
 from . import restart as restart_mod
 from .checkpoint import checkpoint_dir, model_identity, write_checkpoint
 from .reporting import Reporter
@@ -62,6 +64,10 @@ class Simulation:
         if cfg.domains != self.comm.size:
             raise UserError(f"domains={cfg.domains} but this job has {self.comm.size} rank(s); "
                             f"start it with domains={cfg.domains} alone or under mpiexec -n {cfg.domains}")
+        try:
+            check_outputs(cfg)
+        except UserError as exc:   # the same paths on every rank
+            raise CollectiveError(str(exc)) from None
         self.dtype = DTYPES[cfg.precision]
         self.device = self.comm.device if self.comm.size > 1 else torch.device(cfg.device)
         if self.device.type == "cuda" and not torch.cuda.is_available():
@@ -82,6 +88,7 @@ class Simulation:
         elif state is None:
             state = initial_state(cfg, self.dtype, self.device, self.integrator.degrees_of_freedom,
                                   zero_momentum=self.integrator.conserves_momentum)
+        health.check_inputs(state)
         reference = state.extras.pop("reference_positions", None)
         if hasattr(model, "check_species"):
             try:
@@ -102,6 +109,7 @@ class Simulation:
         # plain copies of the settings the step loop reads (OmegaConf access is slow)
         self._nl_every, self._nl_check = int(cfg.neighbor.every), bool(cfg.neighbor.check)
         self._traj_every, self._thermo_every = int(cfg.trajectory.every), int(cfg.thermo.every)
+        self._max_step, self._min_distance = float(cfg.health.max_step), float(cfg.health.min_distance)
         def on_cuda(key: str) -> bool:   # true | false | auto (= on for CUDA)
             v = cfg.neighbor.get(key, "auto")
             return v is True or (v == "auto" and self.device.type == "cuda")
@@ -157,7 +165,9 @@ class Simulation:
         if (s.step % self._nl_every) != 0:
             self.domain.refresh(s)
             return False
-        need = (not self._nl_check) or self.domain.needs_rebuild(s)
+        need, worst = self.domain.check(s, self.integrator.dt)
+        self._check_step(worst, f"at step {s.step}")
+        need = need or not self._nl_check
         if need:
             self.rebuild()
         else:
@@ -175,7 +185,7 @@ class Simulation:
         t = time.perf_counter()
         local = (self.nl.max_displacement(s.positions) if s.n_atoms
                  else torch.zeros((), dtype=s.dtype, device=s.positions.device))
-        chk.observe(local)
+        chk.observe(local, health.step_measure(s.velocities, self.integrator.dt, local))
         self._verified = self._save_posted = False
         verify_now = False
         if chk.pending is not None:
@@ -197,6 +207,7 @@ class Simulation:
         self._verified = True
         window, last, self._stop_seen = chk.read(self.comm, self.stop.requested)
         self.timers["neighbor"] += time.perf_counter() - t
+        self._check_step(chk.health_seen, f"at or before step {s.step}")
         if chk.violated(window):
             self._verified = False
             self._roll_back(chk.rollback(s, detected_at=s.step))
@@ -215,6 +226,7 @@ class Simulation:
         size reads make no dearer; or a stop was requested), else False."""
         s, chk = self.state, self.deferred
         p, window, last, stop = chk.settle()
+        self._check_step(chk.health_seen, f"at or before step {p}")
         self._stop_seen = self._stop_seen or stop
         if chk.violated(window):                    # an earlier step of p's window: back to the last rollback point
             self._roll_back(chk.rollback(s, detected_at=s.step))
@@ -226,6 +238,21 @@ class Simulation:
             return None
         chk.settled_clean()
         return chk.plan(p, last, lead=2) or self.nl.cell_changed(s.cell) or self._stop_seen
+
+    def _check_step(self, worst: float, where: str) -> None:
+        """The reduced step measure (engine/health.py) against health.max_step; collective."""
+        if not worst <= self._max_step:   # also catches NaN
+            health.raise_unhealthy(self.comm, self.state, self.integrator.dt, where, bound=self._max_step)
+
+    def _checked_observables(self) -> dict:
+        """Observables of the current step, refused (collectively: they are reduced) when not
+        finite: nothing is written from an unhealthy state."""
+        obs = self.observables()
+        if not health.finite_thermo(obs):
+            health.raise_unhealthy(self.comm, self.state, self.integrator.dt, f"at step {self.state.step}",
+                                   what=f"energy {obs['potential_energy']:.6g} eV, kinetic "
+                                        f"{obs['kinetic_energy']:.6g} eV")
+        return obs
 
     def _roll_back(self, kick: bool) -> None:
         """After ``chk.rollback``: rebuild at the restored step if asked, recompute its forces."""
@@ -274,12 +301,16 @@ class Simulation:
             self.writer = _NotRoot()
             return
         self.output_path.parent.mkdir(parents=True, exist_ok=True)
-        self.writer = H5MDWriter(
-            self.output_path, species=static["numbers"], masses=static["masses"].astype("float64"),
-            ids=static["ids"], pbc=self.state.pbc.cpu().numpy(), dtype=self.cfg.precision,
-            config=to_container(self.cfg), fields=tuple(self.cfg.trajectory.fields),
-            creator="ShardMD", creator_version=__version__, mode="a" if self.checkpoint_in else "w",
-        )
+        try:
+            self.writer = H5MDWriter(
+                self.output_path, species=static["numbers"], masses=static["masses"].astype("float64"),
+                ids=static["ids"], pbc=self.state.pbc.cpu().numpy(), dtype=self.cfg.precision,
+                config=to_container(self.cfg), fields=tuple(self.cfg.trajectory.fields),
+                creator="ShardMD", creator_version=__version__, mode="a" if self.checkpoint_in else "w",
+            )
+        except ValueError as exc:   # a restart onto an output of another system
+            raise UserError(f"output {str(self.output_path)!r} does not belong to this run ({exc}); give the "
+                            "run's own output= or start fresh with another output=") from None
         if self.checkpoint_in is not None:  # frames a dead run wrote after its checkpoint go
             self.writer.truncate_after(self.state.step)
 
@@ -302,7 +333,7 @@ class Simulation:
         thermo_due = force_thermo or (self._thermo_every > 0 and s.step % self._thermo_every == 0)
         if not (traj_due or thermo_due):
             return
-        obs = self.observables()
+        obs = self._checked_observables()
         self.last_thermo = obs
         if traj_due:
             self._write(obs)
@@ -323,6 +354,8 @@ class Simulation:
             self.domain.restore(self.state, ref)
         else:
             self.rebuild()
+            if self._min_distance > 0:
+                health.close_contacts(self.comm, self.domain.close_pairs(s, self._min_distance), self._min_distance)
         if self.deferred is not None:
             self.deferred.built(s.step)
             self.deferred.schedule(s.step, 0.0)
@@ -397,7 +430,7 @@ class Simulation:
             if not stopping:
                 self.checkpoint()
             if self.writer is not None and s.step % self._traj_every != 0 and not stopping:
-                self._write(self.observables())
+                self._write(self._checked_observables())
             r.progress_update(s.step, last, self.integrator.dt, self.n_global, force=True)
             self._summary(wall, self.nl.n_builds - builds0)
             return self.last_thermo or self.observables()
@@ -439,6 +472,7 @@ class Simulation:
         """Write a restart checkpoint of the current step (collective; rank 0 writes)."""
         t = time.perf_counter()
         s = self.state
+        self._checked_observables()   # a checkpoint only from a healthy state
         s.extras["reference_positions"] = self.domain.reference_positions()
         full = self.domain.gather(s, ("positions", "images", "velocities", "masses", "numbers",
                                       "reference_positions"))

@@ -76,6 +76,8 @@ class DeferredSkinCheck:
     last: torch.Tensor | None = None     # device 0-d: this step's max displacement (Å)
     fill: torch.Tensor | None = None     # device 0-d: max capacity fill a model reported (> 1: incomplete)
     fill_seen: float = 0.0               # the last read-back's fill
+    health: torch.Tensor | None = None   # device 0-d: max health measure of the window (engine/health.py)
+    health_seen: float = 0.0             # the last read-back's health measure (Å; inf: not finite)
     fill_rate: float = 0.0               # its growth per step on the current list
     _fill_prev: tuple | None = None      # (step, fill) of the previous read-back on this list
     _fill_steps: int | None = None       # steps until the next read the fill asks for
@@ -95,8 +97,11 @@ class DeferredSkinCheck:
     _host: torch.Tensor | None = None    # pinned landing buffer of posted reads
 
     # -- every step ----------------------------------------------------------------------
-    def observe(self, d: torch.Tensor) -> None:
-        """Fold this step's (rank-local) max displacement into the window, on the device."""
+    def observe(self, d: torch.Tensor, health: torch.Tensor | None = None) -> None:
+        """Fold this step's (rank-local) max displacement, and its health measure (0-d float64,
+        engine/health.py), into the window, on the device."""
+        if health is not None:
+            self.health = health if self.health is None else torch.maximum(self.health, health)
         d = d.detach().reshape(())
         if self.last is not None:  # the previous step's forces were computed: it joins the window
             self.window = self.last if self.window is None else torch.maximum(self.window, self.last)
@@ -112,16 +117,18 @@ class DeferredSkinCheck:
 
     # -- at verification steps ---------------------------------------------------------------
     def _pack(self, stop: bool) -> torch.Tensor:
-        """(4,) float64 on the device: window max, this step's, stop flag, fill; starts a new window."""
+        """(5,) float64 on the device: window max, this step's, stop flag, fill, health; starts a
+        new window."""
         last = self.last.to(torch.float64)
         window = self.window.to(torch.float64) if self.window is not None else torch.zeros_like(last)
         fill = self.fill if self.fill is not None else torch.zeros_like(last)
-        self.window = self.last = self.fill = None
+        health = self.health if self.health is not None else torch.zeros_like(last)
+        self.window = self.last = self.fill = self.health = None
         self.reads += 1
-        return torch.stack([window, last, torch.full_like(last, float(stop)), fill])
+        return torch.stack([window, last, torch.full_like(last, float(stop)), fill, health])
 
     def _unpack(self, values: list[float]) -> tuple[float, float, bool]:
-        w, last, st, self.fill_seen = values
+        w, last, st, self.fill_seen, self.health_seen = values
         if self.fill_seen > 1:     # an incomplete result: as if the window had crossed the skin
             w = math.inf
             self.force_rebuild = True
@@ -233,13 +240,13 @@ class DeferredSkinCheck:
         self.pending = None
         self.replay_until = detected_at
         self.rollbacks += 1
-        self.window = self.last = self.fill = None
+        self.window = self.last = self.fill = self.health = None
         return kick
 
 
 @dataclass(frozen=True)
 class PendingRead:
-    """A posted read-back. values: (4,) float64 (pinned host memory on CUDA) valid once
+    """A posted read-back. values: (5,) float64 (pinned host memory on CUDA) valid once
     ``event`` (None on the CPU: already valid) has completed."""
 
     step: int
