@@ -99,15 +99,16 @@ def check_inputs(state) -> None:
     if not np.isfinite(cell).all():
         raise CollectiveError("the cell is not finite; give a structure with a finite cell")
     ids = state.ids.cpu().numpy()
-    arrays = {k: getattr(state, k).detach().double().cpu().numpy() for k in ("positions", "velocities", "masses")}
-    bad = _first_bad(ids, arrays)
-    if bad is not None:
-        raise CollectiveError(f"the structure's atom id {bad[0]}: {bad[1].replace('its ', '')}; "
-                              "fix the structure file (NaN or inf values)")
-    m = arrays["masses"]
-    if (m <= 0).any():
-        i = int(ids[m <= 0].min())
-        raise CollectiveError(f"atom id {i} has mass {m[ids == i][0]:g} amu; masses must be > 0")
+    arrays = {k: getattr(state, k).detach().double().cpu().numpy() for k in ("positions", "masses", "velocities")}
+    # in this order: a bad mass makes every thermal velocity bad (momentum removal sums them)
+    for name, a in arrays.items():
+        bad = _first_bad(ids, {name: a})
+        if bad is not None:
+            raise CollectiveError(f"the structure's atom id {bad[0]}: {bad[1].replace('its ', '')}; "
+                                  "fix the structure file (NaN or inf values)")
+        if name == "masses" and (a <= 0).any():
+            i = int(ids[a <= 0].min())
+            raise CollectiveError(f"atom id {i} has mass {a[ids == i][0]:g} amu; masses must be > 0")
     pbc = state.pbc.cpu().numpy()
     if pbc.any():
         per = cell[pbc]

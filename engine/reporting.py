@@ -7,6 +7,8 @@ from pathlib import Path
 
 from shardmd.integrators.units import EV_PER_A3_TO_BAR
 
+from .errors import OutputError
+
 COLUMNS = (
     ("Step", "{:>10d}", "step"),
     ("Time(ps)", "{:>11.4f}", "time_ps"),
@@ -41,9 +43,9 @@ class Reporter:
         self.out = stream or sys.stdout
         self.err = sys.stderr
         self.log = None
-        if enabled and log_path:
-            Path(log_path).parent.mkdir(parents=True, exist_ok=True)
-            self.log = open(log_path, log_mode, buffering=1)
+        # opened at the first line, so a run refused before its header leaves no log behind
+        self._log_path = Path(log_path) if enabled and log_path else None
+        self._log_mode = log_mode
         self._header_done = False
         self._t0 = None
         self._step0 = 0
@@ -53,12 +55,23 @@ class Reporter:
     def line(self, text: str = "") -> None:
         if not self.enabled:
             return
-        if self.log:
-            self.log.write(text + "\n")
+        if self._log_path is not None:
+            self._log(text)
         if not self.quiet:
             self._clear_progress()
             self.out.write(text + "\n")
             self.out.flush()
+
+    def _log(self, text: str) -> None:
+        try:
+            if self.log is None:
+                self._log_path.parent.mkdir(parents=True, exist_ok=True)
+                self.log = open(self._log_path, self._log_mode, buffering=1)
+            self.log.write(text + "\n")
+        except OSError as exc:   # a full disk or a vanished folder ends the run (exit 4)
+            path, self._log_path = self._log_path, None
+            raise OutputError(f"cannot write the log {str(path)!r} ({exc.strerror or exc}); free space or "
+                              "choose another output=; the trajectory and checkpoints written so far are intact") from None
 
     def thermo(self, step: int, time_fs: float, obs: dict) -> None:
         if not self.enabled:
@@ -119,5 +132,8 @@ class Reporter:
         if self.enabled and self._live and self.progress and self._last_progress:
             self.err.write("\n")
         if self.log:
-            self.log.close()
+            try:
+                self.log.close()
+            except OSError:   # already reported by the write that failed
+                pass
             self.log = None

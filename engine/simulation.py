@@ -345,23 +345,25 @@ class Simulation:
         """Neighbour list, first forces, output files, header; frame and thermo at the start."""
         r = self.reporter
         s = self.state
-        r.line(f"ShardMD: {self.n_global} atoms, model {self.cfg.model.name}, integrator {self.integrator.name}, "
-               f"dt {self.integrator.dt} fs, {self.cfg.precision} on {self.device}, domains {self.comm.size} "
-               f"(grid {'x'.join(map(str, self.domain.grid.shape))})")
         ref = self.state.extras.pop("reference_positions", None)
-        if self.checkpoint_in is not None and ref is not None:
-            r.line(f"Restart from {self.checkpoint_in['path']} at step {self.state.step}")
+        restored = self.checkpoint_in is not None and ref is not None
+        if restored:
             self.domain.restore(self.state, ref)
         else:
             self.rebuild()
-            if self._min_distance > 0:
+            if self._min_distance > 0:   # before the header: a refused start leaves no files
                 health.close_contacts(self.comm, self.domain.close_pairs(s, self._min_distance), self._min_distance)
+        self._open_writer()   # before the header: an output of another system is refused untouched
+        r.line(f"ShardMD: {self.n_global} atoms, model {self.cfg.model.name}, integrator {self.integrator.name}, "
+               f"dt {self.integrator.dt} fs, {self.cfg.precision} on {self.device}, domains {self.comm.size} "
+               f"(grid {'x'.join(map(str, self.domain.grid.shape))})")
+        if restored:
+            r.line(f"Restart from {self.checkpoint_in['path']} at step {self.state.step}")
         if self.deferred is not None:
             self.deferred.built(s.step)
             self.deferred.schedule(s.step, 0.0)
             self.deferred.save(s, kick=False)
         self.compute_forces()
-        self._open_writer()
         if self.checkpoint_in is None:
             self._report(force_traj=True, force_thermo=True)
         else:

@@ -1,0 +1,373 @@
+"""Faults a tired user or an attacker meets: bad values and files, blow-ups, clashing outputs,
+launches too large, a killed launcher, damaged checkpoints (README "When a run goes wrong").
+
+Every case asserts the exit status, one line ``error: ...`` naming the key, file or atom, no
+traceback, and that what was written before the fault is intact (h5py, ``engine info``).
+Bad-input cases run the real CLI entry point in this process (``cli.main``: the code a
+subprocess would run, without a second's start-up each); blow-ups, MPI runs and the killed
+launcher run as real processes. Write faults (disk full, symlinks) are in test_write_faults.py,
+malicious model files in test_safe_load.py.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+
+from conftest import run_engine
+from shardmd.engine.checkpoint import read_checkpoint
+from shardmd.engine.cli import main
+from shardmd.engine.h5md import read_frames
+
+SMALL = ["model=lj", "system.repeat=[3,3,3]", "quiet=true"]
+
+
+def cli(args, cwd, capsys, monkeypatch) -> tuple[int, list[str]]:
+    """Run the CLI in this process; (exit status, stderr lines)."""
+    monkeypatch.chdir(cwd)
+    capsys.readouterr()
+    code = main(list(args))
+    err = capsys.readouterr().err
+    assert "Traceback" not in err, err
+    return code, [ln for ln in err.strip().splitlines() if not ln.startswith("Warp CUDA warning")]
+
+
+def one_line(lines, needle):
+    assert len(lines) == 1 and lines[0].startswith("error: "), lines
+    assert needle in lines[0], (needle, lines[0])
+    return lines[0]
+
+
+def digest(folder: Path) -> dict[str, str]:
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def assert_intact(folder: Path, output="run.h5", capsys=None, monkeypatch=None, damaged=()):
+    """Every frame of the trajectory is finite, every checkpoint (but those named ``damaged``)
+    loads, ``engine info`` reads both."""
+    frames = read_frames(folder / output)
+    assert frames and all(np.isfinite(f.positions).all() and np.isfinite(f.get_velocities()).all() for f in frames)
+    ckpts = [p for p in sorted((folder / Path(output).with_suffix(".ckpt")).glob("step-*.h5")) if p.name not in damaged]
+    for ck in ckpts:
+        c = read_checkpoint(ck)
+        assert np.isfinite(c["arrays"]["velocities"]).all()
+    for f in [folder / output, *ckpts[-1:]]:
+        r = run_engine(["info", str(f)], cwd=folder) if capsys is None else None
+        if r is not None:
+            assert r.returncode == 0 and "step" in r.stdout, r.stderr
+        else:
+            assert cli(["info", str(f)], folder, capsys, monkeypatch)[0] == 0
+    return frames, ckpts
+
+
+# -- structure files a user might hand over ------------------------------------------------
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    from ase.build import bulk, fcc111
+
+    d = tmp_path_factory.mktemp("files")
+    base = bulk("Ar", "fcc", a=5.26, cubic=True).repeat((4, 4, 4))
+    a = base.copy()
+    a.positions[7, 1] = np.nan
+    a.write(d / "nan_position.extxyz")
+    a = base.copy()
+    a.set_velocities(np.zeros((len(a), 3)))
+    v = a.get_velocities()
+    v[11] = [np.inf, 0, 0]
+    a.set_velocities(v)
+    a.write(d / "inf_velocity.extxyz")
+    a = base.copy()
+    a.positions[5] = a.positions[4]          # two atoms on one site (low-x half: one rank of 2)
+    a.write(d / "duplicate.extxyz")
+    a = base.copy()
+    a.positions[9] = a.positions[8] + [0.2, 0, 0]
+    a.write(d / "close.extxyz")
+    a = base.copy()
+    m = a.get_masses()
+    m[3] = 0.0
+    a.set_masses(m)
+    a.write(d / "zero_mass.extxyz")
+    fcc111("Ar", size=(3, 3, 3), a=5.26).write(d / "slab_no_z.extxyz")   # ASE's usual slab: zero z
+    a = base.copy()
+    a.cell[1] = a.cell[0]
+    a.write(d / "singular.extxyz")
+    (d / "garbage.extxyz").write_text("3\nnot a header\nAr 0 0\n")
+    return d
+
+
+BAD_INPUT = [
+    # values (every float key refuses inf and NaN)
+    (["dt=inf"], "dt=inf"),
+    (["dt=nan"], "dt=nan"),
+    (["dt=0"], "dt="),
+    (["temperature=inf"], "temperature=inf"),
+    (["temperature=-5"], "temperature="),
+    (["model.cutoff=inf"], "model.cutoff=inf"),
+    (["neighbor.skin=inf"], "neighbor.skin=inf"),
+    (["neighbor.skin=-1"], "neighbor.skin="),
+    (["system.a=inf"], "system.a=inf"),
+    (["system.a=0"], "system.a="),
+    (["model.epsilon.Ar=nan"], "model.epsilon"),
+    (["integrator=langevin", "integrator.friction=inf"], "integrator.friction=inf"),
+    (["health.max_step=0"], "health.max_step"),
+    (["health.min_distance=-1"], "health.min_distance"),
+    (["steps=-3"], "steps="),
+    (["domains=0"], "domains="),
+    (["device=tpu"], "device="),
+    (["seed=-1"], "seed="),
+    (["checkpoint.keep=0"], "checkpoint.keep"),
+    (["stesp=3"], "did you mean 'steps'"),
+    # structure files
+    (["system.file=nope.xyz"], "nope.xyz"),
+    (["system.file={d}/garbage.extxyz"], "garbage.extxyz"),
+    (["system.file={d}/nan_position.extxyz"], "atom id 7"),
+    (["system.file={d}/inf_velocity.extxyz"], "atom id 11"),
+    (["system.file={d}/zero_mass.extxyz"], "atom id 3"),
+    (["system.file={d}/duplicate.extxyz"], "atoms 4 and 5 are 0 Å apart"),
+    (["system.file={d}/close.extxyz"], "atoms 8 and 9 are 0.2 Å apart"),
+    (["system.file={d}/slab_no_z.extxyz"], "cell vector 2"),
+    (["system.file={d}/singular.extxyz"], "singular"),
+    # outputs that clash or cannot be written (refused before anything starts)
+    (["output=run.log"], "same path"),
+    (["output=run.ckpt"], "same path"),
+    (["output=adir"], "is a directory"),
+    (["output=afile/run.h5"], "is a file, not a folder"),
+    # launches too large for the system or the machine (refused before any rank starts)
+    (["domains=1000"], "domains=1000 would start 1000 local ranks"),
+    (["domains=4"], "domains=4: domains would be"),
+    (["domains=3", "grid=[3,1,1]"], "grid=[3, 1, 1]"),
+]
+
+
+@pytest.mark.parametrize("extra, needle", BAD_INPUT, ids=[" ".join(a) for a, _ in BAD_INPUT])
+def test_bad_input_is_one_line_and_writes_nothing(tmp_path, files, capsys, monkeypatch, extra, needle):
+    (tmp_path / "adir").mkdir()
+    (tmp_path / "afile").write_text("")
+    before = set(os.listdir(tmp_path))
+    args = [a.replace("{d}", str(files)) for a in extra]
+    code, lines = cli(["run", *SMALL, "steps=5", *args], tmp_path, capsys, monkeypatch)
+    assert code == 2
+    line = one_line(lines, needle)
+    assert "(rank" not in line          # decided before any rank started
+    assert set(os.listdir(tmp_path)) == before
+
+
+def test_min_distance_is_the_users_bound(tmp_path, capsys, monkeypatch):
+    """fcc Ar at 5.26 Å has neighbours 3.72 Å apart: refused under a 3.8 Å bound (108 atoms x 12 neighbours / 2 = 648 pairs), run under 3.7."""
+    code, lines = cli(["run", *SMALL, "steps=3", "health.min_distance=3.8"], tmp_path, capsys, monkeypatch)
+    assert code == 2
+    one_line(lines, "3.72 Å apart, closer than health.min_distance=3.8 Å (648 such pair(s))")
+    assert not (tmp_path / "run.h5").exists() and not (tmp_path / "run.log").exists()
+    code, lines = cli(["run", *SMALL, "steps=3", "health.min_distance=3.7"], tmp_path, capsys, monkeypatch)
+    assert code == 0, lines
+    assert_intact(tmp_path, capsys=capsys, monkeypatch=monkeypatch)
+
+
+# -- blow-ups: exit 3, the step and the atom named, healthy files kept ------------------------
+def test_dt_300_stops_at_step_1(tmp_path):
+    r = run_engine(["run", *SMALL, "dt=300", "steps=200", "checkpoint.every=20"], cwd=tmp_path)
+    assert r.returncode == 3, r.stderr
+    line = one_line(r.stderr.strip().splitlines(), "at step 1: atom id")
+    assert "health.max_step=1 Å" in line
+    frames = read_frames(tmp_path / "run.h5")
+    assert [f.info["step"] for f in frames] == [0]
+
+
+def test_dt_300_nan_keeps_the_finite_checkpoints(tmp_path):
+    """The reported case: NaN energies after ~90 steps. With the step bound lifted the
+    non-finite check stops it; the checkpoints of steps 40-80 survive, finite."""
+    r = run_engine(["run", *SMALL, "dt=300", "steps=200", "checkpoint.every=20", "trajectory.every=20",
+                    "health.max_step=1e300"], cwd=tmp_path)
+    assert r.returncode == 3, r.stderr
+    line = one_line(r.stderr.strip().splitlines(), "blew up at step")
+    step = int(line.split("at step ")[1].split(":")[0])
+    assert 80 < step <= 200 and "atom id" in line
+    frames, ckpts = assert_intact(tmp_path)
+    assert max(f.info["step"] for f in frames) < step and ckpts
+    assert read_checkpoint(ckpts[-1])["step"] == 80
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("domains, extra", [(2, []), pytest.param(4, ["neighbor.deferred=true"],
+                                                                  marks=pytest.mark.slow)])
+def test_nan_on_one_rank_stops_all(tmp_path, files, domains, extra):
+    """Two atoms on one site, allowed on purpose: one rank's forces are NaN at step 0."""
+    t = time.time()
+    r = run_engine(["run", *SMALL, "steps=50", f"domains={domains}", f"system.file={files}/duplicate.extxyz",
+                    "health.min_distance=0", *extra], cwd=tmp_path, timeout=120)
+    assert r.returncode == 3, r.stderr
+    one_line(r.stderr.strip().splitlines(), "atom id 4: its force is not finite")
+    assert time.time() - t < 100
+
+
+@pytest.mark.mpi
+def test_blowup_mid_run_on_one_rank_of_4(tmp_path, files):
+    """Two atoms 0.2 Å apart on one rank: thrown apart at step 1; all 4 ranks stop."""
+    r = run_engine(["run", *SMALL, "steps=50", "domains=4", "system.repeat=[4,4,4]", "checkpoint.every=0",
+                    f"system.file={files}/close.extxyz", "health.min_distance=0"], cwd=tmp_path, timeout=120)
+    assert r.returncode == 3, r.stderr
+    line = one_line(r.stderr.strip().splitlines(), "at step 1: atom id")
+    assert "atom id 8" in line or "atom id 9" in line
+    assert [f.info["step"] for f in read_frames(tmp_path / "run.h5")] == [0]
+
+
+# -- restarts never overwrite silently, damaged checkpoints are named -----------------------------
+@pytest.fixture(scope="module")
+def good_run(tmp_path_factory):
+    d = tmp_path_factory.mktemp("good")
+    r = run_engine(["run", *SMALL, "steps=20", "checkpoint.every=10", "trajectory.every=5"], cwd=d)
+    assert r.returncode == 0, r.stderr
+    return d
+
+
+def _copy(good_run, tmp_path) -> Path:
+    d = tmp_path / "run"
+    shutil.copytree(good_run, d)
+    return d
+
+
+def _edit(path, fn):
+    with h5py.File(path, "r+") as f:
+        fn(f)
+
+
+def _replace(f, name, data):
+    del f[name]
+    f[name] = data
+
+
+DAMAGE = {
+    "negative step": lambda f: f.attrs.__setitem__("step", -100),
+    "short array": lambda f: _replace(f, "atoms/positions", f["atoms/positions"][:-1]),
+    "Z=250": lambda f: _replace(f, "atoms/numbers", np.full(f["atoms/numbers"].shape, 250)),
+    "duplicate ids": lambda f: _replace(f, "atoms/ids", np.zeros(f["atoms/ids"].shape, dtype=np.int64)),
+    "nan velocity": lambda f: _replace(f, "atoms/velocities", f["atoms/velocities"][()] * np.nan),
+    "singular cell": lambda f: _replace(f, "box/cell", np.zeros((3, 3))),
+    "missing field": lambda f: f.__delitem__("atoms/masses"),
+}
+NEEDLE = {"negative step": "step -100", "short array": "atoms/positions has shape", "Z=250": "atomic numbers",
+          "duplicate ids": "ids are not unique", "nan velocity": "atoms/velocities holds non-finite",
+          "singular cell": "box/cell is singular", "missing field": "damaged or incomplete"}
+
+
+@pytest.mark.parametrize("damage", list(DAMAGE))
+def test_damaged_checkpoint_is_refused_and_nothing_changes(good_run, tmp_path, capsys, monkeypatch, damage):
+    d = _copy(good_run, tmp_path)
+    ck = d / "run.ckpt" / "step-000000000020.h5"
+    _edit(ck, DAMAGE[damage])
+    before = digest(d)
+    code, lines = cli(["run", *SMALL, "steps=40", f"restart={ck}"], d, capsys, monkeypatch)
+    assert code == 2
+    line = one_line(lines, NEEDLE[damage])
+    assert "step-000000000020.h5" in line
+    assert digest(d) == before
+
+
+def test_restart_auto_falls_back_past_a_damaged_newest(good_run, tmp_path, capsys, monkeypatch):
+    d = _copy(good_run, tmp_path)
+    _edit(d / "run.ckpt" / "step-000000000020.h5", DAMAGE["negative step"])
+    code, lines = cli(["run", *SMALL, "steps=30", "restart=auto", "trajectory.every=5", "checkpoint.every=10"],
+                      d, capsys, monkeypatch)
+    assert code == 0, lines
+    frames, ckpts = assert_intact(d, capsys=capsys, monkeypatch=monkeypatch)   # 20 rewritten from step 10
+    assert [f.info["step"] for f in frames] == [0, 5, 10, 15, 20, 25, 30]
+    assert ckpts[-1].name == "step-000000000030.h5"
+
+
+def test_restart_auto_over_unusable_checkpoints_is_refused(good_run, tmp_path, capsys, monkeypatch):
+    d = _copy(good_run, tmp_path)
+    for ck in (d / "run.ckpt").iterdir():
+        ck.write_bytes(ck.read_bytes()[:3000])
+    before = digest(d)
+    code, lines = cli(["run", *SMALL, "steps=40", "restart=auto"], d, capsys, monkeypatch)
+    assert code == 2
+    one_line(lines, "none of the 2 checkpoint(s)")
+    assert digest(d) == before
+
+
+def test_restart_onto_another_systems_output(good_run, tmp_path, capsys, monkeypatch):
+    """A checkpoint of 108 atoms continued into an output that holds 256: refused, both kept."""
+    d = _copy(good_run, tmp_path)
+    assert cli(["run", "model=lj", "system.repeat=[4,4,4]", "quiet=true", "steps=5", "output=big.h5"],
+               d, capsys, monkeypatch)[0] == 0
+    before = digest(d)
+    code, lines = cli(["run", *SMALL, "steps=40", "output=big.h5",
+                       f"restart={d / 'run.ckpt' / 'step-000000000020.h5'}"], d, capsys, monkeypatch)
+    assert code == 2
+    one_line(lines, "does not belong to this run")
+    assert digest(d) == before
+
+
+def test_unreadable_output_folder(tmp_path, capsys, monkeypatch):
+    """A read-only file system (a read-only tmpfs: chmod does not stop root)."""
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,ro", "tmpfs", str(ro)],
+                                           capture_output=True).returncode != 0:
+        if os.geteuid() == 0:
+            pytest.skip("mounting a read-only tmpfs is not permitted here")
+        ro.chmod(0o555)
+    try:
+        code, lines = cli(["run", *SMALL, "steps=5", f"output={ro}/run.h5"], tmp_path, capsys, monkeypatch)
+        assert code == 2
+        one_line(lines, "cannot write in")
+    finally:
+        subprocess.run(["umount", str(ro)], capture_output=True)
+
+
+# -- the launching process killed: no rank outlives it ------------------------------------------
+def _engine_pids(cwd: Path) -> list[int]:
+    out = []
+    for p in Path("/proc").glob("[0-9]*"):
+        try:
+            if os.readlink(p / "cwd") == str(cwd) and b"engine" in (p / "cmdline").read_bytes():
+                out.append(int(p.name))
+        except OSError:
+            continue
+    return out
+
+
+@pytest.mark.mpi
+def test_sigkill_of_the_launcher_ends_every_rank(tmp_path):
+    args = [sys.executable, "-m", "engine", "run", *SMALL, "system.repeat=[6,6,6]", "domains=2",
+            "steps=1000000", "checkpoint.every=0", "thermo.every=0"]
+    proc = subprocess.Popen(args, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.time() + 120
+    while time.time() < deadline and not (tmp_path / "run.h5").exists():
+        time.sleep(0.5)
+    time.sleep(3)
+    assert len(_engine_pids(tmp_path)) >= 3        # launcher and two ranks running
+    proc.kill()
+    proc.wait()
+    time.sleep(10)
+    assert _engine_pids(tmp_path) == []
+    ckpts = sorted((tmp_path / "run.ckpt").glob("step-*.h5"))
+    assert ckpts, "the ranks stop as on SIGTERM and checkpoint"
+    assert_intact(tmp_path)
+    r = run_engine(["run", *SMALL, "system.repeat=[6,6,6]", "domains=2", "restart=auto",
+                    f"steps={read_checkpoint(ckpts[-1])['step'] + 5}", "checkpoint.every=0",
+                    "thermo.every=0"], cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+
+
+# -- kinds of failure that already worked, kept working ------------------------------------------
+def test_sigterm_still_checkpoints_with_75(tmp_path):
+    proc = subprocess.Popen([sys.executable, "-m", "engine", "run", *SMALL, "steps=1000000",
+                             "checkpoint.every=0"], cwd=tmp_path, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and not (tmp_path / "run.h5").exists():
+        time.sleep(0.3)
+    time.sleep(1)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 75
+    assert_intact(tmp_path)
