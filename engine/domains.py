@@ -165,15 +165,10 @@ class Decomposition:
         (rebuild needed on any rank, the largest measure on any rank)."""
         t = time.perf_counter()
         nl = self.nl
-        if not s.n_atoms:
-            need, h = False, torch.zeros((), dtype=torch.float64)
-        elif nl.stale(s.positions, s.cell):
-            need, h = True, step_measure(s.velocities, dt)
-        else:
-            d = nl.max_displacement(s.positions)
-            need, h = d > 0.5 * nl.skin, step_measure(s.velocities, dt, d)
-        local = torch.stack([torch.as_tensor(need, dtype=torch.float64).reshape(()).cpu(), h.cpu()])
-        need, worst = self.comm.all_reduce(local, "max").tolist()
+        d = None if not s.n_atoms or nl.stale(s.positions, s.cell) else nl.max_displacement(s.positions)
+        h = step_measure(s.velocities, dt, d)   # 0-d float64 on the atoms' device
+        need = torch.full_like(h, float(bool(s.n_atoms))) if d is None else (d > 0.5 * nl.skin).to(h.dtype)
+        need, worst = self.comm.all_reduce(torch.stack([need, h]), "max").tolist()   # the one host read
         self.timers["neighbor"] += time.perf_counter() - t
         return bool(need), worst
 

@@ -59,6 +59,7 @@ from __future__ import annotations
 
 import json
 import os
+from contextlib import contextmanager
 from typing import Any, Iterable, Mapping, Sequence
 
 import h5py
@@ -69,6 +70,8 @@ from shardmd.engine.h5md_read import (  # noqa: F401  (re-exported reader API)
     file_summary, frame_elements, frame_extent, iter_frames, observable_unit, primary_field,
     read_frames, read_observables, valid_rows,
 )
+from shardmd.engine.errors import OutputError, UserError
+from shardmd.engine.safe_io import IO_ERRORS, check_output_path, fence_fd, free_bytes, output_error
 
 __all__ = ["H5MDWriter", "read_frames", "iter_frames", "read_observables", "file_summary"]
 
@@ -153,6 +156,15 @@ def _atom_chunks(n: int, itemsize: int) -> tuple[int, int, int]:
     return (frames, atoms, 3)
 
 
+def _new_chunk_row(d: h5py.Dataset) -> tuple[int, int]:
+    """(rows per chunk, bytes allocated when a row starts a new row of chunks) of ``d``."""
+    chunks = d.chunks or d.shape
+    n_chunks = 1
+    for size, c in zip(d.shape[1:], chunks[1:]):
+        n_chunks *= -(-size // c)
+    return max(1, int(chunks[0])), n_chunks * int(np.prod(chunks, dtype=np.int64)) * d.dtype.itemsize
+
+
 def _resize(g: h5py.Group, rows: int) -> None:
     for ds in ("value", "time", "step"):
         d = g[ds]
@@ -183,7 +195,20 @@ class H5MDWriter:
         (their groups start at the next frame).  A restart from a checkpoint at step S
         should then call ``truncate_after(S)``, which also drops observable rows written
         after S (they may lie beyond the last frame).
+
+    Errors.  A path that is a directory, or whose directory does not exist, or (``mode="a"``)
+    a file that is not a ShardMD trajectory: :class:`~shardmd.engine.errors.UserError`.
+    Any OS/HDF5 failure while creating, writing, truncating, flushing or closing:
+    :class:`~shardmd.engine.errors.OutputError` (exit status 4), one line with the path,
+    the OS reason and the last intact step.  The first such failure poisons the writer
+    (see "Write errors" in the module docstring): nothing more reaches the file, later
+    calls raise the same error, and :meth:`close` closes without raising.
     """
+
+    #: refuse a frame (before writing any of it) when the file system has less free space
+    #: than it needs: the chunks it starts (a row inside an existing chunk needs no new
+    #: space) plus this margin for HDF5 metadata (chunk index nodes, object headers)
+    SPACE_MARGIN = 64 * 1024
 
     def __init__(self, path: str | os.PathLike, *, species: Sequence[int] | np.ndarray,
                  masses: Sequence[float] | np.ndarray, ids: Sequence[int] | np.ndarray,
@@ -194,6 +219,8 @@ class H5MDWriter:
                  creator: str = "ShardMD", creator_version: str = "0.1.0",
                  mode: str = "w") -> None:
         self.path = os.fspath(path)
+        self._f: h5py.File | None = None
+        self._failed: OutputError | None = None
         self.species = np.asarray(species, dtype=np.int32).reshape(-1)
         self.n_atoms = int(self.species.shape[0])
         self.masses = np.asarray(masses, dtype=np.float64).reshape(-1)
@@ -214,20 +241,86 @@ class H5MDWriter:
         self.observables_enabled = bool(observables)
         if mode not in ("w", "a"):
             raise ValueError(f"mode must be 'w' or 'a', not {mode!r}")
+        check_output_path(self.path, "trajectory output")
         if mode == "a" and not os.path.exists(self.path):
             mode = "w"
+        if mode == "a" and not h5py.is_hdf5(self.path):
+            raise UserError(f"trajectory {self.path!r} exists but is not an HDF5 file (truncated or "
+                            "another format); move it away or choose another output=")
         self.mode = mode
-        self._f: h5py.File | None = h5py.File(self.path, "w" if mode == "w" else "r+")
+        self._last_step: int | None = None
+        self._fd: int | None = None
         try:
-            if mode == "w":
-                self._create(config, author, creator, creator_version)
-            else:
-                self._reopen(config)
-            self._f.flush()
+            # rdcc_nbytes=0: no raw-data chunk cache, so every chunk write happens (and fails)
+            # inside the call that makes it, never later in a dataset close whose error h5py
+            # can only print ("Exception ignored in ObjectID.__dealloc__")
+            self._f = h5py.File(self.path, "w" if mode == "w" else "r+", rdcc_nbytes=0)
+        except IO_ERRORS as exc:
+            raise output_error("create trajectory" if mode == "w" else "reopen trajectory",
+                               self.path, exc) from None
+        self._fd = self._vfd_handle()
+        try:
+            with self._io("create" if mode == "w" else "reopen"):
+                if mode == "w":
+                    self._create(config, author, creator, creator_version)
+                else:
+                    self._reopen(config)
+                self._f.flush()
+        except KeyError as exc:  # mode "a": an HDF5 file without our groups
+            self._abandon()
+            raise UserError(f"trajectory {self.path!r} is an HDF5 file but not a ShardMD/H5MD trajectory "
+                            f"({' '.join(str(exc).split())}); move it away or choose another output=") from None
         except BaseException:
-            self._f.close()
-            self._f = None
+            self._abandon()
             raise
+
+    def _vfd_handle(self) -> int | None:
+        try:
+            fd = self._f.id.get_vfd_handle()
+        except Exception:  # other drivers
+            return None
+        return fd if isinstance(fd, int) and fd >= 0 else None
+
+    # ------------------------------------------------------------------ errors
+    @contextmanager
+    def _io(self, what: str):
+        """Run HDF5 calls; an OS/HDF5 failure poisons the writer and raises OutputError."""
+        if self._failed is not None:
+            raise self._failed
+        try:
+            yield
+        except IO_ERRORS as exc:
+            raise self._poison(what, exc) from None
+
+    def _poison(self, what: str, exc: BaseException | None, reason: str | None = None,
+                fix: str | None = None, fence: bool = True) -> OutputError:
+        """Record the first failure, fence the file descriptor, return the error to raise."""
+        if self._failed is None:
+            last = self._last_step
+            intact = (f"frames up to step {last} are intact" if last is not None
+                      else "no frame had been written")
+            self._failed = output_error(f"write trajectory ({what})", self.path, exc, reason=reason,
+                                        fix=fix, tail=intact)
+            # nothing more may reach the file: no commit record, no metadata of the failed
+            # frame at close.  Writes through HDF5's descriptor now fail with EBADF.
+            if fence and self._fd is not None and self._f is not None:
+                fence_fd(self._fd, self.path)
+        return self._failed
+
+    def _abandon(self) -> None:
+        """Close the file, swallowing HDF5's errors (after a failure: the flush at close
+        fails on the fenced descriptor, as intended)."""
+        f, self._f = self._f, None
+        if f is not None:
+            try:
+                f.close()
+            except Exception:
+                pass
+
+    @property
+    def failed(self) -> OutputError | None:
+        """The OutputError that poisoned this writer, None while it is healthy."""
+        return self._failed
 
     # ------------------------------------------------------------------ setup
     def _create(self, config, author, creator, creator_version) -> None:
@@ -289,18 +382,28 @@ class H5MDWriter:
     def _load_state(self) -> None:
         p = self._f[PARTICLES]
         self._elements = frame_elements(p)
+        # dataset handles stay open for the writer's life: no reopen per frame, and no
+        # close of a dataset (which could write) outside a call that checks for errors
+        self._sets = {n: {ds: g[ds] for ds in ("step", "time", "value")}
+                      for n, g in self._elements.items()}
         self._rows = {n: valid_rows(g) for n, g in self._elements.items()}
         self._last_step = self._box_last_step()
         self._obs: dict[str, h5py.Group] = {}
+        self._obs_sets: dict[str, dict[str, h5py.Dataset]] = {}
         self._obs_rows: dict[str, int] = {}
+        self._obs_chunking: dict[str, list[tuple[int, int]]] = {}
         if "observables" in self._f:
             for name, g in self._f["observables"].items():
                 self._obs[name] = g
+                self._obs_sets[name] = {ds: g[ds] for ds in ("step", "time", "value")}
+                self._obs_chunking[name] = [_new_chunk_row(d) for d in self._obs_sets[name].values()]
                 self._obs_rows[name] = valid_rows(g)
+        # (chunk rows, bytes of the chunks one new chunk row allocates) of each element
+        self._chunking = {n: [_new_chunk_row(d) for d in sets.values()] for n, sets in self._sets.items()}
 
     def _box_last_step(self) -> int | None:
         n = self._rows["box"]
-        return int(self._elements["box"]["step"][n - 1]) if n else None
+        return int(self._sets["box"]["step"][n - 1]) if n else None
 
     # ------------------------------------------------------------------ writing
     @property
@@ -316,15 +419,36 @@ class H5MDWriter:
         return self._last_step
 
     def _check_open(self) -> h5py.File:
+        if self._failed is not None:
+            raise self._failed
         if self._f is None:
             raise ValueError(f"H5MDWriter for {self.path} is closed")
         return self._f
 
+    def _space_needed(self, rows_and_chunking) -> int:
+        """Bytes a write of row ``rows[name]`` of each element may allocate in the file."""
+        need = self.SPACE_MARGIN
+        for row, chunking in rows_and_chunking:
+            for chunk_rows, nbytes in chunking:
+                if row % chunk_rows == 0:
+                    need += nbytes
+        return need
+
+    def _check_space(self, need: int, what: str) -> None:
+        """Poison and raise before writing anything when the file system is nearly full."""
+        if self._fd is None:
+            return
+        free = free_bytes(self._fd)
+        if free is not None and free < need:
+            raise self._poison(what, None, fix="free space or choose another output=", reason=(
+                f"No space left on device ({free / 1024:.0f} KiB free, the next write may need "
+                f"{need / 1024:.0f} KiB)"))
+
     @staticmethod
-    def _append(g: h5py.Group, row: int, datasets: Sequence[tuple[str, Any]]) -> None:
-        """Extend the named datasets of element ``g`` to ``row + 1`` rows and write ``row``."""
+    def _append(sets: Mapping[str, h5py.Dataset], row: int, datasets: Sequence[tuple[str, Any]]) -> None:
+        """Extend the named datasets of one element to ``row + 1`` rows and write ``row``."""
         for ds, v in datasets:
-            d = g[ds]
+            d = sets[ds]
             d.resize((row + 1, *d.shape[1:]))
             d[row] = v
 
@@ -339,7 +463,8 @@ class H5MDWriter:
         positions: (n, 3) Å, wrapped.  images: (n, 3) integer image flags (stored int32).
         velocities: (n, 3) Å/fs.  forces: (n, 3) eV/Å.
         Arrays follow the order of ``ids``.  Every field in ``fields`` is required; arrays
-        for fields not in ``fields`` are ignored.
+        for fields not in ``fields`` are ignored.  Raises OutputError if the frame could
+        not be written (it then does not count; earlier frames stay intact).
         """
         f = self._check_open()
         step, time = int(step), float(time)
@@ -363,16 +488,20 @@ class H5MDWriter:
                     raise ValueError("images must be integers")
                 a = a.astype(np.int32)
             arrays[name] = a
-        # phase 1: everything of the frame except the box step (the commit record)
-        for name, a in arrays.items():
-            self._append(self._elements[name], self._rows[name],
-                         (("value", a), ("time", time), ("step", step)))
-        box, row = self._elements["box"], self._rows["box"]
-        self._append(box, row, (("value", cell_a.astype(self.dtype)), ("time", time)))
-        f.flush()
-        # phase 2: commit
-        self._append(box, row, (("step", step),))
-        f.flush()
+        what = f"frame at step {step}"
+        self._check_space(self._space_needed((self._rows[n], self._chunking[n]) for n in (*arrays, "box")),
+                          what)
+        with self._io(what):
+            # phase 1: everything of the frame except the box step (the commit record)
+            for name, a in arrays.items():
+                self._append(self._sets[name], self._rows[name],
+                             (("value", a), ("time", time), ("step", step)))
+            box, row = self._sets["box"], self._rows["box"]
+            self._append(box, row, (("value", cell_a.astype(self.dtype)), ("time", time)))
+            f.flush()
+            # phase 2: commit (reached only when every write and the flush above succeeded)
+            self._append(box, row, (("step", step),))
+            f.flush()
         for name in (*arrays, "box"):
             self._rows[name] += 1
         self._last_step = step
@@ -386,40 +515,50 @@ class H5MDWriter:
         its own group ``/observables/<name>/{step, time, value}`` (float64), created on first
         use with the value's shape, which later rows must keep.  time: fs.  units: unit
         strings for names the writer does not know (known: see ``OBSERVABLE_UNITS``).
-        The step must be larger than that observable's last step.
+        The step must be larger than that observable's last step.  Raises OutputError as
+        :meth:`write_frame` does.
         """
         f = self._check_open()
         if not self.observables_enabled:
             raise ValueError("this writer was created with observables=False")
         step = int(step)
-        obs = f.require_group("observables")
         items = []
         for name, v in values.items():
             a = np.asarray(v, dtype=np.float64)
-            g = self._obs.get(name)
-            if g is not None:
-                if a.shape != g["value"].shape[1:]:
-                    raise ValueError(f"observable {name!r} has shape {g['value'].shape[1:]}, "
+            sets = self._obs_sets.get(name)
+            if sets is not None:
+                if a.shape != sets["value"].shape[1:]:
+                    raise ValueError(f"observable {name!r} has shape {sets['value'].shape[1:]}, "
                                      f"got {a.shape}")
                 n = self._obs_rows[name]
-                if n and step <= int(g["step"][n - 1]):
-                    raise ValueError(f"step {step} is not after observable {name!r}'s last "
-                                     f"step {int(g['step'][n - 1])}")
+                if n:
+                    last = int(sets["step"][n - 1])
+                    if step <= last:
+                        raise ValueError(f"step {step} is not after observable {name!r}'s last "
+                                         f"step {last}")
             items.append((name, a))
-        rows = []
-        for name, a in items:
-            if name not in self._obs:
-                unit = (units or {}).get(name) or observable_unit(name)
-                self._obs[name] = _create_element(obs, name, a.shape, np.float64, unit,
-                                                  (ROW_CHUNK, *a.shape))
-                self._obs_rows[name] = 0
-            rows.append((self._obs[name], self._obs_rows[name], a))
-        for g, row, a in rows:  # phase 1: values and times
-            self._append(g, row, (("value", a), ("time", float(time))))
-        f.flush()
-        for g, row, _ in rows:  # phase 2: steps, which make the rows count
-            self._append(g, row, (("step", step),))
-        f.flush()
+        what = f"observables at step {step}"
+        self._check_space(self._space_needed(
+            (self._obs_rows[name], self._obs_chunking[name]) if name in self._obs_sets
+            else (0, [(ROW_CHUNK, ROW_CHUNK * 8 * (2 + a.size))]) for name, a in items), what)
+        with self._io(what):
+            obs = f.require_group("observables")
+            rows = []
+            for name, a in items:
+                if name not in self._obs:
+                    unit = (units or {}).get(name) or observable_unit(name)
+                    g = _create_element(obs, name, a.shape, np.float64, unit, (ROW_CHUNK, *a.shape))
+                    self._obs[name] = g
+                    self._obs_sets[name] = {ds: g[ds] for ds in ("step", "time", "value")}
+                    self._obs_chunking[name] = [_new_chunk_row(d) for d in self._obs_sets[name].values()]
+                    self._obs_rows[name] = 0
+                rows.append((self._obs_sets[name], self._obs_rows[name], a))
+            for sets, row, a in rows:  # phase 1: values and times
+                self._append(sets, row, (("value", a), ("time", float(time))))
+            f.flush()
+            for sets, row, _ in rows:  # phase 2: steps, which make the rows count
+                self._append(sets, row, (("step", step),))
+            f.flush()
         for name, _ in items:
             self._obs_rows[name] += 1
 
@@ -432,36 +571,76 @@ class H5MDWriter:
         step = int(step)
         groups = dict(self._elements)
         groups.update({f"observables/{k}": g for k, g in self._obs.items()})
-        for key, g in groups.items():
-            n = valid_rows(g)
-            keep = int(np.searchsorted(g["step"][:n], step, side="right"))
-            _resize(g, keep)
-            if key in self._rows:
-                self._rows[key] = keep
-            else:
-                self._obs_rows[key.split("/", 1)[1]] = keep
-        self._last_step = self._box_last_step()
-        f.flush()
+        with self._io(f"truncate after step {step}"):
+            for key, g in groups.items():
+                n = valid_rows(g)
+                keep = int(np.searchsorted(g["step"][:n], step, side="right"))
+                _resize(g, keep)
+                if key in self._rows:
+                    self._rows[key] = keep
+                else:
+                    self._obs_rows[key.split("/", 1)[1]] = keep
+            self._last_step = self._box_last_step()
+            f.flush()
 
     def flush(self) -> None:
         """Flush HDF5 buffers to the OS (done after every frame anyway)."""
-        self._check_open().flush()
+        f = self._check_open()
+        with self._io("flush"):
+            f.flush()
+
+    def sync(self) -> None:
+        """Flush, then fsync the file: frames so far survive an OS crash or power loss.
+
+        About one disk sync (milliseconds); not done per frame.
+        """
+        f = self._check_open()
+        with self._io("sync"):
+            f.flush()
+            if self._fd is not None:
+                os.fsync(self._fd)
 
     def close(self) -> None:
-        """Flush and close the file; further calls do nothing."""
-        if self._f is not None:
-            try:
+        """Flush, fsync and close the file; further calls do nothing.
+
+        Raises OutputError if that fails (the file is closed all the same).  After an
+        earlier failure it only closes, swallowing HDF5's errors: the failure was already
+        raised by the call that met it.
+        """
+        if self._f is None:
+            return
+        if self._failed is not None:
+            self._abandon()
+            return
+        try:
+            with self._io("close"):
                 self._f.flush()
-            finally:
-                self._f.close()
-                self._f = None
+                if self._fd is not None:  # also reports write errors the OS deferred (NFS)
+                    os.fsync(self._fd)
+        except OutputError:
+            self._abandon()
+            raise
+        f, self._f = self._f, None
+        try:
+            f.close()
+        except IO_ERRORS as exc:
+            raise self._poison("close", exc, fence=False) from None
 
     def __enter__(self) -> "H5MDWriter":
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        self.close()
+        if exc[0] is not None and self._failed is None:
+            try:
+                self.close()
+            except OutputError:  # the exception already on its way wins
+                pass
+        else:
+            self.close()
 
     def __repr__(self) -> str:
-        state = "closed" if self._f is None else f"{self.n_frames} frames"
+        if self._failed is not None:
+            state = "failed"
+        else:
+            state = "closed" if self._f is None else f"{self.n_frames} frames"
         return f"H5MDWriter({self.path!r}, n_atoms={self.n_atoms}, {state})"

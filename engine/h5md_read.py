@@ -27,10 +27,15 @@ interrupted is dropped as a whole.
 from __future__ import annotations
 
 import json
+import os
+import re
+from contextlib import contextmanager
 from typing import Any, Iterator, Sequence
 
 import h5py
 import numpy as np
+
+from shardmd.engine.errors import UserError
 
 #: Per-atom time-dependent fields the writer knows, in their canonical order.
 FIELDS: tuple[str, ...] = ("position", "image", "velocity", "force")
@@ -139,13 +144,73 @@ def read_config_group(f: h5py.File) -> dict | None:
     return json.loads(_decode(f["parameters/config_json"][()]))
 
 
+class TrajectoryReadError(UserError, ValueError):
+    """A file that cannot be read as a trajectory: a directory, empty, truncated, not HDF5,
+    an HDF5 file of another layout, or damaged.  One line naming the file (the CLI prints
+    ``error: ...`` and exits 2)."""
+
+
+_MISSING = re.compile(r"object '([^']*)' doesn't exist|Can't open attribute|attribute '([^']*)'")
+#: what reading a broken or foreign file raises (h5py: OSError, RuntimeError, KeyError for a
+#: missing object, ValueError/TypeError/IndexError for unexpected shapes and types)
+_READ_ERRORS = (OSError, RuntimeError, KeyError, ValueError, TypeError, IndexError, AttributeError)
+
+
+def _why(exc: BaseException) -> str:
+    """Short reason a file could not be read."""
+    text = " ".join(str(exc).split())
+    if isinstance(exc, KeyError) or "doesn't exist" in text:
+        m = _MISSING.search(text)
+        name = next((g for g in m.groups() if g), None) if m else None
+        return (f"an HDF5 file of another layout (no {name!r})" if name
+                else "an HDF5 file of another layout (a required group, dataset or attribute is missing)")
+    if "truncated file" in text:
+        return "truncated (shorter than its HDF5 header says)"
+    if "file signature not found" in text:
+        return "not an HDF5 file"
+    if isinstance(exc, OSError) and getattr(exc, "errno", None) and exc.strerror:
+        return exc.strerror
+    m = re.search(r"error message = '([^']*)'", text)
+    if m:
+        return m.group(1)
+    if len(text) > 120:
+        text = text[:117] + "..."
+    return f"damaged or unreadable ({type(exc).__name__}: {text})"
+
+
+@contextmanager
+def _reading(path):
+    """Turn failures while reading ``path`` into one-line TrajectoryReadErrors."""
+    try:
+        yield
+    except TrajectoryReadError:
+        raise
+    except FileNotFoundError:
+        raise TrajectoryReadError(f"{os.fspath(path)!r}: no such file") from None
+    except _READ_ERRORS as exc:
+        raise TrajectoryReadError(f"{os.fspath(path)!r} is not a readable ShardMD trajectory: "
+                                  f"{_why(exc)}") from None
+
+
 def _open(path) -> h5py.File:
     """Open read-only without HDF5 file locking, so a file a running job holds open can be
-    inspected (the writer flushes after every frame, so flushed frames are consistent)."""
-    try:
-        return h5py.File(path, "r", locking=False)
-    except TypeError:  # very old h5py without the locking keyword
-        return h5py.File(path, "r")
+    inspected (the writer flushes after every frame, so flushed frames are consistent).
+
+    Raises TrajectoryReadError for a missing file, a directory, an empty, truncated or
+    non-HDF5 file.
+    """
+    p = os.fspath(path)
+    if os.path.isdir(p):
+        raise TrajectoryReadError(f"{p!r} is a directory, not a trajectory file")
+    if not os.path.exists(p):
+        raise TrajectoryReadError(f"{p!r}: no such file")
+    if os.path.isfile(p) and os.path.getsize(p) == 0:
+        raise TrajectoryReadError(f"{p!r} is an empty file (0 bytes), not a trajectory")
+    with _reading(p):
+        try:
+            return h5py.File(p, "r", locking=False)
+        except TypeError:  # very old h5py without the locking keyword
+            return h5py.File(p, "r")
 
 
 def _read_observables(f: h5py.File) -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]:
@@ -165,14 +230,21 @@ class _Reader:
     """Holds an open file and the frame table; builds one ``ase.Atoms`` per frame."""
 
     def __init__(self, path):
+        self.path = os.fspath(path)
         self.f = _open(path)
         try:
-            self._setup()
+            with _reading(path):
+                self._setup()
         except BaseException:
             self.f.close()
             raise
 
     def _setup(self) -> None:
+        if PARTICLES not in self.f:
+            what = ("a ShardMD restart checkpoint, not a trajectory"
+                    if self.f.attrs.get("kind") == "shardmd-checkpoint"
+                    else f"an HDF5 file but not an H5MD trajectory (no {PARTICLES})")
+            raise TrajectoryReadError(f"{self.path!r} is {what}")
         p = self.f[PARTICLES]
         self.numbers = p["species"][()].astype(np.int64)
         self.masses = p["mass"][()].astype(np.float64)
@@ -280,7 +352,9 @@ def read_frames(path, index: int | slice | Sequence[int] = slice(None)) -> list:
     """
     r = _Reader(path)
     try:
-        return [r.atoms(i) for i in _select(len(r), index)]
+        rows = _select(len(r), index)
+        with _reading(path):
+            return [r.atoms(i) for i in rows]
     finally:
         r.close()
 
@@ -290,7 +364,9 @@ def iter_frames(path) -> Iterator:
     r = _Reader(path)
     try:
         for i in range(len(r)):
-            yield r.atoms(i)
+            with _reading(path):
+                atoms = r.atoms(i)
+            yield atoms
     finally:
         r.close()
 
@@ -301,7 +377,7 @@ def read_observables(path) -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray
     Values are in the unit of the group's ``value`` dataset ``unit`` attribute (e.g. eV,
     K, eV/Å^3 for ``pressure`` and the (m, 3, 3) ``stress``).
     """
-    with _open(path) as f:
+    with _open(path) as f, _reading(path):
         return _read_observables(f)
 
 
@@ -316,35 +392,40 @@ def file_summary(path) -> dict[str, Any]:
     """
     r = _Reader(path)
     try:
-        f = r.f
-        steps, times = r.frame_steps, r.frame_times
-        units: dict[str, str] = {}
-
-        def visit(name: str, obj: Any) -> None:
-            if isinstance(obj, h5py.Dataset) and "unit" in obj.attrs:
-                units[name] = str(_decode(obj.attrs["unit"]))
-
-        f.visititems(visit)
-        ref = r.elements.get("position", r.elements.get("box"))
-        h5 = f["h5md"] if "h5md" in f else None
-        return {
-            "n_atoms": int(len(r.numbers)),
-            "n_frames": int(len(steps)),
-            "first_step": int(steps[0]) if len(steps) else None,
-            "last_step": int(steps[-1]) if len(steps) else None,
-            "first_time_fs": float(times[0]) if len(times) else None,
-            "last_time_fs": float(times[-1]) if len(times) else None,
-            "fields": [n for n in FIELDS if n in r.elements],
-            "observables": {k: int(len(v[0])) for k, v in r.observables.items()},
-            "units": units,
-            "pbc": [bool(b) for b in r.pbc],
-            "dtype": str(ref["value"].dtype) if ref is not None else None,
-            "h5md_version": [int(v) for v in h5.attrs["version"]] if h5 is not None else None,
-            "author": _decode(h5["author"].attrs.get("name")) if h5 is not None and "author" in h5 else None,
-            "creator": _decode(h5["creator"].attrs.get("name")) if h5 is not None and "creator" in h5 else None,
-            "creator_version": (_decode(h5["creator"].attrs.get("version"))
-                                if h5 is not None and "creator" in h5 else None),
-            "config": read_config_group(f),
-        }
+        with _reading(path):
+            return _summary(r)
     finally:
         r.close()
+
+
+def _summary(r: _Reader) -> dict[str, Any]:
+    f = r.f
+    steps, times = r.frame_steps, r.frame_times
+    units: dict[str, str] = {}
+
+    def visit(name: str, obj: Any) -> None:
+        if isinstance(obj, h5py.Dataset) and "unit" in obj.attrs:
+            units[name] = str(_decode(obj.attrs["unit"]))
+
+    f.visititems(visit)
+    ref = r.elements.get("position", r.elements.get("box"))
+    h5 = f["h5md"] if "h5md" in f else None
+    return {
+        "n_atoms": int(len(r.numbers)),
+        "n_frames": int(len(steps)),
+        "first_step": int(steps[0]) if len(steps) else None,
+        "last_step": int(steps[-1]) if len(steps) else None,
+        "first_time_fs": float(times[0]) if len(times) else None,
+        "last_time_fs": float(times[-1]) if len(times) else None,
+        "fields": [n for n in FIELDS if n in r.elements],
+        "observables": {k: int(len(v[0])) for k, v in r.observables.items()},
+        "units": units,
+        "pbc": [bool(b) for b in r.pbc],
+        "dtype": str(ref["value"].dtype) if ref is not None else None,
+        "h5md_version": [int(v) for v in h5.attrs["version"]] if h5 is not None else None,
+        "author": _decode(h5["author"].attrs.get("name")) if h5 is not None and "author" in h5 else None,
+        "creator": _decode(h5["creator"].attrs.get("name")) if h5 is not None and "creator" in h5 else None,
+        "creator_version": (_decode(h5["creator"].attrs.get("version"))
+                            if h5 is not None and "creator" in h5 else None),
+        "config": read_config_group(f),
+    }

@@ -1,25 +1,77 @@
-"""``python -m engine info FILE`` and ``python -m engine plot FILE OUT.png``."""
+"""``python -m engine info FILE``, ``plot FILE OUT.png`` and ``convert RUN.h5 OUT``.
+
+Errors are one line (the CLI prints ``error: ...``): an input that is missing, a directory,
+empty, truncated, not HDF5, an HDF5 file that is neither a ShardMD trajectory nor a
+checkpoint, or damaged gives a UserError (exit status 2); an output path that is a
+directory or whose directory does not exist, or a format ASE/matplotlib cannot write, a
+UserError too; a failed write of the output (disk full, read-only, I/O error) an
+OutputError (exit status 4).  Outputs are written to a temporary file beside them and
+renamed into place, so a failed write leaves an existing file of that name untouched.
+"""
 from __future__ import annotations
 
+import os
+import tempfile
 from pathlib import Path
 
 import h5py
 
 from .errors import UserError
+from .h5md_read import _reading
+from .safe_io import check_output_path, output_error
 
 
 def _open_kind(path: str) -> str:
     p = Path(path)
+    if p.is_dir():
+        raise UserError(f"{path!r} is a directory; give a trajectory (.h5) or a checkpoint file")
     if not p.is_file():
         raise UserError(f"{path!r}: no such file")
+    if p.stat().st_size == 0:
+        raise UserError(f"{path!r} is an empty file (0 bytes); give a trajectory (.h5) or a checkpoint")
     if not h5py.is_hdf5(p):
         raise UserError(f"{path!r} is not an HDF5 file; give a trajectory (.h5) or a checkpoint")
-    with h5py.File(p, "r") as f:
-        if f.attrs.get("kind") == "shardmd-checkpoint":
-            return "checkpoint"
-        if "h5md" in f or "particles" in f:
-            return "trajectory"
-    raise UserError(f"{path!r} is neither a ShardMD trajectory nor a checkpoint")
+    with _reading(path):  # truncated or damaged: one line
+        with h5py.File(p, "r", locking=False) as f:
+            if f.attrs.get("kind") == "shardmd-checkpoint":
+                return "checkpoint"
+            if "particles" in f:
+                return "trajectory"
+    raise UserError(f"{path!r} is an HDF5 file but neither a ShardMD trajectory nor a checkpoint")
+
+
+def _write_atomically(out: str, write, fmt_name: str) -> None:
+    """Call ``write(tmp_path)`` for a temporary file beside ``out``, then rename it to ``out``.
+
+    Failures: OSError -> OutputError (exit 4), anything else (unknown format, bad data) ->
+    UserError; the temporary file is removed and an existing ``out`` is left as it was.
+    """
+    p = check_output_path(out, "output")
+    parent = p.parent if str(p.parent) else Path(".")
+    try:
+        fd, tmp = tempfile.mkstemp(dir=parent, prefix=f".{p.name}.", suffix=".tmp")
+        os.close(fd)
+    except OSError as exc:
+        raise output_error("write", out, exc, option="output path") from None
+    try:
+        write(tmp)
+        with open(tmp, "rb+") as fh:
+            os.fsync(fh.fileno())
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; give the usual permissions
+        os.replace(tmp, out)
+    except BaseException as exc:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        if isinstance(exc, OSError):
+            raise output_error("write", out, exc, option="output path") from None
+        if isinstance(exc, Exception) and not isinstance(exc, UserError):
+            msg = " ".join(str(exc).split()) or type(exc).__name__
+            raise UserError(f"cannot write {out!r} as {fmt_name}: {msg}") from None
+        raise
 
 
 def _config_line(cfg: dict | None) -> list[str]:
@@ -35,6 +87,11 @@ def _config_line(cfg: dict | None) -> list[str]:
 
 def info(path: str) -> str:
     kind = _open_kind(path)
+    with _reading(path):
+        return _info(path, kind)
+
+
+def _info(path: str, kind: str) -> str:
     if kind == "checkpoint":
         from .checkpoint import read_checkpoint
 
@@ -69,6 +126,7 @@ def plot(path: str, out: str) -> str:
 
     from .h5md import read_observables
 
+    check_output_path(out, "plot output")
     obs = read_observables(path)
     panels = [("energy (eV)", ["potential_energy", "kinetic_energy", "total_energy"]),
               ("temperature (K)", ["temperature"]), ("pressure (bar)", ["pressure"])]
@@ -84,7 +142,11 @@ def plot(path: str, out: str) -> str:
     axes[-1].set_xlabel("time (ps)")
     fig.suptitle(Path(path).name)
     fig.tight_layout()
-    fig.savefig(out, dpi=110)
+    fmt = Path(out).suffix[1:].lower() or matplotlib.rcParams["savefig.format"]
+    try:
+        _write_atomically(out, lambda tmp: fig.savefig(tmp, dpi=110, format=fmt), f"a {fmt!r} image")
+    finally:
+        plt.close(fig)
     return out
 
 
@@ -93,14 +155,20 @@ def convert(path: str, out: str) -> str:
     if _open_kind(path) != "trajectory":
         raise UserError(f"{path!r} is a checkpoint; convert a trajectory file")
     from ase.io import write
+    from ase.io.formats import filetype, ioformats
 
     from .h5md import read_frames
 
+    check_output_path(out, "output")
+    try:
+        fmt = filetype(out, read=False)
+    except Exception as exc:  # no extension ASE knows
+        raise UserError(f"cannot tell the format of {out!r} ({' '.join(str(exc).split())}); "
+                        "give an extension such as .extxyz or .traj") from None
+    if fmt not in ioformats or not ioformats[fmt].can_write:
+        raise UserError(f"ASE cannot write the format {fmt!r} of {out!r}; use e.g. .extxyz or .traj")
     frames = read_frames(path)
     if not frames:
         raise UserError(f"{path!r} holds no frames")
-    try:
-        write(out, frames)
-    except Exception as exc:  # unknown format, unwritable path
-        raise UserError(f"cannot write {out!r}: {exc}") from None
+    _write_atomically(out, lambda tmp: write(tmp, frames, format=fmt), f"{fmt!r}")
     return f"wrote {len(frames)} frames to {out}"

@@ -97,19 +97,41 @@ def _import_mace():
     return MACE
 
 
-def load_mace(path: str | Path, device="cpu", dtype=torch.float64):
-    """Load a mace-torch model file; one-line errors for missing or non-MACE files."""
+def load_mace(path: str | Path, device="cpu", dtype=torch.float64, trust_pickle: bool = False):
+    """Load a mace-torch model file; every failure is a one-line ValueError.
+
+    By default through the safe loader (models/mace_safe_load.py: ``weights_only=True`` under
+    an allow-list of mace-torch's classes), so a file cannot run code by being opened; a file
+    that needs anything else is refused, naming the global.  ``trust_pickle``: unpickle
+    freely (``weights_only=False``), which runs any code the file holds: only for files the
+    user made or trusts (``model.trust_pickle=true``)."""
     p = Path(path)
     if not p.is_file():
         raise ValueError(f"model.checkpoint={str(path)!r}: no such file; give a mace-torch .model file")
     MACE = _import_mace()
     import warnings
 
+    from .mace_safe_load import RefusedContent, load_safely, torch_supports_safe_load
+
+    if not trust_pickle and not torch_supports_safe_load():
+        raise ValueError(f"model.checkpoint={str(path)!r}: the safe model loader needs torch >= 2.6 (this is "
+                         f"{torch.__version__}); upgrade torch, or add model.trust_pickle=true for a file you trust")
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            model = torch.load(p, map_location=device, weights_only=False)
-    except Exception as exc:  # pickle errors, zip errors, ...
+            if trust_pickle:
+                model = torch.load(p, map_location=device, weights_only=False)
+            else:
+                model = load_safely(p, map_location=device)
+    except RefusedContent as exc:
+        raise ValueError(f"model.checkpoint={str(path)!r} needs a class the safe loader does not allow "
+                         f"({exc.what}); it is not a plain mace-torch model. If you made this file yourself "
+                         "or trust its source, add model.trust_pickle=true (unpickling runs any code the "
+                         "file holds)") from None
+    except Exception as exc:  # pickle errors, zip errors, a TorchScript archive, ...
+        if isinstance(exc, RuntimeError) and "TorchScript" in str(exc):
+            raise ValueError(f"model.checkpoint={str(path)!r} is a TorchScript archive (such as mace's "
+                             "*_compiled.model), not a mace-torch model file; give the .model file") from None
         raise ValueError(f"model.checkpoint={str(path)!r} is not a loadable mace-torch model "
                          f"({type(exc).__name__}); give a file saved by mace-torch") from None
     if not isinstance(model, torch.nn.Module) or not isinstance(model, MACE) or not hasattr(model, "atomic_numbers"):
@@ -182,7 +204,8 @@ class MaceModel:
     and how it runs; cueq: cuEquivariance kernels ('auto': on CUDA when installed);
     cuda_graph: replay the call as a CUDA graph between neighbour rebuilds when it can be: on
     CUDA, on one domain, with sync-free edge selection (True: then always; 'auto', the default:
-    up to ``GRAPH_MAX_POINTS``; False: never; see domain/graphed_call.py). Under
+    up to ``GRAPH_MAX_POINTS``; False: never; see domain/graphed_call.py); trust_pickle: load
+    the file by unpickling it freely instead of through the safe loader (see ``load_mace``). Under
     DistributedModel the decomposition context of the call (for the per-layer exchange) comes
     from ``current_scope()``; called directly, it runs alone.
     """
@@ -191,12 +214,12 @@ class MaceModel:
     distribution_spec = SPEC_MACE
 
     def __init__(self, checkpoint: str | Path | None = None, dtype=torch.float64, device="cpu", cueq="auto",
-                 cuda_graph="auto"):
+                 cuda_graph="auto", trust_pickle: bool = False):
         self.path = Path(checkpoint) if checkpoint else DEFAULT_MODEL
         if not checkpoint and not self.path.is_file():
             raise ValueError(f"the shipped MACE model {self.path} is missing; give model.checkpoint=PATH")
         self.dtype, self.device = dtype, torch.device(device)
-        self.model = load_mace(self.path, self.device, dtype)
+        self.model = load_mace(self.path, self.device, dtype, trust_pickle=trust_pickle)
         #: whether the model runs on cuEquivariance kernels (converted by mace-torch's own tool)
         self.cueq = resolve_cueq(cueq, self.device)
         if self.cueq:

@@ -11,8 +11,9 @@ with mace's ASE calculator and writes a JSON model card beside it.
 
 Outputs
     models/data/cu_mace_small.model   the stage-two (SWA) model saved by mace, on CPU,
-                                      float64 (torch.load(..., weights_only=False)
-                                      after `import mace`; MACECalculator(model_paths=...))
+                                      float64 (shardmd.models.mace.load_mace, or
+                                      torch.load(..., weights_only=False) after `import mace`
+                                      for a file you trust; MACECalculator(model_paths=...))
     models/data/cu_mace_small.json    model card (architecture, data hash, test errors,
                                       versions, wall time, rebuild command)
     runs/mace_cu_small/               mace's own logs, checkpoints, results (git-ignored)
@@ -259,7 +260,11 @@ def main(argv=None):
     # ------------------------------------------------------------ card
     from mace.tools.scripts_utils import extract_config_mace_model
 
-    model = torch.load(str(a.out), map_location="cpu", weights_only=False)
+    # through the engine's safe loader: the shipped model must load without trust_pickle, so a
+    # model that needs a class outside its allow-list fails here, not in users' first run
+    from shardmd.models.mace_safe_load import load_safely
+
+    model = load_safely(a.out, map_location="cpu")
     cfg = extract_config_mace_model(model)
     n_params = int(sum(p_.numel() for p_ in model.parameters()))
     errors = {}

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 pytest.importorskip("mace")
-import mace  # noqa: E402,F401  (must come before torch.load of e3nn objects)
+import mace  # noqa: E402,F401  (must come before MACECalculator's torch.load of e3nn objects)
 import torch  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -42,8 +42,12 @@ def card():
 
 @pytest.fixture(scope="module")
 def model():
+    """Through the engine's safe loader (weights_only=True under its allow-list), as the
+    engine loads it by default: the shipped file must never need model.trust_pickle."""
+    from shardmd.models.mace_safe_load import load_safely
+
     assert MODEL.exists(), f"missing {MODEL}"
-    return torch.load(str(MODEL), map_location="cpu", weights_only=False)
+    return load_safely(MODEL, map_location="cpu")
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +62,7 @@ def test_file_size_and_hash(card):
     assert hashlib.sha256(MODEL.read_bytes()).hexdigest() == card["file_sha256"]
 
 
-def test_loads_with_torch_load(model):
+def test_loads_with_safe_loader(model):
     assert type(model).__name__ == "ScaleShiftMACE"
     assert float(model.r_max) > 0
     assert [int(z) for z in model.atomic_numbers] == [29]
