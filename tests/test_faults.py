@@ -183,6 +183,18 @@ def test_dt_300_stops_at_step_1(tmp_path):
     assert [f.info["step"] for f in frames] == [0]
 
 
+@pytest.mark.parametrize("pipelined", [False, True])
+def test_dt_300_with_the_deferred_check(tmp_path, pipelined):
+    """The GPU's read-back schedule (here on the CPU): the measure rides on the scheduled reads;
+    the error names the read-back step, and no frame after the last healthy one is written."""
+    r = run_engine(["run", *SMALL, "dt=300", "steps=200", "checkpoint.every=20", "trajectory.every=20",
+                    "neighbor.deferred=true", f"neighbor.pipelined={str(pipelined).lower()}"], cwd=tmp_path)
+    assert r.returncode == 3, r.stderr
+    line = one_line(r.stderr.strip().splitlines(), "blew up at or before step 1: atom id")
+    assert "health.max_step=1 Å" in line
+    assert [f.info["step"] for f in read_frames(tmp_path / "run.h5")] == [0]
+
+
 def test_dt_300_nan_keeps_the_finite_checkpoints(tmp_path):
     """The reported case: NaN energies after ~90 steps. With the step bound lifted the
     non-finite check stops it; the checkpoints of steps 40-80 survive, finite."""
