@@ -36,6 +36,8 @@ from shardmd.models import build_model
 
 from .config import compose_config, to_container
 from .domains import Decomposition
+from .errors import UserError
+from .health import check_inputs
 from .state import State
 
 _COMM: Comm | None = None
@@ -119,6 +121,12 @@ class ShardMDCalculator(Calculator):
                       numbers=t(numbers, torch.int64), ids=torch.arange(n, device=self.device),
                       images=torch.zeros(n, 3, dtype=torch.int32, device=self.device), cell=t(cell),
                       pbc=torch.as_tensor(pbc, device=self.device))
+        if n == 0:
+            raise ValueError("ShardMDCalculator: the Atoms object holds no atoms")
+        try:   # NaN positions would be left out of the forces silently; a singular cell breaks the frame
+            check_inputs(state)
+        except UserError as exc:
+            raise ValueError(f"ShardMDCalculator: {exc.one_line()}") from None
         if hasattr(self.model, "check_species"):
             self.model.check_species(state.numbers)
         dec = Decomposition(self.comm, self.model.cutoff, 0.0)

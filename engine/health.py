@@ -46,7 +46,9 @@ def step_measure(velocities: torch.Tensor, dt: float, displacement: torch.Tensor
 
 
 def finite_thermo(obs: dict) -> bool:
-    return all(math.isfinite(float(obs[k])) for k in ("potential_energy", "kinetic_energy", "pressure"))
+    """Energies finite, and the pressure where there is a volume (an open cell has none)."""
+    keys = ("potential_energy", "kinetic_energy") + (("pressure",) if obs.get("volume", 0) > 1e-9 else ())
+    return all(math.isfinite(float(obs[k])) for k in keys)
 
 
 def _first_bad(ids: np.ndarray, arrays: dict[str, np.ndarray]) -> tuple[int, str] | None:
@@ -104,8 +106,7 @@ def check_inputs(state) -> None:
     for name, a in arrays.items():
         bad = _first_bad(ids, {name: a})
         if bad is not None:
-            raise CollectiveError(f"the structure's atom id {bad[0]}: {bad[1].replace('its ', '')}; "
-                                  "fix the structure file (NaN or inf values)")
+            raise CollectiveError(f"the structure's atom id {bad[0]}: {bad[1]} (NaN or inf); fix the structure")
         if name == "masses" and (a <= 0).any():
             i = int(ids[a <= 0].min())
             raise CollectiveError(f"atom id {i} has mass {a[ids == i][0]:g} amu; masses must be > 0")
@@ -116,7 +117,7 @@ def check_inputs(state) -> None:
         if np.linalg.matrix_rank(per, tol=1e-9 * max(1.0, np.abs(per).max())) < int(pbc.sum()):
             raise CollectiveError("the cell is singular on its periodic axes (vectors of zero length or "
                                   "in one plane); give a proper cell or make those axes non-periodic")
-    if (~pbc).any():
+    if pbc.any() and (~pbc).any():   # all-open cells need no frame (molecules, clusters: the list makes one)
         lengths = np.linalg.norm(cell, axis=1)
         if (lengths[~pbc] < 1e-9).any() or abs(np.linalg.det(cell)) < 1e-9:
             axis = int(np.nonzero(~pbc & (lengths < 1e-9))[0][0]) if (lengths[~pbc] < 1e-9).any() else \

@@ -383,3 +383,43 @@ def test_sigterm_still_checkpoints_with_75(tmp_path):
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=60) == 75
     assert_intact(tmp_path)
+
+
+# -- the ASE calculator: bad Atoms give one clear error, never a silent number ---------------------
+def _calc_atoms(kind):
+    from ase import Atoms
+    from ase.build import bulk, fcc111
+
+    if kind == "no atoms":
+        return Atoms("", cell=[5, 5, 5], pbc=True)
+    if kind == "zero vector":
+        return Atoms("Ar2", positions=[[0, 0, 0], [3.8, 0, 0]], cell=[[10, 0, 0], [0, 10, 0], [0, 0, 0]], pbc=True)
+    if kind == "slab without z":
+        return fcc111("Ar", size=(3, 3, 3), a=5.26)
+    a = bulk("Ar", "fcc", a=5.26, cubic=True).repeat(2)
+    a.positions[6, 0] = np.nan
+    return a
+
+
+@pytest.mark.parametrize("kind, needle", [("no atoms", "holds no atoms"), ("zero vector", "singular"),
+                                          ("slab without z", "cell vector 2"), ("nan position", "atom id 6")])
+def test_ase_calculator_refuses_bad_atoms(kind, needle):
+    from shardmd.engine.ase_calculator import ShardMDCalculator
+
+    atoms = _calc_atoms(kind)
+    atoms.calc = ShardMDCalculator(model="lj")
+    with pytest.raises(ValueError) as info:
+        atoms.get_potential_energy()
+    msg = str(info.value)
+    assert "\n" not in msg and msg.startswith("ShardMDCalculator: ") and needle in msg, msg
+
+
+def test_open_clusters_keep_running(tmp_path, capsys, monkeypatch):
+    """A cluster read from .xyz has no cell and no periodic axis: that worked and still does."""
+    from ase.cluster import Icosahedron
+
+    Icosahedron("Ar", 3).write(tmp_path / "ico.xyz")
+    code, lines = cli(["run", "model=lj", "system.file=ico.xyz", "steps=10", "quiet=true"], tmp_path, capsys,
+                      monkeypatch)
+    assert code == 0, lines
+    assert_intact(tmp_path, capsys=capsys, monkeypatch=monkeypatch)
