@@ -96,8 +96,9 @@ def run_engine(n: int, a) -> dict:
     c = sim.deferred
     f = getattr(sim.model, "_filter", None)   # MaceModel's RadiusFilter: the edges the model was given
     edges = f"{f.capacity} edge slots" if f is not None and f.capacity else "exact edges"
-    reads = (f"skin check read {c.reads} times ({c.posted} posted), {c.rollbacks} rollbacks"
-             if c is not None else "skin check every step")
+    reads = (f"skin check read {c.reads} times ({c.posted} posted), {c.rollbacks} rollbacks, "
+             f"health measure in the same reads (last: max |v| dt {c.health_seen:.2g} Å)"
+             if c is not None else "skin check and health measure every step, one read")
     g = getattr(sim.model, "_graphed", None)
     if g is not None:
         reads += (f"; CUDA graph: {g.captures} captures, {g.replays} replays, {g.eager} eager calls"
