@@ -144,7 +144,11 @@ def _fill_checkpoint(f: h5py.File, step, time_fs, arrays, cell, pbc, config, int
 
 
 def _refuse(path: Path, what: str) -> OutputError:
-    return output_error("write checkpoint", path, None, reason=f"{path} {what}",
+    try:
+        what += f" (to {os.readlink(path)!r})" if os.path.islink(path) else ""
+    except OSError:
+        pass
+    return output_error("write checkpoint", path, None, reason=f"it {what}",
                         fix="ShardMD does not write checkpoints through links or over non-files: remove it "
                             "or choose another output=")
 

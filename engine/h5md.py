@@ -53,7 +53,72 @@ at them (:func:`shardmd.engine.h5md_read.valid_rows`).  Opening with ``mode="a"`
 (restart) first shrinks every element to its committed rows.  ``tests/test_h5md.py``
 kills a real writer process at random moments and checks that every frame whose
 ``write_frame`` had returned is present and exact.  Not covered: power loss or an OS
-crash (there is no fsync).  Per-frame cost for 1000 atoms, all four fields: about 3 ms.
+crash for frames after the last fsync (the file is fsynced at :meth:`H5MDWriter.close`
+and :meth:`H5MDWriter.sync`, not per frame).
+
+Write errors (disk full, read-only file system, I/O error).  Findings, reproduced with the
+engine writing every step to a 2 MiB tmpfs (HDF5 2.0 / h5py 3.16):
+
+* The errors were swallowed in h5py's ``ObjectID.__dealloc__``.  HDF5 keeps written rows
+  of a chunked dataset in a per-dataset raw-data chunk cache (1 MiB by default) and writes
+  the chunk when it is evicted, when the file is flushed, or when the dataset is closed.
+  The old writer opened each dataset by name (``g["value"]``) for every row and dropped it
+  at once, so the chunk went to disk in the dataset's close, i.e. in the deallocation of
+  the h5py object, where an error can only be printed ("Exception ignored in
+  'h5py._objects.ObjectID.__dealloc__' ... RuntimeError: Can't decrement id ref count
+  (file write failed ... errno = 28, error message = 'No space left on device')") and never
+  reaches the caller.
+* The following ``File.flush()`` then succeeded: the lost chunk was no longer in any open
+  dataset, and the metadata updates (new extents, steps, times) went to blocks the file
+  already had.  So phase 2 wrote the commit record and the frame counted: its rows read as
+  the fill value (NaN positions), which reader and ``engine info`` accepted.  Writes into
+  existing chunks (step/time rows) kept succeeding, so every later frame "committed" too.
+* The failed close left the dataset's ID registered but half torn down; at process exit
+  HDF5's atexit handler (``H5_term_library`` -> ``H5D_close``) touched it: SIGSEGV, exit
+  status 139, after all Python output (seen with gdb).
+* h5py reports write failures inconsistently: ``OSError`` with ``errno`` set from data
+  writes and file creation, ``RuntimeError`` (errno only inside the text, "Unable to
+  synchronously flush file") from ``File.flush`` and closes.  Both count as write errors.
+* A flush that fails part-way can leave metadata on disk that points at space never
+  written; a flush at close after a failure would add the failed frame's metadata too.
+
+What the writer does about it:
+
+1. The file is opened with ``rdcc_nbytes=0`` (no raw-data chunk cache): every chunk write
+   happens inside the ``dataset[row] = value`` call that makes it (a row in an existing
+   chunk writes just its bytes; a new chunk is written whole, fill values around the row),
+   and a failure raises there.  Dataset handles stay open for the writer's life, so no
+   dataset close can write (this also makes a frame about twice as fast).
+2. Every HDF5/OS error in create, ``write_frame``, ``write_observables``,
+   ``truncate_after``, ``flush``, ``sync`` and ``close`` becomes an
+   :class:`~shardmd.engine.errors.OutputError` (exit status 4), one line: what failed, the
+   path, the OS reason and the fix, and "frames up to step N are intact".  Phase 2 (the
+   commit) runs only when every phase-1 write and the flush returned normally.
+3. The first failure poisons the writer: the file descriptor HDF5 writes through is
+   replaced (``dup2``) by a read-only descriptor of the same file, so nothing more reaches
+   the file -- no commit record, no metadata of the failed frame at close.  Later calls
+   raise the same OutputError; ``close()`` closes the file and swallows the (expected)
+   flush error; no segfault at exit.  The file on disk is the one of the last successful
+   flush, plus raw bytes of the failed frame beyond it, which no commit record covers.
+4. Before each frame and each observables row, the free space of the file system
+   (``fstatvfs``, about 1 us) is compared with what the write may allocate (the chunks it
+   starts, plus 64 KiB for metadata).  When it does not fit, the writer stops before
+   writing any byte of it, so the usual disk-full case never reaches a half-done HDF5
+   write.  File systems that report no size are not checked, and quotas are not seen:
+   there the write's own error (ENOSPC/EDQUOT) is the check.
+5. ``close()`` flushes and fsyncs (one disk sync per run, which also reports errors an OS
+   defers to fsync or close, as NFS does).  No fsync per frame: :meth:`H5MDWriter.sync`
+   after every frame added 0.6 ms (+30 % of a frame with its observables) on the ext4
+   disk measured below, and costs far more on network file systems.  Consequence: an
+   error the OS reports only at fsync (NFS, some EIO on writeback) is not seen for frames
+   written since the last sync; those frames may count although their data never
+   reached the disk.
+
+Cost per output step, 1000 atoms, four fields, six observables, 200 frames (median of
+3 runs; 2-core VM, ext4 disk), before -> after: ``write_frame`` 1.9 -> 0.9 ms,
+``write_observables`` 2.7 -> 1.1 ms (held dataset handles: no reopen per row; the
+free-space check is below the noise, < 0.02 ms); ``close`` 0.2 -> 9-10 ms (the fsync
+of the ~20 MB written, once per run; 0.8 ms on tmpfs).
 """
 from __future__ import annotations
 
@@ -268,6 +333,8 @@ class H5MDWriter:
                 self._f.flush()
         except KeyError as exc:  # mode "a": an HDF5 file without our groups
             self._abandon()
+            if mode != "a":
+                raise
             raise UserError(f"trajectory {self.path!r} is an HDF5 file but not a ShardMD/H5MD trajectory "
                             f"({' '.join(str(exc).split())}); move it away or choose another output=") from None
         except BaseException:
@@ -408,8 +475,10 @@ class H5MDWriter:
     # ------------------------------------------------------------------ writing
     @property
     def n_frames(self) -> int:
-        """Number of frames in the file (rows of the first field, or of box/edges)."""
-        self._check_open()
+        """Number of frames in the file (rows of the first field, or of box/edges); after a
+        write failure, the frames that are intact."""
+        if self._failed is None:
+            self._check_open()
         name = primary_field(self._elements)
         return self._rows[name] if name else 0
 
@@ -542,12 +611,12 @@ class H5MDWriter:
             (self._obs_rows[name], self._obs_chunking[name]) if name in self._obs_sets
             else (0, [(ROW_CHUNK, ROW_CHUNK * 8 * (2 + a.size))]) for name, a in items), what)
         with self._io(what):
-            obs = f.require_group("observables")
             rows = []
             for name, a in items:
                 if name not in self._obs:
                     unit = (units or {}).get(name) or observable_unit(name)
-                    g = _create_element(obs, name, a.shape, np.float64, unit, (ROW_CHUNK, *a.shape))
+                    g = _create_element(f.require_group("observables"), name, a.shape, np.float64, unit,
+                                        (ROW_CHUNK, *a.shape))
                     self._obs[name] = g
                     self._obs_sets[name] = {ds: g[ds] for ds in ("step", "time", "value")}
                     self._obs_chunking[name] = [_new_chunk_row(d) for d in self._obs_sets[name].values()]

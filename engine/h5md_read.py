@@ -23,6 +23,13 @@ the three datasets, its step is >= 0 (the step fill value is -1), its time is fi
 fails ends the valid prefix.  A *frame* counts only once its ``box/edges`` step, which the
 writer writes last, is valid (see :func:`frame_extent`), so a frame whose writing was
 interrupted is dropped as a whole.
+
+Files that are not readable trajectories (a directory, an empty, truncated or non-HDF5
+file, an HDF5 file of another layout, a checkpoint, a damaged file) raise
+:class:`TrajectoryReadError`, one line naming the file; it is a ``ValueError`` and a
+:class:`~shardmd.engine.errors.UserError` (``engine info`` prints it and exits 2).  A
+writer that hit a write error (disk full) never commits a frame whose data did not reach
+the file, so every frame read from such a file is real (:mod:`shardmd.engine.h5md`).
 """
 from __future__ import annotations
 
@@ -179,7 +186,7 @@ def _why(exc: BaseException) -> str:
 
 
 @contextmanager
-def _reading(path):
+def _reading(path, what: str = "ShardMD trajectory"):
     """Turn failures while reading ``path`` into one-line TrajectoryReadErrors."""
     try:
         yield
@@ -188,8 +195,7 @@ def _reading(path):
     except FileNotFoundError:
         raise TrajectoryReadError(f"{os.fspath(path)!r}: no such file") from None
     except _READ_ERRORS as exc:
-        raise TrajectoryReadError(f"{os.fspath(path)!r} is not a readable ShardMD trajectory: "
-                                  f"{_why(exc)}") from None
+        raise TrajectoryReadError(f"{os.fspath(path)!r} is not a readable {what}: {_why(exc)}") from None
 
 
 def _open(path) -> h5py.File:

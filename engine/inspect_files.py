@@ -31,7 +31,7 @@ def _open_kind(path: str) -> str:
         raise UserError(f"{path!r} is an empty file (0 bytes); give a trajectory (.h5) or a checkpoint")
     if not h5py.is_hdf5(p):
         raise UserError(f"{path!r} is not an HDF5 file; give a trajectory (.h5) or a checkpoint")
-    with _reading(path):  # truncated or damaged: one line
+    with _reading(path, "ShardMD trajectory or checkpoint"):  # truncated or damaged: one line
         with h5py.File(p, "r", locking=False) as f:
             if f.attrs.get("kind") == "shardmd-checkpoint":
                 return "checkpoint"
@@ -138,7 +138,8 @@ def plot(path: str, out: str) -> str:
                 scale = EV_PER_A3_TO_BAR if k == "pressure" else 1.0
                 ax.plot(times / 1000.0, values * scale, label=k.replace("_", " "))
         ax.set_ylabel(label)
-        ax.legend(loc="best", fontsize=8)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(loc="best", fontsize=8)
     axes[-1].set_xlabel("time (ps)")
     fig.suptitle(Path(path).name)
     fig.tight_layout()
