@@ -349,7 +349,10 @@ def _kill_trial(path: Path, rnd: random.Random, n_atoms: int, mode: str = "w") -
             assert time.monotonic() < deadline, "writer loop too slow"
         time.sleep(rnd.uniform(0.0, 0.005))  # lands anywhere inside the next frames
         proc.send_signal(signal.SIGKILL)
-        rest, err = proc.communicate(timeout=30)
+        proc.wait(timeout=30)
+        # read through the same buffered objects the loop above used: communicate() reads the
+        # pipes' file descriptors directly and would skip lines already in their buffers
+        rest, err = proc.stdout.read(), proc.stderr.read()
     finally:
         if proc.poll() is None:
             proc.kill()
