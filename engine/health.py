@@ -8,8 +8,11 @@ Checked (all ranks decide together; the error names the step, the atom id and wh
 - **at every skin check** (every step by default, or at the deferred check's read-backs on a
   GPU): the largest ``|v| dt`` of any atom, i.e. how far it drifts in one velocity-Verlet
   step, must stay within ``health.max_step`` Å, and positions and velocities must be finite.
-  The measure is one reduction folded into the read-back the skin check makes anyway
-  (:func:`step_measure`): no extra device->host sync per step;
+  The measure rides in the read-back the skin check makes anyway, so the number of host reads
+  is unchanged: per step :func:`step_measure` joins the skin flag's all-reduce; on a GPU the
+  deferred check folds :func:`max_speed` (two kernels, no read) into a running device maximum
+  that its scheduled read-backs carry (a NaN sticks in it), and the error then names the
+  read-back step ("at or before step N");
 - **at every output step** (thermo, frame, checkpoint): the reduced energies and pressure
   must be finite (the thermo values are computed there anyway). A checkpoint or frame is
   written only after this check passes, so the newest checkpoint is always a healthy one and
@@ -33,13 +36,19 @@ INF = float("inf")
 SINGULAR = {"positions": "position", "velocities": "velocity", "forces": "force", "masses": "mass"}
 
 
+def max_speed(velocities: torch.Tensor) -> torch.Tensor:
+    """0-d tensor on the velocities' device: max ``|v|`` over this rank's atoms (Å/fs); NaN
+    when any velocity is NaN (``amax`` propagates it, and so does the deferred check's running
+    ``maximum``). Two kernels, no host read: what the GPU's deferred check folds every step."""
+    if velocities.shape[0] == 0:
+        return torch.zeros((), dtype=velocities.dtype, device=velocities.device)
+    return torch.linalg.vector_norm(velocities, dim=1).amax()
+
+
 def step_measure(velocities: torch.Tensor, dt: float, displacement: torch.Tensor | None = None) -> torch.Tensor:
     """0-d float64 tensor on the velocities' device: max ``|v| dt`` over this rank's atoms (Å);
     +inf when any velocity, or the skin check's ``displacement`` (0-d), is not finite."""
-    if velocities.shape[0] == 0:
-        m = torch.zeros((), dtype=torch.float64, device=velocities.device)
-    else:
-        m = torch.linalg.vector_norm(velocities, dim=1).amax().to(torch.float64) * dt
+    m = max_speed(velocities).to(torch.float64) * dt
     if displacement is not None:   # 0 for a finite displacement, NaN for NaN or inf
         m = torch.maximum(m, displacement.detach().reshape(()).to(m.device, torch.float64) * 0)
     return torch.nan_to_num(m, nan=INF, posinf=INF)

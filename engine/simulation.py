@@ -10,6 +10,7 @@ only then, so the positions the skin check measures are continuous between rebui
 """
 from __future__ import annotations
 
+import math
 import os
 import time
 from collections import defaultdict
@@ -185,7 +186,7 @@ class Simulation:
         t = time.perf_counter()
         local = (self.nl.max_displacement(s.positions) if s.n_atoms
                  else torch.zeros((), dtype=s.dtype, device=s.positions.device))
-        chk.observe(local, health.step_measure(s.velocities, self.integrator.dt, local))
+        chk.observe(local, health.max_speed(s.velocities))
         self._verified = self._save_posted = False
         verify_now = False
         if chk.pending is not None:
@@ -207,7 +208,7 @@ class Simulation:
         self._verified = True
         window, last, self._stop_seen = chk.read(self.comm, self.stop.requested)
         self.timers["neighbor"] += time.perf_counter() - t
-        self._check_step(chk.health_seen, f"at or before step {s.step}")
+        self._check_read(window, last, f"at or before step {s.step}")
         if chk.violated(window):
             self._verified = False
             self._roll_back(chk.rollback(s, detected_at=s.step))
@@ -226,7 +227,7 @@ class Simulation:
         size reads make no dearer; or a stop was requested), else False."""
         s, chk = self.state, self.deferred
         p, window, last, stop = chk.settle()
-        self._check_step(chk.health_seen, f"at or before step {p}")
+        self._check_read(window, last, f"at or before step {p}")
         self._stop_seen = self._stop_seen or stop
         if chk.violated(window):                    # an earlier step of p's window: back to the last rollback point
             self._roll_back(chk.rollback(s, detected_at=s.step))
@@ -238,6 +239,12 @@ class Simulation:
             return None
         chk.settled_clean()
         return chk.plan(p, last, lead=2) or self.nl.cell_changed(s.cell) or self._stop_seen
+
+    def _check_read(self, window: float, last: float, where: str) -> None:
+        """A deferred read-back: its max speed times dt, and displacements that are NaN (a NaN
+        position; an inf window is the check's own signal for an incomplete model result)."""
+        worst = self.deferred.health_seen * self.integrator.dt
+        self._check_step(math.inf if math.isnan(window) or math.isnan(last) else worst, where)
 
     def _check_step(self, worst: float, where: str) -> None:
         """The reduced step measure (engine/health.py) against health.max_step; collective."""

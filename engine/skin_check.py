@@ -76,8 +76,8 @@ class DeferredSkinCheck:
     last: torch.Tensor | None = None     # device 0-d: this step's max displacement (Å)
     fill: torch.Tensor | None = None     # device 0-d: max capacity fill a model reported (> 1: incomplete)
     fill_seen: float = 0.0               # the last read-back's fill
-    health: torch.Tensor | None = None   # device 0-d: max health measure of the window (engine/health.py)
-    health_seen: float = 0.0             # the last read-back's health measure (Å; inf: not finite)
+    health: torch.Tensor | None = None   # device 0-d: max |v| over the window (Å/fs; NaN sticks), engine/health.py
+    health_seen: float = 0.0             # the last read-back's max |v| (Å/fs)
     fill_rate: float = 0.0               # its growth per step on the current list
     _fill_prev: tuple | None = None      # (step, fill) of the previous read-back on this list
     _fill_steps: int | None = None       # steps until the next read the fill asks for
@@ -98,8 +98,8 @@ class DeferredSkinCheck:
 
     # -- every step ----------------------------------------------------------------------
     def observe(self, d: torch.Tensor, health: torch.Tensor | None = None) -> None:
-        """Fold this step's (rank-local) max displacement, and its health measure (0-d float64,
-        engine/health.py), into the window, on the device."""
+        """Fold this step's (rank-local) max displacement, and its max speed (0-d, engine/health.py),
+        into the window, on the device."""
         if health is not None:
             self.health = health if self.health is None else torch.maximum(self.health, health)
         d = d.detach().reshape(())
@@ -122,7 +122,7 @@ class DeferredSkinCheck:
         last = self.last.to(torch.float64)
         window = self.window.to(torch.float64) if self.window is not None else torch.zeros_like(last)
         fill = self.fill if self.fill is not None else torch.zeros_like(last)
-        health = self.health if self.health is not None else torch.zeros_like(last)
+        health = self.health.to(torch.float64) if self.health is not None else torch.zeros_like(last)
         self.window = self.last = self.fill = self.health = None
         self.reads += 1
         return torch.stack([window, last, torch.full_like(last, float(stop)), fill, health])

@@ -97,7 +97,7 @@ def run_engine(n: int, a) -> dict:
     f = getattr(sim.model, "_filter", None)   # MaceModel's RadiusFilter: the edges the model was given
     edges = f"{f.capacity} edge slots" if f is not None and f.capacity else "exact edges"
     reads = (f"skin check read {c.reads} times ({c.posted} posted), {c.rollbacks} rollbacks, "
-             f"health measure in the same reads (last: max |v| dt {c.health_seen:.2g} Å)"
+             f"health measure in the same reads (last: max |v| {c.health_seen:.2g} Å/fs)"
              if c is not None else "skin check and health measure every step, one read")
     g = getattr(sim.model, "_graphed", None)
     if g is not None:

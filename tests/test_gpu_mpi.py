@@ -48,9 +48,20 @@ def test_lj_on_two_gpus_equals_reference(tmp_path):
         assert np.abs(d["virial"] - w_ref).max() <= 1e-12 * np.abs(w_ref).max(), case
 
 
-def test_mace_on_two_gpus_equals_mace_calculator(mace_setup, tmp_path):  # noqa: F811
+def _cueq_kernels() -> bool:
+    from shardmd.models.mace import cueq_available
+
+    return cueq_available(kernels=True)
+
+
+@pytest.mark.parametrize("cases", [
+    ["ortho.extxyz:1x1x2"],
+    pytest.param(["tri.extxyz::cueq"], marks=pytest.mark.skipif(
+        not _cueq_kernels(), reason="cuEquivariance's CUDA kernels are not installed "
+                                    "(pip install cuequivariance-ops-torch-cu13)")),
+], ids=["e3nn", "cueq"])
+def test_mace_on_two_gpus_equals_mace_calculator(mace_setup, tmp_path, cases):  # noqa: F811
     d, model = mace_setup
-    cases = ["ortho.extxyz:1x1x2", "tri.extxyz::cueq"]
     specs = [str(d / c.split(":")[0]) + c[c.index(":"):] for c in cases]
     r = subprocess.run(mpiexec_cmd(2, [str(HERE / "mpi" / "mace_cases.py"), str(tmp_path), str(model), *specs]),
                        capture_output=True, text=True, timeout=900, env=ENV)
