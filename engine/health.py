@@ -9,10 +9,14 @@ Checked (all ranks decide together; the error names the step, the atom id and wh
   GPU): the largest ``|v| dt`` of any atom, i.e. how far it drifts in one velocity-Verlet
   step, must stay within ``health.max_step`` Å, and positions and velocities must be finite.
   The measure rides in the read-back the skin check makes anyway, so the number of host reads
-  is unchanged: per step :func:`step_measure` joins the skin flag's all-reduce; on a GPU the
-  deferred check folds :func:`max_speed` (two kernels, no read) into a running device maximum
-  that its scheduled read-backs carry (a NaN sticks in it), and the error then names the
-  read-back step ("at or before step N");
+  is unchanged: per step :func:`step_measure` joins the skin flag's all-reduce. On a GPU the
+  deferred check reads back only at scheduled steps; there :func:`max_speed` is measured at
+  each read-back step only (no per-step cost: measured 27-46 µs of host launches per step when
+  folded every step, docs/benchmarks.md), while a NaN at any step of the window still shows,
+  through the displacement maximum the check folds every step anyway (a NaN velocity makes the
+  next positions NaN). Too fast atoms force frequent read-backs by themselves (the schedule
+  follows the displacement's growth). The error then names the read-back step ("at or before
+  step N");
 - **at every output step** (thermo, frame, checkpoint): the reduced energies and pressure
   must be finite (the thermo values are computed there anyway). A checkpoint or frame is
   written only after this check passes, so the newest checkpoint is always a healthy one and
@@ -39,7 +43,7 @@ SINGULAR = {"positions": "position", "velocities": "velocity", "forces": "force"
 def max_speed(velocities: torch.Tensor) -> torch.Tensor:
     """0-d tensor on the velocities' device: max ``|v|`` over this rank's atoms (Å/fs); NaN
     when any velocity is NaN (``amax`` propagates it, and so does the deferred check's running
-    ``maximum``). Two kernels, no host read: what the GPU's deferred check folds every step."""
+    ``maximum``). Two kernels, no host read: what the GPU's deferred check carries in a read-back."""
     if velocities.shape[0] == 0:
         return torch.zeros((), dtype=velocities.dtype, device=velocities.device)
     return torch.linalg.vector_norm(velocities, dim=1).amax()

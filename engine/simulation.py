@@ -186,7 +186,7 @@ class Simulation:
         t = time.perf_counter()
         local = (self.nl.max_displacement(s.positions) if s.n_atoms
                  else torch.zeros((), dtype=s.dtype, device=s.positions.device))
-        chk.observe(local, health.max_speed(s.velocities))
+        chk.observe(local)
         self._verified = self._save_posted = False
         verify_now = False
         if chk.pending is not None:
@@ -199,6 +199,7 @@ class Simulation:
             self.timers["neighbor"] += time.perf_counter() - t
             d.refresh(s)
             return False
+        chk.health = health.max_speed(s.velocities)   # measured at read-backs only: no per-step cost
         if chk.pipelined and not must and not chk.replaying(s.step):
             chk.post(self.comm, self.stop.requested, s.step)   # settled at the next step
             self._save_posted = True
@@ -241,8 +242,10 @@ class Simulation:
         return chk.plan(p, last, lead=2) or self.nl.cell_changed(s.cell) or self._stop_seen
 
     def _check_read(self, window: float, last: float, where: str) -> None:
-        """A deferred read-back: its max speed times dt, and displacements that are NaN (a NaN
-        position; an inf window is the check's own signal for an incomplete model result)."""
+        """A deferred read-back: the max speed at the read step times dt, and displacements that
+        are NaN (a NaN velocity at any step of the window makes the positions NaN, and the
+        window's running maximum keeps it; an inf window is the check's own signal for an
+        incomplete model result)."""
         worst = self.deferred.health_seen * self.integrator.dt
         self._check_step(math.inf if math.isnan(window) or math.isnan(last) else worst, where)
 

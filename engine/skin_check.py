@@ -76,8 +76,8 @@ class DeferredSkinCheck:
     last: torch.Tensor | None = None     # device 0-d: this step's max displacement (Å)
     fill: torch.Tensor | None = None     # device 0-d: max capacity fill a model reported (> 1: incomplete)
     fill_seen: float = 0.0               # the last read-back's fill
-    health: torch.Tensor | None = None   # device 0-d: max |v| over the window (Å/fs; NaN sticks), engine/health.py
-    health_seen: float = 0.0             # the last read-back's max |v| (Å/fs)
+    health: torch.Tensor | None = None   # device 0-d: max |v| at the read step (Å/fs), set by the engine
+    health_seen: float = 0.0             # the last read-back's max |v| (Å/fs), engine/health.py
     fill_rate: float = 0.0               # its growth per step on the current list
     _fill_prev: tuple | None = None      # (step, fill) of the previous read-back on this list
     _fill_steps: int | None = None       # steps until the next read the fill asks for
@@ -97,11 +97,8 @@ class DeferredSkinCheck:
     _host: torch.Tensor | None = None    # pinned landing buffer of posted reads
 
     # -- every step ----------------------------------------------------------------------
-    def observe(self, d: torch.Tensor, health: torch.Tensor | None = None) -> None:
-        """Fold this step's (rank-local) max displacement, and its max speed (0-d, engine/health.py),
-        into the window, on the device."""
-        if health is not None:
-            self.health = health if self.health is None else torch.maximum(self.health, health)
+    def observe(self, d: torch.Tensor) -> None:
+        """Fold this step's (rank-local) max displacement into the window, on the device."""
         d = d.detach().reshape(())
         if self.last is not None:  # the previous step's forces were computed: it joins the window
             self.window = self.last if self.window is None else torch.maximum(self.window, self.last)
