@@ -23,106 +23,25 @@ frame split along atoms when it exceeds 16 MiB); step/time/edges/observable chun
 1024 rows.  Data are not compressed, so a chunk that is rewritten in place (a frame added
 to a partly filled chunk) keeps the same address and the same bytes for older frames.
 
-Crash safety (SIGKILL of the writing process; the OS survives).  Findings, HDF5 2.0 /
-h5py 3.16:
+Crash safety and write errors, in short (the findings behind them, HDF5 2.0 / h5py 3.16,
+are in docs/design.md, "Trajectories: crash safety and write errors"):
 
-* ``libver='latest'`` (needed for SWMR) makes a file that a killed writer had open
-  unreadable: its superblock keeps the "open for write" flag and h5py refuses it ("file is
-  already open for write ... h5clear"), with or without file locking.  So files use HDF5's
-  default (earliest) format, superblock v0, which has no such flag, and no SWMR.
-* With the default format, a flush after every frame was enough in practice: in several
-  hundred random kills (1000 and 20000 atoms; also with a naive single-flush writer) the
-  file always opened and every flushed frame was intact.  HDF5 writes nothing between
-  flushes unless its caches evict, and a flush writes raw chunks before metadata, so a
-  row becomes visible only after its data.  HDF5 does not promise that order, though, so
-  the writer adds a commit record on top of it:
-
-``write_frame`` works in two phases:
-
-1. every field's ``value``, ``time`` and ``step`` row and the box ``edges`` value and time
-   are written, then ``file.flush()``;
-2. the box ``edges`` step, the frame's commit record, is written, then ``file.flush()``.
-
-A frame counts only when its box step is valid, and field rows count only up to the last
-committed box step (:func:`shardmd.engine.h5md_read.frame_extent`), so a committed
-frame's data reached the file in an earlier flush, whatever order HDF5 uses inside a
-flush.  ``write_observables`` does the same per observable (``value``/``time``, flush,
-``step``, flush).  A kill during a flush can leave a dataset extended but its new chunk
-bytes unwritten; such rows read as the fill values (step -1, time NaN) and readers stop
-at them (:func:`shardmd.engine.h5md_read.valid_rows`).  Opening with ``mode="a"``
-(restart) first shrinks every element to its committed rows.  ``tests/test_h5md.py``
-kills a real writer process at random moments and checks that every frame whose
-``write_frame`` had returned is present and exact.  Not covered: power loss or an OS
-crash for frames after the last fsync (the file is fsynced at :meth:`H5MDWriter.close`
-and :meth:`H5MDWriter.sync`, not per frame).
-
-Write errors (disk full, read-only file system, I/O error).  Findings, reproduced with the
-engine writing every step to a 2 MiB tmpfs (HDF5 2.0 / h5py 3.16):
-
-* The errors were swallowed in h5py's ``ObjectID.__dealloc__``.  HDF5 keeps written rows
-  of a chunked dataset in a per-dataset raw-data chunk cache (1 MiB by default) and writes
-  the chunk when it is evicted, when the file is flushed, or when the dataset is closed.
-  The old writer opened each dataset by name (``g["value"]``) for every row and dropped it
-  at once, so the chunk went to disk in the dataset's close, i.e. in the deallocation of
-  the h5py object, where an error can only be printed ("Exception ignored in
-  'h5py._objects.ObjectID.__dealloc__' ... RuntimeError: Can't decrement id ref count
-  (file write failed ... errno = 28, error message = 'No space left on device')") and never
-  reaches the caller.
-* The following ``File.flush()`` then succeeded: the lost chunk was no longer in any open
-  dataset, and the metadata updates (new extents, steps, times) went to blocks the file
-  already had.  So phase 2 wrote the commit record and the frame counted: its rows read as
-  the fill value (NaN positions), which reader and ``engine info`` accepted.  Writes into
-  existing chunks (step/time rows) kept succeeding, so every later frame "committed" too.
-* The failed close left the dataset's ID registered but half torn down; at process exit
-  HDF5's atexit handler (``H5_term_library`` -> ``H5D_close``) touched it: SIGSEGV, exit
-  status 139, after all Python output (seen with gdb).
-* h5py reports write failures inconsistently: ``OSError`` with ``errno`` set from data
-  writes and file creation, ``RuntimeError`` (errno only inside the text, "Unable to
-  synchronously flush file") from ``File.flush`` and closes.  Both count as write errors.
-* A flush that fails part-way can leave metadata on disk that points at space never
-  written; a flush at close after a failure would add the failed frame's metadata too.
-
-What the writer does about it:
-
-1. The file is opened with ``rdcc_nbytes=0`` (no raw-data chunk cache): every chunk write
-   happens inside the ``dataset[row] = value`` call that makes it (a row in an existing
-   chunk writes just its bytes; a new chunk is written whole, fill values around the row),
-   and a failure raises there.  Dataset handles stay open for the writer's life, so no
-   dataset close can write (this also makes a frame about twice as fast).
-2. Every HDF5/OS error in create, ``write_frame``, ``write_observables``,
-   ``truncate_after``, ``flush``, ``sync`` and ``close`` becomes an
-   :class:`~shardmd.engine.errors.OutputError` (exit status 4), one line: what failed, the
-   path, the OS reason and the fix, and "frames up to step N are intact".  Phase 2 (the
-   commit) runs only when every phase-1 write and the flush returned normally.
-3. The first failure poisons the writer: the file descriptor HDF5 writes through is
-   replaced (``dup2``) by a read-only descriptor of the same file, so nothing more reaches
-   the file -- no commit record, no metadata of the failed frame at close.  Later calls
-   raise the same OutputError; ``close()`` closes the file and swallows the (expected)
-   flush error; no segfault at exit.  The file on disk is the one of the last successful
-   flush, plus raw bytes of the failed frame beyond it, which no commit record covers.
-4. Before each frame and each observables row, the free space of the file system
-   (``fstatvfs``, about 1 us) is compared with what the write may allocate (the chunks it
-   starts, plus 64 KiB for metadata).  When it does not fit, the writer stops before
-   writing any byte of it, so the usual disk-full case never reaches a half-done HDF5
-   write.  File systems that report no size are not checked, and quotas are not seen:
-   there the write's own error (ENOSPC/EDQUOT) is the check.
-5. ``close()`` flushes and fsyncs (one disk sync per run, which also reports errors an OS
-   defers to fsync or close, as NFS does).  No fsync per frame: :meth:`H5MDWriter.sync`
-   after every frame added 0.6 ms (+30 % of a frame with its observables) on the ext4
-   disk measured below, and costs far more on network file systems.  Consequence: an
-   error the OS reports only at fsync (NFS, some EIO on writeback) is not seen for frames
-   written since the last sync; those frames may count although their data never
-   reached the disk.
-
-Cost per output step, 1000 atoms, four fields, six observables, 200 frames (median of
-3 runs; 2-core VM, ext4 disk), before -> after: ``write_frame`` 1.9 -> 0.9 ms,
-``write_observables`` 2.7 -> 1.1 ms (held dataset handles: no reopen per row; the
-free-space check is below the noise, < 0.02 ms); ``close`` 0.2 -> 9-10 ms (the fsync
-of the ~20 MB written, once per run; 0.8 ms on tmpfs).
+* ``write_frame`` writes the frame's rows and flushes (phase 1), then writes the box
+  ``edges`` step, the frame's commit record, and flushes again (phase 2); readers count a
+  frame only up to the last committed box step (:func:`shardmd.engine.h5md_read.frame_extent`),
+  and rows of an interrupted frame read as fill values (step -1, time NaN) at which they stop.
+  ``write_observables`` does the same per observable. ``mode="a"`` shrinks every element to
+  its committed rows first. Files use HDF5's default (earliest) format: no SWMR.
+* The file has no raw-data chunk cache and the writer holds its dataset handles, so every
+  write fails inside the call that makes it. Any HDF5/OS error raises a one-line
+  :class:`~shardmd.engine.errors.OutputError` (exit status 4) and poisons the writer: HDF5's
+  file descriptor is replaced by a read-only one, so no commit record or metadata of the
+  failed frame reaches the file; later calls raise the same error, ``close()`` is quiet.
+* A free-space check (``fstatvfs``) before each frame stops before a write that would not
+  fit; ``close()`` fsyncs once per run (no fsync per frame).
 """
 from __future__ import annotations
 
-import json
 import os
 from contextlib import contextmanager
 from typing import Any, Iterable, Mapping, Sequence
@@ -135,106 +54,13 @@ from shardmd.engine.h5md_read import (  # noqa: F401  (re-exported reader API)
     file_summary, frame_elements, frame_extent, iter_frames, observable_unit, primary_field,
     read_frames, read_observables, valid_rows,
 )
+from shardmd.engine.h5md_layout import (
+    ROW_CHUNK, _write_config, _create_element, _atom_chunks, _new_chunk_row, _resize,
+)
 from shardmd.engine.errors import OutputError, UserError
 from shardmd.engine.safe_io import IO_ERRORS, check_output_path, fence_fd, free_bytes, output_error
 
 __all__ = ["H5MDWriter", "read_frames", "iter_frames", "read_observables", "file_summary"]
-
-ROW_CHUNK = 1024  # rows per chunk of step/time/edges/observables
-FRAME_CHUNK_BYTES = 64 * 1024  # per-atom chunks hold whole frames up to this size
-MAX_CHUNK_BYTES = 16 * 1024 * 1024  # a larger frame is split along atoms
-
-
-def _json_default(o: Any) -> Any:
-    if isinstance(o, np.generic):
-        return o.item()
-    if isinstance(o, np.ndarray):
-        return o.tolist()
-    if isinstance(o, (set, frozenset)):
-        return sorted(o, key=str)
-    return str(o)  # paths, enums, dtypes, ...
-
-
-def _attr_value(v: Any) -> Any:
-    """A value h5py can store as an attribute; anything else becomes its JSON text."""
-    if isinstance(v, np.generic):
-        v = v.item()
-    if isinstance(v, (bool, int, float, str)):
-        return v
-    if isinstance(v, (list, tuple, np.ndarray)) and len(v) > 0:
-        a = np.asarray(v)
-        if a.ndim == 1 and a.dtype.kind in "biuf":
-            return a
-        if a.ndim == 1 and a.dtype.kind == "U":
-            return np.array([str(x) for x in v], dtype=h5py.string_dtype())
-    return json.dumps(v, default=_json_default)
-
-
-def _store_nested(group: h5py.Group, config: Mapping) -> None:
-    for key, v in config.items():
-        name = str(key).replace("/", "\u2215")
-        if name in ("", "."):
-            name = f"_{name}"
-        if isinstance(v, Mapping):
-            _store_nested(group.create_group(name), v)
-            continue
-        value = _attr_value(v)
-        try:
-            group.attrs[name] = value
-        except (ValueError, RuntimeError, TypeError):  # e.g. > 64 KiB attribute
-            group.create_dataset(name, data=json.dumps(v, default=_json_default),
-                                 dtype=h5py.string_dtype())
-
-
-def _write_config(f: h5py.File, config: Mapping) -> None:
-    params = f.require_group("parameters")
-    for name in ("config_json", "config"):
-        if name in params:
-            del params[name]
-    params.create_dataset("config_json", data=json.dumps(config, default=_json_default),
-                          dtype=h5py.string_dtype())
-    params["config_json"].attrs["format"] = "json"
-    _store_nested(params.create_group("config"), config)
-
-
-def _create_element(parent: h5py.Group, name: str, shape: tuple[int, ...], dtype,
-                    unit: str | None, chunks: tuple[int, ...]) -> h5py.Group:
-    """Create an H5MD time-dependent element {step, time, value} with zero rows."""
-    g = parent.create_group(name)
-    g.create_dataset("step", shape=(0,), maxshape=(None,), dtype=np.int64,
-                     chunks=(ROW_CHUNK,), fillvalue=STEP_FILL)
-    t = g.create_dataset("time", shape=(0,), maxshape=(None,), dtype=np.float64,
-                         chunks=(ROW_CHUNK,), fillvalue=np.nan)
-    t.attrs["unit"] = TIME_UNIT
-    dt = np.dtype(dtype)
-    v = g.create_dataset("value", shape=(0, *shape), maxshape=(None, *shape), dtype=dt,
-                         chunks=chunks, fillvalue=np.nan if dt.kind == "f" else 0)
-    if unit is not None:
-        v.attrs["unit"] = unit
-    return g
-
-
-def _atom_chunks(n: int, itemsize: int) -> tuple[int, int, int]:
-    per_atom = 3 * itemsize
-    atoms = max(1, min(n, MAX_CHUNK_BYTES // per_atom))
-    frames = max(1, min(ROW_CHUNK, FRAME_CHUNK_BYTES // (atoms * per_atom)))
-    return (frames, atoms, 3)
-
-
-def _new_chunk_row(d: h5py.Dataset) -> tuple[int, int]:
-    """(rows per chunk, bytes allocated when a row starts a new row of chunks) of ``d``."""
-    chunks = d.chunks or d.shape
-    n_chunks = 1
-    for size, c in zip(d.shape[1:], chunks[1:]):
-        n_chunks *= -(-size // c)
-    return max(1, int(chunks[0])), n_chunks * int(np.prod(chunks, dtype=np.int64)) * d.dtype.itemsize
-
-
-def _resize(g: h5py.Group, rows: int) -> None:
-    for ds in ("value", "time", "step"):
-        d = g[ds]
-        d.resize((rows, *d.shape[1:]))
-
 
 class H5MDWriter:
     """Append-only H5MD 1.1 trajectory writer (see the module docstring for the layout).
