@@ -147,6 +147,9 @@ class H5MDWriter:
             # can only print ("Exception ignored in ObjectID.__dealloc__")
             self._f = h5py.File(self.path, "w" if mode == "w" else "r+", rdcc_nbytes=0)
         except IO_ERRORS as exc:
+            if "unable to lock file" in str(exc).lower():   # HDF5's lock: another process has it open
+                raise UserError(f"output {self.path!r} is open in another running process (HDF5 file lock); "
+                                "wait for that run to end or stop it, or choose another output=") from None
             raise output_error("create trajectory" if mode == "w" else "reopen trajectory",
                                self.path, exc) from None
         self._fd = self._vfd_handle()

@@ -423,3 +423,22 @@ def test_open_clusters_keep_running(tmp_path, capsys, monkeypatch):
                       monkeypatch)
     assert code == 0, lines
     assert_intact(tmp_path, capsys=capsys, monkeypatch=monkeypatch)
+
+
+def test_second_run_on_a_live_output_is_refused(tmp_path, capsys, monkeypatch):
+    """A job resubmitted while the first still runs: HDF5's file lock, named in one line."""
+    first = subprocess.Popen([sys.executable, "-m", "engine", "run", *SMALL, "steps=1000000",
+                              "checkpoint.every=50", "thermo.every=0"], cwd=tmp_path,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline and not list((tmp_path / "run.ckpt").glob("step-*.h5")):
+            time.sleep(0.3)
+        code, lines = cli(["run", *SMALL, "steps=1000000", "restart=auto"], tmp_path, capsys, monkeypatch)
+        assert code == 2
+        one_line(lines, "'run.h5' is open in another running process")
+        assert first.poll() is None            # the first run goes on
+    finally:
+        first.send_signal(signal.SIGTERM)
+        assert first.wait(timeout=60) == 75, first.stderr.read()
+    assert_intact(tmp_path)
