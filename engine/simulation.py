@@ -10,6 +10,7 @@ only then, so the positions the skin check measures are continuous between rebui
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import time
@@ -25,7 +26,7 @@ from shardmd.integrators import INTEGRATORS
 from shardmd.models import build_model
 
 from .config import compose_config, to_container
-from .errors import CollectiveError, UserError
+from .errors import CollectiveError, OutputError, UserError
 from .preflight import check_outputs
 from .domains import Decomposition
 from .observables import thermo_from
@@ -345,10 +346,26 @@ class Simulation:
             return
         obs = self._checked_observables()
         self.last_thermo = obs
-        if traj_due:
-            self._write(obs)
-        if thermo_due:
-            self.reporter.thermo(s.step, s.time, obs)
+        with self._output_step():
+            if traj_due:
+                self._write(obs)
+            if thermo_due:
+                self.reporter.thermo(s.step, s.time, obs)
+
+    @contextlib.contextmanager
+    def _output_step(self):
+        """Rank 0 writes; every rank learns at once whether that worked (one small all-reduce
+        per output step), so a write error ends all ranks together, cleanly, with exit status 4
+        (no MPI abort and its launcher noise)."""
+        failed = None
+        try:
+            yield
+        except OutputError as exc:
+            failed = exc
+        if self.comm.any(failed is not None):
+            err = failed or OutputError("an output write failed on rank 0")
+            err.collective = True
+            raise err
 
     # -- the loop --------------------------------------------------------------------
     def setup(self) -> None:
@@ -442,7 +459,9 @@ class Simulation:
             if not stopping:
                 self.checkpoint()
             if self.writer is not None and s.step % self._traj_every != 0 and not stopping:
-                self._write(self._checked_observables())
+                obs = self._checked_observables()
+                with self._output_step():
+                    self._write(obs)
             r.progress_update(s.step, last, self.integrator.dt, self.n_global, force=True)
             self._summary(wall, self.nl.n_builds - builds0)
             return self.last_thermo or self.observables()
@@ -490,16 +509,20 @@ class Simulation:
                                       "reference_positions"))
         s.extras.pop("reference_positions", None)
         path = None
-        if full is not None:
-            from . import __version__
-
-            cfg = to_container(self.cfg)
-            path = write_checkpoint(checkpoint_dir(self.output_path), s.step, s.time, full,
-                                    s.cell.detach().cpu().numpy(), s.pbc.cpu().numpy(), cfg,
-                                    self.integrator.state_dict(), cfg["model"]["name"],
-                                    model_identity(cfg["model"]), __version__, keep=int(self.cfg.checkpoint.keep))
+        with self._output_step():
+            if full is not None:
+                path = self._write_checkpoint(s, full)
         self.timers["checkpoint"] += time.perf_counter() - t
         return path
+
+    def _write_checkpoint(self, s, full: dict):
+        from . import __version__
+
+        cfg = to_container(self.cfg)
+        return write_checkpoint(checkpoint_dir(self.output_path), s.step, s.time, full,
+                                s.cell.detach().cpu().numpy(), s.pbc.cpu().numpy(), cfg,
+                                self.integrator.state_dict(), cfg["model"]["name"],
+                                model_identity(cfg["model"]), __version__, keep=int(self.cfg.checkpoint.keep))
 
     def close(self) -> None:
         self.stop.uninstall()

@@ -442,3 +442,25 @@ def test_second_run_on_a_live_output_is_refused(tmp_path, capsys, monkeypatch):
         first.send_signal(signal.SIGTERM)
         assert first.wait(timeout=60) == 75, first.stderr.read()
     assert_intact(tmp_path)
+
+
+@pytest.mark.mpi
+def test_disk_full_on_two_ranks_is_one_line(tmp_path):
+    """Rank 0 writes; a full disk ends both ranks together with exit 4 and one line (no MPI
+    abort and its launcher noise). A 2 MiB tmpfs: skipped where mounting is not permitted."""
+    small = tmp_path / "small"
+    small.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(small)],
+                                           capture_output=True).returncode != 0:
+        pytest.skip("mounting a small tmpfs needs root (the disk-full case of test_write_faults.py too)")
+    try:
+        r = run_engine(["run", "model=lj", "system.repeat=[5,5,5]", "steps=400", "trajectory.every=1",
+                        "thermo.every=0", "quiet=true", "domains=2", "checkpoint.every=10"], cwd=small, timeout=180)
+        assert r.returncode == 4, r.stderr
+        line = one_line(r.stderr.strip().splitlines(), "No space left on device")
+        assert "run.h5" in line or "step-" in line
+        frames = read_frames(small / "run.h5")
+        assert frames and all(np.isfinite(f.positions).all() for f in frames)
+        assert [f.info["step"] for f in frames] == list(range(len(frames)))
+    finally:
+        subprocess.run(["umount", str(small)], capture_output=True)
