@@ -355,16 +355,19 @@ class Simulation:
     @contextlib.contextmanager
     def _output_step(self):
         """Rank 0 writes; every rank learns at once whether that worked (one small all-reduce
-        per output step), so a write error ends all ranks together, cleanly, with exit status 4
-        (no MPI abort and its launcher noise)."""
+        per output step), so a write error (exit 4) or a refused output file (exit 2) ends all
+        ranks together, cleanly, with rank 0's one line (no MPI abort and its launcher noise)."""
         failed = None
         try:
             yield
-        except OutputError as exc:
+        except UserError as exc:
             failed = exc
-        if self.comm.any(failed is not None):
-            err = failed or OutputError("an output write failed on rank 0")
-            err.collective = True
+        code = failed.exit_code if failed else 0
+        if self.comm.size > 1:
+            code = int(self.comm.all_reduce(torch.tensor([code], dtype=torch.int64), "max")[0])
+        if code:
+            err = failed or OutputError("an output step failed on rank 0")
+            err.exit_code, err.collective = code, True
             raise err
 
     # -- the loop --------------------------------------------------------------------
@@ -380,7 +383,8 @@ class Simulation:
             self.rebuild()
             if self._min_distance > 0:   # before the header: a refused start leaves no files
                 health.close_contacts(self.comm, self.domain.close_pairs(s, self._min_distance), self._min_distance)
-        self._open_writer()   # before the header: an output of another system is refused untouched
+        with self._output_step():
+            self._open_writer()   # before the header: an output of another system is refused untouched
         r.line(f"ShardMD: {self.n_global} atoms, model {self.cfg.model.name}, integrator {self.integrator.name}, "
                f"dt {self.integrator.dt} fs, {self.cfg.precision} on {self.device}, domains {self.comm.size} "
                f"(grid {'x'.join(map(str, self.domain.grid.shape))})")
