@@ -131,10 +131,9 @@ def check_inputs(state) -> None:
             raise CollectiveError("the cell is singular on its periodic axes (vectors of zero length or "
                                   "in one plane); give a proper cell or make those axes non-periodic")
     if pbc.any() and (~pbc).any():   # all-open cells need no frame (molecules, clusters: the list makes one)
-        lengths = np.linalg.norm(cell, axis=1)
-        if (lengths[~pbc] < 1e-9).any() or abs(np.linalg.det(cell)) < 1e-9:
-            axis = int(np.nonzero(~pbc & (lengths < 1e-9))[0][0]) if (lengths[~pbc] < 1e-9).any() else \
-                int(np.nonzero(~pbc)[0][0])
+        zero = ~pbc & (np.linalg.norm(cell, axis=1) < 1e-9)
+        if zero.any() or abs(np.linalg.det(cell)) < 1e-9:
+            axis = int(np.flatnonzero(zero if zero.any() else ~pbc)[0])   # a zero vector first, else the first open one
             raise CollectiveError(f"cell vector {axis} (a non-periodic axis) has zero length or is not "
                                   "independent; give the box a vector there, e.g. ase's "
                                   f"atoms.center(vacuum=10.0, axis={axis}) before writing the file")
