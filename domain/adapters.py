@@ -282,7 +282,8 @@ class OpAdapter:
                 outs = list(out) if many else [out]
                 for key, t in outs_t.items():
                     if key >= len(outs):
-                        raise TransformError(f"{t.kind} on output {key} of {name}: the op returns {len(outs)} output(s)")
+                        raise TransformError(f"{t.kind} on output {key} of {name}: "
+                                             f"the op returns {len(outs)} output(s)")
                     outs[key] = t.apply(outs[key], ref, f"output {key} of {name}")
                 outs = [ShardTensor.wrap_like(o, ref) if _rows(o) == ref.n_padded and o.dim() > 0 else o
                         for o in outs]

@@ -5,18 +5,53 @@
 See docs/distributed.md for the mechanism and the bring-your-own-model workflow.
 """
 from . import handlers as _handlers  # noqa: F401  (registers the built-in handlers)
-from .adapters import (AdapterScope, AllReduceSum, GatherInputs, GatherInputsFull, JitAdapter, MethodAdapter,
-                       OpAdapter, PythonAdapter, ReverseOutputs, ScatterOutputs, SliceOutputsOwned, SliceOwned,
-                       Transform, TransformError)
+from .adapters import (
+    AdapterScope,
+    AllReduceSum,
+    GatherInputs,
+    GatherInputsFull,
+    JitAdapter,
+    MethodAdapter,
+    OpAdapter,
+    PythonAdapter,
+    ReverseOutputs,
+    ScatterOutputs,
+    SliceOutputsOwned,
+    SliceOwned,
+    Transform,
+    TransformError,
+)
 from .collectives import all_reduce_sum, all_to_all_v
 from .compile_policy import CompilePolicy, GraphPadder
 from .distributed_model import DistributedModel, ModelConfig, NeighborConfig, StorageIdNeighborList
 from .graphed_call import GraphedCall
+from .neighbor_kernels import ZERO_SHIFT, packed_neighbor, packed_shift_code, shift_of_code
+from .neighbors import NeighborList
 from .runtime import Scope, current_scope, grad_leaf, refresh_halo, scatter_to_owners, system_sum, to_local
-from .shard_tensor import (GroupConfig, HaloMeta, ShardMeta, ShardTensor, dispatch_trace, register_handler,
-                           registered_handlers, shard_like, unregister_handler)
-from .spec import (PRESETS, SPEC_MPNN_HALO, SPEC_MPNN_SHARDED, SPEC_PAIR_HALO, DistributionSpec, HaloStorage,
-                   MLIPSpec, OutputKind, ShardedStorage, SpecLoadError)
+from .shard_tensor import (
+    GroupConfig,
+    HaloMeta,
+    ShardMeta,
+    ShardTensor,
+    dispatch_trace,
+    register_handler,
+    registered_handlers,
+    shard_like,
+    unregister_handler,
+)
+from .spec import (
+    PRESETS,
+    SPEC_MPNN_HALO,
+    SPEC_MPNN_SHARDED,
+    SPEC_PAIR_HALO,
+    DistributionSpec,
+    HaloStorage,
+    MLIPSpec,
+    OutputKind,
+    ShardedStorage,
+    SpecLoadError,
+)
+from .warp_setup import as_array, as_mat33, as_vec3, as_vec3i, init_warp, scalar_type, wp_device
 
 # Model-vocabulary names of the intent helpers (the mechanism keeps neutral names in
 # runtime.py; see docs/distributed.md, "Intent helpers").
@@ -34,12 +69,18 @@ def trace_and_validate(*args, **kwargs):
 
 __all__ = [
     "AdapterScope", "AllReduceSum", "CompilePolicy", "DistributedModel", "DistributionSpec", "GatherInputs",
-    "GatherInputsFull", "GraphPadder", "GraphedCall", "GroupConfig", "HaloMeta", "HaloStorage", "JitAdapter", "MLIPSpec",
-    "MethodAdapter", "ModelConfig", "NeighborConfig", "OpAdapter", "OutputKind", "PRESETS", "PythonAdapter",
+    "GatherInputsFull", "GraphPadder", "GraphedCall", "GroupConfig", "HaloMeta", "HaloStorage", "JitAdapter",
+    "MLIPSpec", "MethodAdapter", "ModelConfig", "NeighborConfig", "OpAdapter", "OutputKind", "PRESETS",
+    "PythonAdapter",
     "ReverseOutputs", "SPEC_MPNN_HALO", "SPEC_MPNN_SHARDED", "SPEC_PAIR_HALO", "ScatterOutputs", "Scope", "ShardMeta",
     "ShardTensor", "ShardedStorage", "SliceOutputsOwned", "SliceOwned", "SpecLoadError", "StorageIdNeighborList",
     "Transform", "TransformError", "all_reduce_sum", "all_to_all_v", "autograd_target", "current_dd_context",
     "current_scope", "dispatch_trace", "grad_leaf", "refresh_halo", "refresh_neighbors", "register_handler",
     "registered_handlers", "scatter_to_owners", "shard_like", "system_sum", "to_local", "trace_and_validate",
     "unregister_handler",
+    # The spatial machinery a model's own kernels build on (a Warp pair kernel reads the packed
+    # neighbour list; the LJ model is written this way), re-exported so that models never import
+    # domain internals (tests/test_contracts.py enforces it).
+    "NeighborList", "ZERO_SHIFT", "as_array", "as_mat33", "as_vec3", "as_vec3i", "init_warp", "packed_neighbor",
+    "packed_shift_code", "scalar_type", "shift_of_code", "wp_device",
 ]

@@ -127,7 +127,8 @@ class DistributedModel:
         if spec is None:
             kinds = getattr(model, "output_kinds", None)
             if not kinds:
-                raise TypeError(f"{type(model).__name__} declares no output_kinds; see shardmd.domain.distributed_model")
+                raise TypeError(f"{type(model).__name__} declares no output_kinds; "
+                                "see shardmd.domain.distributed_model")
             bad = {k: v for k, v in kinds.items() if v not in KINDS}
             if bad:
                 raise ValueError(f"unknown output kinds {bad}; use one of {KINDS}")

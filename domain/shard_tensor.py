@@ -295,7 +295,7 @@ class ShardTensor(torch.Tensor):
         """Plain alias (same storage and autograd history)."""
         return plain(self)
 
-    def __repr__(self, **kw):  # noqa: D105
+    def __repr__(self, **kw):
         with DisableTorchFunctionSubclass():
             body = torch.Tensor.__repr__(self.as_subclass(torch.Tensor))
         return f"ShardTensor[{self.storage_kind}, n_owned={self.n_owned}]({body})"

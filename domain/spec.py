@@ -178,7 +178,8 @@ class MLIPSpec:
 
     def with_helpers(self, *helpers) -> "MLIPSpec":
         d = self.distribution
-        return self.replace(distribution=dataclasses.replace(d, third_party_helpers=d.third_party_helpers + tuple(helpers)))
+        helpers = d.third_party_helpers + tuple(helpers)
+        return self.replace(distribution=dataclasses.replace(d, third_party_helpers=helpers))
 
     def with_compile(self, policy: CompilePolicy | None = None, **settings) -> "MLIPSpec":
         """This spec with ``policy`` (or ``CompilePolicy(enabled=True, **settings)``)."""
@@ -337,5 +338,6 @@ SPEC_MPNN_SHARDED = MLIPSpec(
 
 PRESETS = {s.name: s for s in (SPEC_MPNN_HALO, SPEC_PAIR_HALO, SPEC_MPNN_SHARDED)}
 
-__all__ = ["CompilePolicy", "DistributionSpec", "FrozenMap", "GraphPadder", "HaloStorage", "MLIPSpec", "OutputKind", "PRESETS", "SPEC_MPNN_HALO",
+__all__ = ["CompilePolicy", "DistributionSpec", "FrozenMap", "GraphPadder", "HaloStorage", "MLIPSpec",
+           "OutputKind", "PRESETS", "SPEC_MPNN_HALO",
            "SPEC_MPNN_SHARDED", "SPEC_PAIR_HALO", "SPEC_VERSION", "STORAGES", "ShardedStorage", "SpecLoadError"]

@@ -304,7 +304,8 @@ def helper_diagnostics(ref: dict, ranks: list, spec: MLIPSpec, diffs: dict, atol
         r = ref[key]
         tol = atol + rtol * float(np.abs(r).max(initial=0))
         total = sum(np.asarray(x["raw"][key], dtype=np.float64) for x in ranks)
-        if np.shape(total) == np.shape(r) and float(np.abs(total - r).max(initial=0)) <= max(tol, 1e-12 * abs(r).max(initial=1)):
+        bound = max(tol, 1e-12 * abs(r).max(initial=1))
+        if np.shape(total) == np.shape(r) and float(np.abs(total - r).max(initial=0)) <= bound:
             if key not in spec.all_reduce_outputs:
                 out.append({"output": key, "pattern": "per-rank values sum to the reference",
                             "per_rank": [float(np.asarray(x["raw"][key]).sum()) for x in ranks],
@@ -332,12 +333,16 @@ def diagnose(ref, ranks, spec, diffs, complete, helpers, fired, boundary, k, gho
     errors = sorted({x["error"] for x in ranks if x.get("error")})
     for e in errors:
         if e.startswith("TransformError") and "GatherInputs" in e and "already" in e:
-            out.append({"code": "extra_gather_inputs", "message": e,
-                        "action": "drop the GatherInputs transform named in the message: the input is already halo-padded"})
+            out.append({"code": "extra_gather_inputs",
+                        "message": e,
+                        "action": "drop the GatherInputs transform named in the message: "
+                                  "the input is already halo-padded"})
         elif e.startswith("TransformError"):
-            out.append({"code": "transform_error", "message": e, "action": "fix the transform named in the message"})
+            out.append({"code": "transform_error", "message": e,
+                        "action": "fix the transform named in the message"})
         else:
-            out.append({"code": "worker_error", "message": e, "action": "fix the error raised on the ranks (see message)"})
+            out.append({"code": "worker_error", "message": e,
+                        "action": "fix the error raised on the ranks (see message)"})
     if errors:
         return out
     if not complete["matches"]:
@@ -362,7 +367,8 @@ def diagnose(ref, ranks, spec, diffs, complete, helpers, fired, boundary, k, gho
         if fired.get("halo_correction"):
             out.append({"code": "halo_correction_mismatch", "message": "the halo-correction handler fired and "
                         "per-point results differ",
-                        "action": "check how the model fills halo rows; if it completes them itself, use HaloStorage('local')"})
+                        "action": "check how the model fills halo rows; if it completes them itself, "
+                                  "use HaloStorage('local')"})
         elif bad and bad <= boundary:
             out.append({"code": "missing_scatter_outputs", "message": f"{len(bad)} per-point rows differ, all of them "
                         "points that are halo copies on another rank: halo partial sums never reach their owners",
@@ -517,7 +523,9 @@ def _finish(p: dict, results: list, k: int) -> TraceReport:
 def _badness(a: Attempt) -> float:
     if a.error:
         return float("inf")
-    return max((d["max_abs_err"] / d["tol"] if d["tol"] else d["max_abs_err"]) for d in a.diffs.values()) if a.diffs else 0.0
+    if not a.diffs:
+        return 0.0
+    return max((d["max_abs_err"] / d["tol"] if d["tol"] else d["max_abs_err"]) for d in a.diffs.values())
 
 
 __all__ = ["Attempt", "TraceReport", "launch_workers", "reference_run", "trace_and_validate", "validate_many"]

@@ -114,7 +114,7 @@ def write_checkpoint(directory: Path, step: int, time_fs: float, arrays: dict, c
         raise output_error("make the checkpoint durable (fsync of its directory)", final, exc,
                            tail=older) from None
     # rotation only now that the new checkpoint is durable; unlink never follows a link
-    for s, old in list_checkpoints(directory)[:-keep] if keep > 0 else []:
+    for _, old in list_checkpoints(directory)[:-keep] if keep > 0 else []:
         if old.name != final.name:
             try:
                 old.unlink(missing_ok=True)
@@ -156,7 +156,7 @@ def _refuse(path: Path, what: str) -> OutputError:
 def _prepare_dir(directory: Path, final: Path) -> None:
     """Create ``directory`` if missing; refuse a symlink or a non-directory there, and a final
     name that is a symlink or not a regular file."""
-    for attempt in range(2):
+    for _attempt in range(2):
         try:
             st = os.lstat(directory)
         except FileNotFoundError:

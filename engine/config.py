@@ -16,9 +16,9 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from .errors import UserError
-
 import shardmd.configs as _configs
+
+from .errors import UserError
 
 CONFIG_DIR = Path(_configs.__file__).resolve().parent
 GROUPS = ("model", "integrator")
@@ -43,7 +43,8 @@ KEYS: dict[str, tuple[str, str]] = {
     "output": ("run.h5", "H5MD trajectory file; the log file goes beside it (.log)"),
     "quiet": ("false", "no progress bar or thermo table on the terminal (the log keeps them)"),
     "overwrite": ("false", "a fresh run may replace an existing output file"),
-    "restart.file": ("null", "checkpoint to continue from (restart=PATH is the same); auto = newest beside output, else fresh"),
+    "restart.file": ("null",
+                     "checkpoint to continue from (restart=PATH is the same); auto = newest beside output, else fresh"),
     "restart.allow_changes": ("false", "allow model/dt/integrator/temperature/seed/precision to differ on restart"),
     "checkpoint.every": ("1000", "steps between restart checkpoints (0: only at the end and on signals)"),
     "checkpoint.keep": ("3", "newest checkpoints kept in <output>.ckpt/"),

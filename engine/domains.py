@@ -10,20 +10,19 @@ import time
 
 import torch
 
+from shardmd.domain.cell import to_fractional
 from shardmd.domain.comm import Comm
 from shardmd.domain.context import DomainContext
 from shardmd.domain.decomposition import DecompositionError, choose_grid
 from shardmd.domain.halo import build_halo, ghost_positions, local_pbc
 from shardmd.domain.migration import MigrationError, id_checksum, migrate, verify
 from shardmd.domain.neighbors import SkinNeighborList, build_neighbor_list
-from shardmd.domain.cell import to_fractional
 from shardmd.domain.spatial_sort import spatial_order
 
 from .errors import CollectiveError
 from .health import step_measure
 from .observables import kinetic_tensor
 from .state import PER_ATOM, State
-
 
 #: memory orders of a rank's atoms, set at every neighbour rebuild (``neighbor.sort``):
 #: spatial = (bin, id) on the neighbour grid (fast kernels), id = ascending id, none = as arrived

@@ -49,15 +49,33 @@ from typing import Any, Iterable, Mapping, Sequence
 import h5py
 import numpy as np
 
-from shardmd.engine.h5md_read import (  # noqa: F401  (re-exported reader API)
-    FIELD_UNITS, FIELDS, LENGTH_UNIT, MASS_UNIT, PARTICLES, STEP_FILL, TIME_UNIT,
-    file_summary, frame_elements, frame_extent, iter_frames, observable_unit, primary_field,
-    read_frames, read_observables, valid_rows,
-)
-from shardmd.engine.h5md_layout import (
-    ROW_CHUNK, _write_config, _create_element, _atom_chunks, _new_chunk_row, _resize,
-)
 from shardmd.engine.errors import OutputError, UserError
+from shardmd.engine.h5md_layout import (
+    ROW_CHUNK,
+    _atom_chunks,
+    _create_element,
+    _new_chunk_row,
+    _resize,
+    _write_config,
+)
+from shardmd.engine.h5md_read import (  # noqa: F401  (re-exported reader API)
+    FIELD_UNITS,
+    FIELDS,
+    LENGTH_UNIT,
+    MASS_UNIT,
+    PARTICLES,
+    STEP_FILL,
+    TIME_UNIT,
+    file_summary,
+    frame_elements,
+    frame_extent,
+    iter_frames,
+    observable_unit,
+    primary_field,
+    read_frames,
+    read_observables,
+    valid_rows,
+)
 from shardmd.engine.safe_io import IO_ERRORS, check_output_path, fence_fd, free_bytes, output_error
 
 __all__ = ["H5MDWriter", "read_frames", "iter_frames", "read_observables", "file_summary"]
@@ -173,7 +191,7 @@ class H5MDWriter:
     def _vfd_handle(self) -> int | None:
         try:
             fd = self._f.id.get_vfd_handle()
-        except Exception:  # other drivers
+        except Exception:  # noqa: BLE001 - other drivers
             return None
         return fd if isinstance(fd, int) and fd >= 0 else None
 
@@ -210,7 +228,7 @@ class H5MDWriter:
         if f is not None:
             try:
                 f.close()
-            except Exception:
+            except Exception:  # noqa: BLE001 - closing after an error: the first error is the one reported
                 pass
 
     @property

@@ -163,7 +163,7 @@ def convert(path: str, out: str) -> str:
     check_output_path(out, "output")
     try:
         fmt = filetype(out, read=False)
-    except Exception as exc:  # no extension ASE knows
+    except Exception as exc:  # noqa: BLE001 - no extension ASE knows
         raise UserError(f"cannot tell the format of {out!r} ({' '.join(str(exc).split())}); "
                         "give an extension such as .extxyz or .traj") from None
     if fmt not in ioformats or not ioformats[fmt].can_write:

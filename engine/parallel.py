@@ -115,7 +115,7 @@ def launch_self(n: int, argv: list[str]) -> int:
                SHARDMD_PARENT=f"{os.getpid()}:{_start_time(os.getpid())}")
     proc = subprocess.Popen(cmd, env=env)
 
-    def forward(signum, frame):  # noqa: ARG001
+    def forward(signum, frame):
         for pid in _rank_pids(proc.pid):
             try:
                 os.kill(pid, signum)

@@ -70,8 +70,8 @@ class Reporter:
             self.log.write(text + "\n")
         except OSError as exc:   # a full disk or a vanished folder ends the run (exit 4)
             path, self._log_path = self._log_path, None
-            raise OutputError(f"cannot write the log {str(path)!r} ({exc.strerror or exc}); free space or "
-                              "choose another output=; the trajectory and checkpoints written so far are intact") from None
+            raise OutputError(f"cannot write the log {str(path)!r} ({exc.strerror or exc}); free space or choose "
+                              "another output=; the trajectory and checkpoints written so far are intact") from None
 
     def thermo(self, step: int, time_fs: float, obs: dict) -> None:
         if not self.enabled:

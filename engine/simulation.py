@@ -18,23 +18,23 @@ from collections import defaultdict
 from pathlib import Path
 
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from shardmd.domain.comm import Comm
 from shardmd.domain.distributed_model import DistributedModel
 from shardmd.integrators import INTEGRATORS
 from shardmd.models import build_model
 
-from .config import compose_config, to_container
-from .errors import CollectiveError, OutputError, UserError
-from .preflight import check_outputs
-from .domains import Decomposition
-from .observables import thermo_from
-from .skin_check import DeferredSkinCheck
 from . import health
 from . import restart as restart_mod
 from .checkpoint import checkpoint_dir, model_identity, write_checkpoint
+from .config import compose_config, to_container
+from .domains import Decomposition
+from .errors import CollectiveError, OutputError, UserError
+from .observables import thermo_from
+from .preflight import check_outputs
 from .reporting import Reporter
+from .skin_check import DeferredSkinCheck
 from .state import State
 from .stop import EXIT_STOPPED, StopRequest
 from .system import initial_state

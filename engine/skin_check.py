@@ -59,7 +59,6 @@ import torch
 
 from .rollback import RollbackPoints
 
-
 #: a model's capacity fill above which the list is rebuilt (so that the model resizes) at a read-back
 FILL_REBUILD = 0.99
 #: most steps between read-backs while a model reports a capacity fill (a rollback replays them)

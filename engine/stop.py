@@ -24,7 +24,7 @@ class StopRequest:
     def requested(self) -> bool:
         return self.signal_name is not None
 
-    def _handler(self, signum, frame):  # noqa: ARG002
+    def _handler(self, signum, frame):
         self.signal_name = signal.Signals(signum).name
 
     def install(self) -> None:

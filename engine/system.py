@@ -31,7 +31,7 @@ def build_atoms(system_cfg):
             unit = bulk(element, "hcp", a=a, orthorhombic=True)
         else:
             unit = bulk(element, lattice, a=a, cubic=True)
-    except Exception as exc:  # ASE refuses e.g. impossible combinations
+    except Exception as exc:  # noqa: BLE001 - ASE refuses e.g. impossible combinations
         raise UserError(f"system.lattice={lattice} with system.element={element}: {exc}") from None
     atoms = unit.repeat(rep)
     atoms.pbc = [bool(p) for p in system_cfg["pbc"]]
@@ -46,7 +46,7 @@ def read_structure(path: str, index: int = -1):
         raise UserError(f"system.file={path!r}: no such file")
     try:
         atoms = read(str(p), index=index)
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - any failure becomes one line
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise UserError(f"system.file={path!r}: ASE cannot read it ({first}); give a structure "
                         "file such as .extxyz, .cif or POSCAR") from None

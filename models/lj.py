@@ -14,8 +14,7 @@ from collections.abc import Mapping
 import torch
 from ase.data import atomic_numbers, chemical_symbols
 
-from shardmd.domain.neighbors import NeighborList
-from shardmd.domain.warp_setup import as_array, as_mat33, as_vec3, as_vec3i, init_warp, scalar_type, wp_device
+from shardmd.domain.api import NeighborList, as_array, as_mat33, as_vec3, as_vec3i, init_warp, scalar_type, wp_device
 
 from . import lj_kernels as lk
 

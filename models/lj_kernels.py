@@ -38,8 +38,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from shardmd.domain.neighbor_kernels import ZERO_SHIFT, packed_neighbor, packed_shift_code, shift_of_code
-from shardmd.domain.warp_setup import init_warp
+from shardmd.domain.api import ZERO_SHIFT, init_warp, packed_neighbor, packed_shift_code, shift_of_code
 
 wp = init_warp()
 # forward-only kernels: no adjoint code (halves compile time)

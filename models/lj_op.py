@@ -18,8 +18,7 @@ import weakref
 
 import torch
 
-from shardmd.domain.api import SPEC_PAIR_HALO, AllReduceSum, ModelConfig, NeighborConfig, OpAdapter
-from shardmd.domain.neighbors import NeighborList
+from shardmd.domain.api import SPEC_PAIR_HALO, AllReduceSum, ModelConfig, NeighborConfig, NeighborList, OpAdapter
 
 from .lj import LennardJones
 

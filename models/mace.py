@@ -70,13 +70,13 @@ class _Exchange:
         self.ctx = ctx
         self.n_owned = n_owned
 
-    def forward_exchange(self, feats: torch.Tensor, out: torch.Tensor, vec_len: int) -> None:  # noqa: ARG002
+    def forward_exchange(self, feats: torch.Tensor, out: torch.Tensor, vec_len: int) -> None:
         if self.ctx is None:
             out.copy_(feats)
             return
         out.copy_(self.ctx.forward(feats[: self.n_owned]))
 
-    def reverse_exchange(self, grad: torch.Tensor, gout: torch.Tensor, vec_len: int) -> None:  # noqa: ARG002
+    def reverse_exchange(self, grad: torch.Tensor, gout: torch.Tensor, vec_len: int) -> None:
         if self.ctx is None:
             gout.copy_(grad)
             return
@@ -128,7 +128,7 @@ def load_mace(path: str | Path, device="cpu", dtype=torch.float64, trust_pickle:
                          f"({exc.what}); it is not a plain mace-torch model. If you made this file yourself "
                          "or trust its source, add model.trust_pickle=true (unpickling runs any code the "
                          "file holds)") from None
-    except Exception as exc:  # pickle errors, zip errors, a TorchScript archive, ...
+    except Exception as exc:  # noqa: BLE001 - pickle errors, zip errors, a TorchScript archive, ...
         if isinstance(exc, RuntimeError) and "TorchScript" in str(exc):
             raise ValueError(f"model.checkpoint={str(path)!r} is a TorchScript archive (such as mace's "
                              "*_compiled.model), not a mace-torch model file; give the .model file") from None
@@ -148,7 +148,7 @@ def cueq_available(kernels: bool = False) -> bool:
 
         if kernels:
             import cuequivariance_ops_torch  # noqa: F401
-    except Exception:  # ImportError, or a broken CUDA extension
+    except Exception:  # noqa: BLE001 - ImportError, or a broken CUDA extension
         return False
     return True
 

@@ -40,11 +40,11 @@ def main(argv=None) -> int:
                  "masses": torch.full((m,), 39.948, dtype=torch.float64)}
         mb = comm.size * sum(t.numel() * t.element_size() for t in local.values()) / 1e6
 
-        def via_torch():
+        def via_torch(local=local):
             out = [None] * comm.size if comm.is_root else None
             dist.gather_object(local, out, dst=0, group=comm.group)
 
-        def via_mpi():
+        def via_mpi(local=local):
             comm.mpi.COMM_WORLD.gather(local, root=0)
 
         res = []

@@ -68,8 +68,8 @@ def main(argv=None) -> int:
     for f in a.features:
         x = torch.randn(n_own, f, dtype=dt, device=dev)
         y = torch.randn(plan.n_padded, f, dtype=dt, device=dev)
-        fwd = timed(lambda: halo_forward(comm, plan, x))
-        rev = timed(lambda: halo_reverse(comm, plan, y))
+        fwd = timed(lambda x=x: halo_forward(comm, plan, x))
+        rev = timed(lambda y=y: halo_reverse(comm, plan, y))
         nbytes = plan.n_ghost * f * x.element_size()
         rows.append((f, fwd, rev, nbytes))
     worst = comm.all_reduce(torch.tensor([r[1] for r in rows] + [r[2] for r in rows], dtype=torch.float64), "max")

@@ -30,8 +30,8 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import statistics
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -258,7 +258,8 @@ def profile(n: int, args) -> None:
     t_check = timed(lambda: d.needs_rebuild(s))
     e = nl.n_edges
     print(f"profile, {s.n_atoms} atoms, {e} edges ({e / s.n_atoms:.1f} per atom), {args.device} {args.precision}:")
-    print(f"  neighbour build {t_build * 1e3:.2f} ms; engine rebuild (wrap, sort, halo, build) {t_rebuild * 1e3:.2f} ms, "
+    print(f"  neighbour build {t_build * 1e3:.2f} ms; engine rebuild (wrap, sort, halo, build) "
+          f"{t_rebuild * 1e3:.2f} ms, "
           f"of which the spatial sort (order and permute) {t_sort * 1e3:.2f} ms")
     print(f"  LJ kernel call {t_lj * 1e3:.3f} ms = {t_lj / e * 1e9:.2f} ns per edge; engine compute_forces "
           f"{t_forces * 1e3:.3f} ms")

@@ -167,7 +167,8 @@ def write_reference(path: str, steps: int) -> None:
         for key, value in cpu_results(name).items():
             data[f"{name}/{key}"] = np.asarray(value)
     obs, _ = engine_run("cpu", steps)
-    data["engine"] = np.asarray(json.dumps({k: obs[k] for k in ("potential_energy", "total_energy")} | {"steps": steps}))
+    data["engine"] = np.asarray(json.dumps({k: obs[k] for k in ("potential_energy",
+                                                                "total_energy")} | {"steps": steps}))
     np.savez_compressed(path, **data)
     print(f"wrote CPU reference of {', '.join(CASES)} and a {steps}-step engine run to {path}")
 

@@ -31,7 +31,7 @@ def main(argv=None) -> int:
             key = (r["series"], r["model"], r["precision"], r["device"])
             groups[key].append(r)
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
-    for (series, model, prec, dev), rows in sorted(groups.items()):
+    for (series, model, prec, _dev), rows in sorted(groups.items()):
         rows.sort(key=lambda r: r["ranks"])
         # a group may hold several sizes: split strong series by atom count
         by_size: dict[int, list[dict]] = defaultdict(list)

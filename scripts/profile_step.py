@@ -55,8 +55,8 @@ def main(argv=None) -> int:
               f"neighbor.skin={u['skin']!r}", f"dt={u['dt_fs']!r}", f"temperature={u['T_K']!r}",
               f"model.epsilon={{Ar:{EPSILON}}}", f"model.sigma={{Ar:{SIGMA}}}"]
     cfg = compose_config([f"model={a.model}", f"system.repeat=[{n},{n},{n}]", *lj, f"precision={a.precision}",
-                          f"device={'cuda' if cuda else 'cpu'}", f"domains={comm.size}", "trajectory.every=0", "thermo.every=0",
-                          "checkpoint.every=0", "quiet=true", "overwrite=true",
+                          f"device={'cuda' if cuda else 'cpu'}", f"domains={comm.size}", "trajectory.every=0",
+                          "thermo.every=0", "checkpoint.every=0", "quiet=true", "overwrite=true",
                           f"steps={a.warmup + a.steps + 10}", "output=/tmp/profile_step.h5", *a.extra])
     sim = Simulation(cfg, comm=comm)
     sim.setup()
@@ -120,6 +120,6 @@ def main(argv=None) -> int:
 if __name__ == "__main__":
     try:
         sys.exit(main())
-    except Exception:
+    except Exception:  # noqa: BLE001 - print any failure, exit 1
         traceback.print_exc()
         sys.exit(1)

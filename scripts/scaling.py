@@ -107,7 +107,8 @@ def main(argv=None) -> int:
     ap.add_argument("--precision", default="float64")
     ap.add_argument("--series", choices=["strong", "weak", "both"], default="both")
     ap.add_argument("--json", type=Path, default=None,
-                    help="append the rows (with series, model, device, precision) to this JSON file for plot_scaling.py")
+                    help="append the rows (with series, model, device, precision) to this JSON file "
+                         "for plot_scaling.py")
     ap.add_argument("--logs", type=Path, default=None, help="keep each run's engine log in this folder")
     ap.add_argument("extra", nargs="*", help="more engine overrides, e.g. neighbor.skin=0.5")
     a = ap.parse_args(argv)
@@ -120,7 +121,8 @@ def main(argv=None) -> int:
     if a.series in ("weak", "both"):
         rows = [run(a.launcher, r, a.model, a.weak_atoms * r, a.steps, a.device, a.precision, a.extra, work)
                 for r in a.ranks]
-        print(table(f"weak scaling, {a.model}, ~{a.weak_atoms} atoms per rank, {a.device}, {a.precision}", rows, "weak"))
+        print(table(f"weak scaling, {a.model}, ~{a.weak_atoms} atoms per rank, {a.device}, {a.precision}", rows,
+                    "weak"))
         save(a, "weak", rows)
     if a.logs is not None:
         a.logs.mkdir(parents=True, exist_ok=True)

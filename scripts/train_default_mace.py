@@ -207,9 +207,8 @@ def main(argv=None):
 
     # ------------------------------------------------------------ determinism
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    import mace
     import torch
-
-    import mace  # noqa: F401  (must precede e3nn unpickling; sets weights_only env)
     from mace import tools
     from mace.cli.run_train import run as mace_run
 
@@ -282,7 +281,7 @@ def main(argv=None):
     try:
         from importlib.metadata import version
         mace_version = version("mace-torch")
-    except Exception:  # pragma: no cover
+    except Exception:  # noqa: BLE001 - no metadata: fall back to the module attribute
         mace_version = getattr(mace, "__version__", "unknown")
     hidden = str(cfg["hidden_irreps"])
     channels = int(hidden.split("x")[0])
@@ -309,7 +308,7 @@ def main(argv=None):
             "hidden_irreps": hidden,
             "MLP_irreps": str(cfg["MLP_irreps"]),
             "max_ell": int(cfg["max_ell"]),
-            "correlation": int(cfg["correlation"][0]) if isinstance(cfg["correlation"], (list, tuple)) else int(cfg["correlation"]),
+            "correlation": int(np.ravel(cfg["correlation"])[0]),
             "num_interactions": int(cfg["num_interactions"]),
             "r_max": float(model.r_max),
             "num_bessel": int(cfg["num_bessel"]),
@@ -349,7 +348,8 @@ def main(argv=None):
             "batch_size": a.batch_size,
             "lr": a.lr,
             "lr_scheduler": f"ExponentialLR gamma={a.lr_gamma}",
-            "loss": "mace --loss=stress: energy 1, forces 100, stress 100; stage two (mace --swa): energy 1000, forces 100, stress 100, lr/10",
+            "loss": "mace --loss=stress: energy 1, forces 100, stress 100; "
+                    "stage two (mace --swa): energy 1000, forces 100, stress 100, lr/10",
             "ema_decay": 0.99,
             "mace_run_train_args": margv,
         },

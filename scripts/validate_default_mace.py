@@ -234,7 +234,7 @@ def speed(calc, rep=4, n=10):
     atoms.rattle(0.02, seed=1)
     atoms.calc = calc
     times = []
-    for k in range(n + 2):
+    for _ in range(n + 2):
         atoms.positions[0, 0] += 1e-4  # force a fresh calculation
         t0 = time.perf_counter()
         atoms.get_potential_energy()

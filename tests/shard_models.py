@@ -8,13 +8,21 @@ from pathlib import Path
 
 import torch
 
-from shardmd.domain.api import (SPEC_MPNN_HALO, GatherInputs, ModelConfig, NeighborConfig, OpAdapter, OutputKind,
-                                PythonAdapter, system_sum)
+from shardmd.domain.api import (
+    SPEC_MPNN_HALO,
+    GatherInputs,
+    ModelConfig,
+    NeighborConfig,
+    OpAdapter,
+    OutputKind,
+    PythonAdapter,
+    system_sum,
+)
 from shardmd.domain.neighbors import build_neighbor_list
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
-import byo_mpnn  # noqa: E402
-import byo_warp_op  # noqa: E402
+import byo_mpnn
+import byo_warp_op
 
 
 def sample():

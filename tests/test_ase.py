@@ -9,8 +9,8 @@ from ase import units
 from ase.build import bulk
 from ase.io import read, write
 from ase.md.verlet import VelocityVerlet
-
 from conftest import mpiexec_cmd, run_engine
+
 from shardmd.engine.ase_calculator import ShardMDCalculator
 from shardmd.engine.h5md import read_frames, read_observables
 

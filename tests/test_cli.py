@@ -1,5 +1,4 @@
 """The command line as users type it, in real subprocesses from a foreign working directory."""
-import os
 import signal
 import subprocess
 import sys

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from conftest import mpiexec_cmd, run_engine
 from reference import lj_reference, mix_lorentz_berthelot
 from systems import make_system
-from shardmd.engine.h5md import read_frames, read_observables
+
+from shardmd.engine.h5md import read_frames
 
 HERE = Path(__file__).resolve().parent
 CASES = {

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 pytest.importorskip("mace")
-import mace  # noqa: E402,F401  (must come before MACECalculator's torch.load of e3nn objects)
-import torch  # noqa: E402
+import mace  # noqa: F401  (must come before MACECalculator's torch.load of e3nn objects)
+import torch
 
 REPO = Path(__file__).resolve().parents[1]
 MODEL = REPO / "models" / "data" / "cu_mace_small.model"

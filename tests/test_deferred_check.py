@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from shardmd.engine.config import compose_config
-from shardmd.engine.skin_check import DeferredSkinCheck
 from shardmd.engine.simulation import Simulation
+from shardmd.engine.skin_check import DeferredSkinCheck
 
 # a hot Ar gas: ~1 rebuild every few steps, so windows cross skin/2 often
 HOT = ["model=lj", "system.element=Ar", "system.lattice=fcc", "system.a=5.8", "system.repeat=[4,4,4]",

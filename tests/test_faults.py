@@ -22,8 +22,8 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
-
 from conftest import run_engine
+
 from shardmd.engine.checkpoint import read_checkpoint
 from shardmd.engine.cli import main
 from shardmd.engine.h5md import read_frames
@@ -163,7 +163,8 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path, files, capsys, monke
 
 
 def test_min_distance_is_the_users_bound(tmp_path, capsys, monkeypatch):
-    """fcc Ar at 5.26 Å has neighbours 3.72 Å apart: refused under a 3.8 Å bound (108 atoms x 12 neighbours / 2 = 648 pairs), run under 3.7."""
+    """fcc Ar at 5.26 Å has neighbours 3.72 Å apart: refused under a 3.8 Å bound
+    (108 atoms x 12 neighbours / 2 = 648 pairs), run under 3.7."""
     code, lines = cli(["run", *SMALL, "steps=3", "health.min_distance=3.8"], tmp_path, capsys, monkeypatch)
     assert code == 2
     one_line(lines, "3.72 Å apart, closer than health.min_distance=3.8 Å (648 such pair(s))")

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from reference import brute_force_pairs, lj_reference, mix_lorentz_berthelot, pair_distance  # noqa: E402
+from reference import brute_force_pairs, lj_reference, mix_lorentz_berthelot, pair_distance
 
 pytestmark = [
     pytest.mark.gpu,

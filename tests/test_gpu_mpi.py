@@ -14,7 +14,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
 from conftest import mpiexec_cmd
 from reference import lj_reference, mix_lorentz_berthelot
 from systems import make_system

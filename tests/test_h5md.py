@@ -17,7 +17,11 @@ import numpy as np
 import pytest
 
 from shardmd.engine.h5md import (
-    H5MDWriter, file_summary, iter_frames, read_frames, read_observables,
+    H5MDWriter,
+    file_summary,
+    iter_frames,
+    read_frames,
+    read_observables,
 )
 
 HELPER = Path(__file__).parent / "helpers" / "h5md_writer_loop.py"
@@ -243,7 +247,7 @@ def test_config_nested_storage(tmp_path):
     cfg = {"model": {"name": "mace", "cutoff": np.float32(5.0), "layers": [64, 64],
                      "elements": ["H", "O"], "extra": None, "path": Path("/x/y.pt")},
            "md": {"nvt": {"tau_fs": 100.0, "on": True}}, "tags": [], "a/b": 1}
-    with make_writer(path, config=cfg) as w:
+    with make_writer(path, config=cfg):
         pass
     got = file_summary(path)["config"]
     assert got["model"]["cutoff"] == 5.0 and got["model"]["path"] == "/x/y.pt"

@@ -12,10 +12,10 @@ import math
 
 import pytest
 import torch
+from ase import units as ase_units
 
 from shardmd.integrators import INTEGRATORS, Langevin, VelocityVerlet
 from shardmd.integrators.units import FORCE_TO_ACCEL, KB, MVV_TO_EV
-from ase import units as ase_units
 
 F64 = torch.float64
 
@@ -263,16 +263,16 @@ def test_baoab_reference_formulas():
         # units: omega = 1, kT/m = 1, dt = wdt; covariance [[xx, xv], [xv, vv]]
         h = wdt
 
-        def B(S):
+        def B(S, h=h):
             xx, xv, vv = S
             # v -= h/2 x
             return xx, xv - h / 2 * xx, vv - h * xv + h * h / 4 * xx
 
-        def A(S):
+        def A(S, h=h):
             xx, xv, vv = S
             return xx + h * xv + h * h / 4 * vv, xv + h / 2 * vv, vv
 
-        def O(S):
+        def O(S, c=c, s=s):  # noqa: E743 (the BAOAB letter)
             xx, xv, vv = S
             return xx, c * xv, c * c * vv + s * s
 

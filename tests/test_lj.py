@@ -16,7 +16,7 @@ import pytest
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from reference import (  # noqa: E402
+from reference import (
     insert_positions,
     lj_pair_distances,
     lj_reference,
@@ -25,8 +25,8 @@ from reference import (  # noqa: E402
     random_cell,
 )
 
-from shardmd.domain.neighbors import build_neighbor_list  # noqa: E402
-from shardmd.models.lj import LennardJones  # noqa: E402
+from shardmd.domain.neighbors import build_neighbor_list
+from shardmd.models.lj import LennardJones
 
 EPS = {18: 0.0104, 36: 0.014}
 SIG = {18: 3.40, 36: 3.65}
@@ -54,7 +54,7 @@ def make_config(seed, n=16, pbc=(True, True, True), two_species=True, lengths=(9
         cell = random_cell(rng, lengths=lengths, max_tilt=tilt, rotate=rotate)
         numbers = rng.choice([18, 36], size=n) if two_species else np.full(n, 18)
 
-        def dmin(a, b):
+        def dmin(a, b, numbers=numbers):
             return 0.85 * 0.5 * (SIG[int(numbers[a])] + SIG[int(numbers[b])])
 
         pos = insert_positions(rng, n, cell, pbc, dmin)
@@ -100,7 +100,8 @@ def run_ref(pos, cell, pbc, numbers, shift=True):
 
 def assert_close(got, ref, sc, rtol):
     dE = abs(float(got["energy"]) - ref["energy"])
-    assert dE <= rtol * sc["energy"], f"energy {got['energy']} vs {ref['energy']} (|dE|={dE:.3e}, scale {sc['energy']:.3e})"
+    assert dE <= rtol * sc["energy"], \
+        f"energy {got['energy']} vs {ref['energy']} (|dE|={dE:.3e}, scale {sc['energy']:.3e})"
     dF = np.abs(got["forces"] - ref["forces"]).max(initial=0.0)
     assert dF <= rtol * sc["forces"], f"max|dF|={dF:.3e}, scale {sc['forces']:.3e}"
     dW = np.abs(got["virial"] - ref["virial"]).max()

@@ -9,8 +9,8 @@ import pytest
 from ase import Atoms
 from ase.build import bulk
 from ase.io import write
-
 from conftest import mpiexec_cmd, run_engine
+
 from shardmd.models.mace_random import make_random_mace
 
 HERE = Path(__file__).resolve().parent
@@ -44,7 +44,8 @@ def _reference(model, numbers, positions, cell):
 
 
 # "::cueq": the same model converted by mace-torch to cuEquivariance (its torch fallback on CPU)
-CASES = {2: ["ortho.extxyz:1x1x2", "tri.extxyz", "tri.extxyz::cueq"], 3: ["ortho.extxyz:3x1x1"], 4: ["ortho.extxyz:2x2x1", "tri.extxyz"],
+CASES = {2: ["ortho.extxyz:1x1x2", "tri.extxyz", "tri.extxyz::cueq"], 3: ["ortho.extxyz:3x1x1"],
+         4: ["ortho.extxyz:2x2x1", "tri.extxyz"],
          8: ["ortho.extxyz"]}
 
 
@@ -137,6 +138,7 @@ def test_trace_and_validate_mace_wrapper():
 
     sys.path.insert(0, str(HERE))
     from mace_factory import shipped_mace
+
     from shardmd.domain.api import trace_and_validate
 
     atoms = bulk("Cu", "fcc", a=3.61, cubic=True).repeat((4, 4, 3))

@@ -18,14 +18,14 @@ import pytest
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from reference import (  # noqa: E402
+from reference import (
     brute_force_pairs,
     pair_distance,
     random_cell,
     random_positions,
 )
 
-from shardmd.domain.neighbors import build_neighbor_list  # noqa: E402
+from shardmd.domain.neighbors import build_neighbor_list
 
 DTYPES = [torch.float64, torch.float32]
 

@@ -11,8 +11,8 @@ import time
 import h5py
 import numpy as np
 import pytest
-
 from conftest import run_engine
+
 from shardmd.engine.h5md import read_frames
 
 BASE = ["model=lj", "system.repeat=[5,5,5]", "dt=2.0", "temperature=100", "trajectory.every=10",

@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 import torch
 from ase.build import bulk
-
 from conftest import run_engine
+
 from shardmd.engine.ase_calculator import ShardMDCalculator
 from shardmd.models.mace import DEFAULT_MODEL, load_mace
 

@@ -11,7 +11,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
 from conftest import mpiexec_cmd
 
 HERE = Path(__file__).resolve().parent
@@ -19,9 +18,20 @@ sys.path.insert(0, str(HERE / "mpi"))
 sys.path.insert(0, str(HERE.parent / "examples"))
 
 import shard_extras as X  # noqa: E402
+
 from shardmd.domain import api  # noqa: E402
-from shardmd.domain.api import (SPEC_MPNN_HALO, AdapterScope, CompilePolicy, DistributedModel,  # noqa: E402
-                                DistributionSpec, GraphPadder, JitAdapter, MLIPSpec, PythonAdapter, SpecLoadError)
+from shardmd.domain.api import (  # noqa: E402
+    SPEC_MPNN_HALO,
+    AdapterScope,
+    CompilePolicy,
+    DistributedModel,
+    DistributionSpec,
+    GraphPadder,
+    JitAdapter,
+    MLIPSpec,
+    PythonAdapter,
+    SpecLoadError,
+)
 from shardmd.domain.comm import Comm  # noqa: E402
 from shardmd.domain.compile_policy import bucket  # noqa: E402
 from shardmd.domain.neighbors import build_neighbor_list  # noqa: E402

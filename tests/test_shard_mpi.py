@@ -8,7 +8,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from conftest import mpiexec_cmd
 
 HERE = Path(__file__).resolve().parent
@@ -86,7 +85,7 @@ def test_each_failure_mode_gets_its_diagnosis_and_only_its_fix():
 
     sample = shard_models.sample()
     reps = validate_many([dict(model_factory=f, sample_system=sample, **kw) for f, kw, *_ in FAILURES], 2)
-    for (f, kw, code, fix, ok), rep in zip(FAILURES, reps):
+    for (f, _kw, code, fix, ok), rep in zip(FAILURES, reps):
         first = rep.attempts[0]
         codes = [d["code"] for d in first.diagnosis]
         name = f.__name__
@@ -117,6 +116,7 @@ def test_each_failure_mode_gets_its_diagnosis_and_only_its_fix():
 @pytest.fixture(scope="module")
 def md_reference():
     import shard_md
+
     from shardmd.domain.comm import Comm
 
     return {m: shard_md.run_md(Comm(), m, 50) for m in ("mpnn", "warp")}
@@ -125,6 +125,7 @@ def md_reference():
 def _fresh_reference(model_name, d):
     """Single-process outputs of the model on the K-rank run's final configuration."""
     import shard_md
+
     from shardmd.domain.validate import reference_run, sample_arrays
 
     model = shard_md.make(model_name)

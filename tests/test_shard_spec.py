@@ -9,10 +9,29 @@ from pathlib import Path
 import pytest
 import torch
 
-from shardmd.domain.api import (PRESETS, SPEC_MPNN_HALO, SPEC_MPNN_SHARDED, SPEC_PAIR_HALO, AllReduceSum,
-                                DistributedModel, DistributionSpec, GatherInputs, GatherInputsFull, HaloStorage,
-                                MethodAdapter, MLIPSpec, OpAdapter, OutputKind, PythonAdapter, ReverseOutputs,
-                                ScatterOutputs, ShardedStorage, SliceOutputsOwned, SliceOwned, SpecLoadError)
+from shardmd.domain.api import (
+    PRESETS,
+    SPEC_MPNN_HALO,
+    SPEC_MPNN_SHARDED,
+    SPEC_PAIR_HALO,
+    AllReduceSum,
+    DistributedModel,
+    DistributionSpec,
+    GatherInputs,
+    GatherInputsFull,
+    HaloStorage,
+    MethodAdapter,
+    MLIPSpec,
+    OpAdapter,
+    OutputKind,
+    PythonAdapter,
+    ReverseOutputs,
+    ScatterOutputs,
+    ShardedStorage,
+    SliceOutputsOwned,
+    SliceOwned,
+    SpecLoadError,
+)
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -160,8 +179,9 @@ def test_legacy_kinds_map_to_a_spec():
 
 def test_unknown_output_kind_warns_once_and_uses_the_shape():
     import shard_models
-    from shardmd.domain.validate_worker import rank_domain
+
     from shardmd.domain.comm import Comm
+    from shardmd.domain.validate_worker import rank_domain
 
     atoms = shard_models.small_sample()
     d = rank_domain(Comm(), {"positions": atoms.positions, "cell": atoms.cell.array, "pbc": atoms.pbc,

@@ -5,9 +5,22 @@ from pathlib import Path
 import pytest
 import torch
 
-from shardmd.domain.api import (SPEC_MPNN_HALO, AdapterScope, GatherInputs, HaloMeta, MethodAdapter, OpAdapter,
-                                PythonAdapter, ShardTensor, TransformError, dispatch_trace, register_handler,
-                                registered_handlers, shard_like, unregister_handler)
+from shardmd.domain.api import (
+    SPEC_MPNN_HALO,
+    AdapterScope,
+    GatherInputs,
+    HaloMeta,
+    MethodAdapter,
+    OpAdapter,
+    PythonAdapter,
+    ShardTensor,
+    TransformError,
+    dispatch_trace,
+    register_handler,
+    registered_handlers,
+    shard_like,
+    unregister_handler,
+)
 from shardmd.domain.comm import Comm
 from shardmd.domain.halo import HaloPlan
 

@@ -20,7 +20,7 @@ from shardmd.engine.state import State
 from shardmd.models.lj import LennardJones
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from systems import make_system  # noqa: E402
+from systems import make_system
 
 
 def main():

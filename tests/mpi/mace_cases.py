@@ -12,7 +12,6 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from shardmd.domain.comm import init_comm, shutdown
 from shardmd.engine.config import compose_config

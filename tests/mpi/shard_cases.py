@@ -17,10 +17,28 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE.parents[1] / "examples"))
 
-from shardmd.domain.api import (SPEC_MPNN_HALO, AllReduceSum, GatherInputs, GatherInputsFull, HaloMeta,  # noqa: E402
-                                HaloStorage, MLIPSpec, OpAdapter, ReverseOutputs, ScatterOutputs, ShardMeta,
-                                ShardTensor, SliceOutputsOwned, SliceOwned, all_reduce_sum, dispatch_trace)
-from shardmd.domain.api import AdapterScope, DistributedModel, DistributionSpec, ShardedStorage  # noqa: E402
+from shardmd.domain.api import (  # noqa: E402  # noqa: E402
+    SPEC_MPNN_HALO,
+    AdapterScope,
+    AllReduceSum,
+    DistributedModel,
+    DistributionSpec,
+    GatherInputs,
+    GatherInputsFull,
+    HaloMeta,
+    HaloStorage,
+    MLIPSpec,
+    OpAdapter,
+    ReverseOutputs,
+    ScatterOutputs,
+    ShardedStorage,
+    ShardMeta,
+    ShardTensor,
+    SliceOutputsOwned,
+    SliceOwned,
+    all_reduce_sum,
+    dispatch_trace,
+)
 from shardmd.domain.halo import halo_forward, halo_reverse  # noqa: E402
 from shardmd.domain.neighbors import build_neighbor_list  # noqa: E402
 from shardmd.domain.validate_worker import rank_domain  # noqa: E402
@@ -168,7 +186,8 @@ def run_checks(comm) -> dict:
             fired = [e["handler"] for e in tr]
             name = f"system_{form}_{'on' if on else 'off'}"
             if on:
-                C.close(name + "_value", abs(float(E[0].detach()) - float(e_ref.detach())), 1e-12 * abs(float(e_ref.detach())))
+                C.close(name + "_value", abs(float(E[0].detach()) - float(e_ref.detach())),
+                        1e-12 * abs(float(e_ref.detach())))
                 C.close(name + "_fired", 0.0 if fired == ["system_reduce"] else 1.0, 0.0)
                 (g,) = torch.autograd.grad(E.to_plain().sum(), leaf)
                 C.close(name + "_grad", _maxabs(halo_reverse(comm, plan, g), gref[ids_o]))
@@ -222,8 +241,10 @@ def run_checks(comm) -> dict:
         (g,) = torch.autograd.grad((res.to_plain() * cw).sum(), src)
         cw_all = torch.zeros(meta.n_global, 3, dtype=F64)
         for a, _ in allpairs:
-            cw_all[a] = feat(a * 5, 3)
-        gwant = torch.where((req < meta.n_global)[:, None], cw_all[req.clamp(max=meta.n_global - 1)], torch.zeros(1, dtype=F64))
+            cw_all[a] = feat(a * 5,
+                             3)
+        gwant = torch.where((req < meta.n_global)[:, None], cw_all[req.clamp(max=meta.n_global - 1)],
+                            torch.zeros(1, dtype=F64))
         C.close(f"sharded_scatter_{form}_grad", _maxabs(g, gwant))
 
     # -- transforms through OpAdapters ---------------------------------------------------------------

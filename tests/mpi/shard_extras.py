@@ -18,9 +18,22 @@ sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE.parents[1] / "examples"))
 
 import byo_mpnn  # noqa: E402
-from shardmd.domain.api import (SPEC_MPNN_HALO, SPEC_MPNN_SHARDED, CompilePolicy, GraphPadder,  # noqa: E402
-                                JitAdapter, ModelConfig, NeighborConfig, all_reduce_sum, autograd_target,
-                                current_dd_context, refresh_neighbors, system_sum, to_local)
+
+from shardmd.domain.api import (  # noqa: E402
+    SPEC_MPNN_HALO,
+    SPEC_MPNN_SHARDED,
+    CompilePolicy,
+    GraphPadder,
+    JitAdapter,
+    ModelConfig,
+    NeighborConfig,
+    all_reduce_sum,
+    autograd_target,
+    current_dd_context,
+    refresh_neighbors,
+    system_sum,
+    to_local,
+)
 
 F64 = torch.float64
 

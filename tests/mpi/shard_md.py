@@ -32,13 +32,13 @@ DT = 2.0
 def make(name: str):
     import shard_models
 
-    return {"mpnn": shard_models.mpnn, "mpnn_sharded": shard_models.mpnn_sharded, "warp": shard_models.warp_pair}[name]()
+    return {"mpnn": shard_models.mpnn, "mpnn_sharded": shard_models.mpnn_sharded,
+            "warp": shard_models.warp_pair}[name]()
 
 
 def initial_atoms():
-    from ase.md.velocitydistribution import MaxwellBoltzmannDistribution, Stationary
-
     import byo_mpnn
+    from ase.md.velocitydistribution import MaxwellBoltzmannDistribution, Stationary
 
     atoms = byo_mpnn.sample_system((4, 4, 4), seed=7)
     MaxwellBoltzmannDistribution(atoms, temperature_K=TEMPERATURE, rng=np.random.default_rng(11))
@@ -78,8 +78,10 @@ def run_md(comm, name: str, steps: int) -> dict | None:
     if full is None:
         return None
     ids = torch.cat([a for a, _ in un])
-    unw = torch.cat([b for _, b in un])[torch.argsort(ids)]
-    return {"ids": full["ids"], "positions": full["positions"], "unwrapped": unw.numpy(), "velocities": full["velocities"],
+    unw = torch.cat([b for _,
+                     b in un])[torch.argsort(ids)]
+    return {"ids": full["ids"], "positions": full["positions"], "unwrapped": unw.numpy(),
+            "velocities": full["velocities"],
             "forces": full["forces"], "energy": np.array(energies), "migrated": migrated, "rebuilds": rebuilds,
             "grid": np.array(dec.grid.shape), "cell": state.cell.numpy(), "pbc": state.pbc.numpy(),
             "numbers": initial_atoms().numbers}
