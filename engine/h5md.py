@@ -1,12 +1,15 @@
 """HDF5 trajectories in the H5MD 1.1 layout: :class:`H5MDWriter` (the reader lives in
 :mod:`shardmd.engine.h5md_read` and is re-exported here).
 
-Units: length Å, time fs, velocity Å/fs, force eV/Å, energy eV, temperature K, pressure
-and stress eV/Å^3, mass amu.  Every value/time dataset carries a ``unit`` attribute.
+Units: length Å, time fs, velocity Å/fs, energy eV, temperature K, pressure and stress
+eV/Å^3, mass amu, as the engine computes them; forces are given in eV/Å and stored in
+kJ/(mol Å), the force unit MDAnalysis reads (:mod:`shardmd.engine.h5md_units`).  Every
+value/time dataset carries a ``unit`` attribute, and ``/h5md/modules/units`` names the system.
 
 Layout::
 
-    /h5md                   attrs version=[1, 1]; groups author (name), creator (name, version)
+    /h5md                   attrs version=[1, 1]; groups author (name), creator (name, version),
+                            modules/units (version=[1, 0], system="ShardMD")
     /particles/all/
         species (n,) int32, mass (n,) float64 [amu], id (n,) int64   (time-independent)
         position|image|velocity|force/{step, time, value}   value (frames, n, 3)
@@ -76,6 +79,7 @@ from shardmd.engine.h5md_read import (  # noqa: F401  (re-exported reader API)
     read_observables,
     valid_rows,
 )
+from shardmd.engine.h5md_units import element_factor, write_units_module
 from shardmd.engine.safe_io import IO_ERRORS, check_output_path, fence_fd, free_bytes, output_error
 
 __all__ = ["H5MDWriter", "read_frames", "iter_frames", "read_observables", "file_summary"]
@@ -245,6 +249,7 @@ class H5MDWriter:
         c = h5.create_group("creator")
         c.attrs["name"] = creator
         c.attrs["version"] = creator_version
+        write_units_module(h5)
         p = f.create_group(PARTICLES)
         p.create_dataset("species", data=self.species)
         p.create_dataset("mass", data=self.masses).attrs["unit"] = MASS_UNIT
@@ -301,6 +306,9 @@ class H5MDWriter:
         self._sets = {n: {ds: g[ds] for ds in ("step", "time", "value")}
                       for n, g in self._elements.items()}
         self._rows = {n: valid_rows(g) for n, g in self._elements.items()}
+        # engine unit -> the unit each element is stored in (a restart appends to an old file in
+        # its own units: eV/Å forces there, kJ/(mol Å) in new files)
+        self._scale = {n: 1.0 / element_factor(g, n) for n, g in self._elements.items()}
         self._last_step = self._box_last_step()
         self._obs: dict[str, h5py.Group] = {}
         self._obs_sets: dict[str, dict[str, h5py.Dataset]] = {}
@@ -403,6 +411,8 @@ class H5MDWriter:
                 if a.dtype.kind not in "iu" and not np.array_equal(a, np.rint(a)):
                     raise ValueError("images must be integers")
                 a = a.astype(np.int32)
+            elif self._scale[name] != 1.0:
+                a = a.astype(np.float64) * self._scale[name]
             arrays[name] = a
         what = f"frame at step {step}"
         self._check_space(self._space_needed((self._rows[n], self._chunking[n]) for n in (*arrays, "box")),
@@ -413,7 +423,8 @@ class H5MDWriter:
                 self._append(self._sets[name], self._rows[name],
                              (("value", a), ("time", time), ("step", step)))
             box, row = self._sets["box"], self._rows["box"]
-            self._append(box, row, (("value", cell_a.astype(self.dtype)), ("time", time)))
+            cell_s = cell_a if self._scale.get("box", 1.0) == 1.0 else cell_a * self._scale["box"]
+            self._append(box, row, (("value", cell_s.astype(self.dtype)), ("time", time)))
             f.flush()
             # phase 2: commit (reached only when every write and the flush above succeeded)
             self._append(box, row, (("step", step),))

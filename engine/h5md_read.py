@@ -4,10 +4,12 @@ This module also holds the layout constants and the row-validity rules shared wi
 the writer, so that the writer's crash repair and the reader agree exactly on which
 rows of a file count.
 
-Units in the file (each stated in a ``unit`` attribute): Å, fs, Å/fs, eV/Å, eV, K,
-eV/Å^3, amu.  Units of what the reader returns: positions and cells in Å, forces in
-eV/Å, energies in eV, masses in amu, ``atoms.info["time_fs"]`` in fs, and velocities
-in ASE's own unit Å/(ASE time unit).
+Units in the file (each stated in a ``unit`` attribute, spelt as MDAnalysis reads them,
+:mod:`shardmd.engine.h5md_units`): Å, fs, Å/fs, forces in kJ/(mol Å) (files of earlier
+ShardMD versions: eV/Å), eV, K, eV/Å^3, amu.  The reader converts every field by its own
+``unit`` attribute, so old and new files read alike.  Units of what the reader returns:
+positions and cells in Å, forces in eV/Å, energies in eV, masses in amu,
+``atoms.info["time_fs"]`` in fs, and velocities in ASE's own unit Å/(ASE time unit).
 
 ASE velocities.  ASE's time unit is ``Å*sqrt(amu/eV)`` (about 10.18 fs) and
 ``ase.units.fs`` is the number of ASE time units in one femtosecond (about 0.0982).
@@ -43,32 +45,20 @@ import h5py
 import numpy as np
 
 from shardmd.engine.errors import UserError
+from shardmd.engine.h5md_units import (  # noqa: F401  (unit strings: re-exported for the writer)
+    FIELD_UNITS,
+    LENGTH_UNIT,
+    MASS_UNIT,
+    OBSERVABLE_UNITS,
+    TIME_UNIT,
+    UnknownUnitError,
+    element_factor,
+    to_engine,
+    unit_of,
+)
 
 #: Per-atom time-dependent fields the writer knows, in their canonical order.
 FIELDS: tuple[str, ...] = ("position", "image", "velocity", "force")
-#: ``unit`` attribute of each field's value dataset (None: dimensionless, no attribute).
-FIELD_UNITS: dict[str, str | None] = {
-    "position": "angstrom",
-    "image": None,
-    "velocity": "angstrom fs-1",
-    "force": "eV angstrom-1",
-}
-TIME_UNIT = "fs"
-LENGTH_UNIT = "angstrom"
-MASS_UNIT = "amu"
-#: Units of observables the writer knows by name.
-OBSERVABLE_UNITS: dict[str, str] = {
-    "potential_energy": "eV",
-    "kinetic_energy": "eV",
-    "total_energy": "eV",
-    "conserved_energy": "eV",
-    "temperature": "K",
-    "pressure": "eV angstrom-3",
-    "stress": "eV angstrom-3",
-    "virial": "eV",
-    "volume": "angstrom3",
-    "density": "amu angstrom-3",
-}
 STEP_FILL = -1  # fill value of every `step` dataset: marks a row never written
 PARTICLES = "/particles/all"
 
@@ -166,6 +156,8 @@ _READ_ERRORS = (OSError, RuntimeError, KeyError, ValueError, TypeError, IndexErr
 def _why(exc: BaseException) -> str:
     """Short reason a file could not be read."""
     text = " ".join(str(exc).split())
+    if isinstance(exc, UnknownUnitError):
+        return text
     if isinstance(exc, KeyError) or "doesn't exist" in text:
         m = _MISSING.search(text)
         name = next((g for g in m.groups() if g), None) if m else None
@@ -213,10 +205,22 @@ def _open(path) -> h5py.File:
     if os.path.isfile(p) and os.path.getsize(p) == 0:
         raise TrajectoryReadError(f"{p!r} is an empty file (0 bytes), not a trajectory")
     with _reading(p):
-        try:
-            return h5py.File(p, "r", locking=False)
-        except TypeError:  # very old h5py without the locking keyword
-            return h5py.File(p, "r")
+        return open_unlocked(p)
+
+
+def open_unlocked(p: str) -> h5py.File:
+    """``h5py.File(p, "r")`` without HDF5's file lock (so a running job's file opens), or with
+    it where this process already has the file open with the lock: HDF5 refuses a second open
+    of one file with other locking flags ("file locking flag values don't match"), which is
+    what an MDAnalysis Universe or a plain ``h5py.File`` left open in the same session holds."""
+    try:
+        return h5py.File(p, "r", locking=False)
+    except TypeError:  # very old h5py without the locking keyword
+        return h5py.File(p, "r")
+    except OSError as exc:
+        if "locking flag values don't match" not in str(exc):
+            raise
+        return h5py.File(p, "r")
 
 
 def _read_observables(f: h5py.File) -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]:
@@ -227,8 +231,8 @@ def _read_observables(f: h5py.File) -> dict[str, tuple[np.ndarray, np.ndarray, n
         if not isinstance(g, h5py.Group) or not {"step", "time", "value"} <= set(g):
             continue
         n = valid_rows(g)
-        out[name] = (g["step"][:n].astype(np.int64), g["time"][:n].astype(np.float64),
-                     g["value"][:n])
+        out[name] = (g["step"][:n].astype(np.int64),
+                     g["time"][:n].astype(np.float64) * to_engine("time", unit_of(g["time"])), g["value"][:n])
     return out
 
 
@@ -261,8 +265,10 @@ class _Reader:
         edges = p.get("box/edges")
         self.fixed_cell = np.zeros((3, 3))
         if isinstance(edges, h5py.Dataset):  # a fixed box (other writers)
-            e = edges[()].astype(np.float64)
+            e = edges[()].astype(np.float64) * to_engine("length", unit_of(edges))
             self.fixed_cell = np.diag(e) if e.ndim == 1 else e
+        # value factors to Å, Å/fs, eV/Å from each element's own `unit` (old and new spellings)
+        self.factor = {n: element_factor(g, n) for n, g in self.elements.items()}
         extent = frame_extent(self.elements)
         self.steps = {n: self.elements[n]["step"][:c].astype(np.int64) for n, c in extent.items()}
         self.primary = primary_field(self.elements)
@@ -272,7 +278,8 @@ class _Reader:
         else:
             self.frame_steps = self.steps[self.primary]
             g = self.elements[self.primary]
-            self.frame_times = g["time"][: len(self.frame_steps)].astype(np.float64)
+            self.frame_times = g["time"][: len(self.frame_steps)].astype(np.float64) * to_engine(
+                "time", unit_of(g["time"]))
         self.observables = _read_observables(self.f)
 
     def __len__(self) -> int:
@@ -298,14 +305,14 @@ class _Reader:
         for name in FIELDS:
             r = self._row(name, step)
             if r is not None:
-                arrays[name] = self.elements[name]["value"][r]
+                arrays[name] = self._value(name, r)
         r = self._row("box", step, at_or_before=True)
-        cell = self.elements["box"]["value"][r].astype(np.float64) if r is not None else self.fixed_cell
+        cell = self._value("box", r) if r is not None else self.fixed_cell
         n = len(self.numbers)
-        positions = arrays["position"].astype(np.float64) if "position" in arrays else np.zeros((n, 3))
+        positions = arrays["position"] if "position" in arrays else np.zeros((n, 3))
         velocities = None
         if "velocity" in arrays:
-            velocities = arrays["velocity"].astype(np.float64) / ase.units.fs  # Å/fs -> ASE
+            velocities = arrays["velocity"] / ase.units.fs  # Å/fs -> ASE
         atoms = ase.Atoms(numbers=self.numbers, positions=positions, cell=cell, pbc=self.pbc,
                           masses=self.masses, velocities=velocities)
         if "image" in arrays:
@@ -322,10 +329,19 @@ class _Reader:
                 atoms.info[name] = float(v) if np.ndim(v) == 0 else np.array(v)
                 if name == "potential_energy":
                     energy = float(v)
-        forces = arrays["force"].astype(np.float64) if "force" in arrays else None
+        forces = arrays.get("force")
         if energy is not None or forces is not None:
             atoms.calc = SinglePointCalculator(atoms, energy=energy, forces=forces)
         return atoms
+
+    def _value(self, name: str, row: int) -> np.ndarray:
+        """Row ``row`` of element ``name`` as float64 in the engine's unit (image: as stored)."""
+        v = self.elements[name]["value"][row]
+        if name == "image":
+            return v
+        v = v.astype(np.float64)
+        f = self.factor[name]
+        return v if f == 1.0 else v * f  # unit 1: the stored bits, unchanged
 
     def close(self) -> None:
         self.f.close()
