@@ -1,4 +1,5 @@
-"""``python -m engine info FILE``, ``plot FILE OUT.png`` and ``convert RUN.h5 OUT``.
+"""``python -m engine info FILE``, ``plot FILE OUT.png`` and ``convert FILE OUT`` (FILE: a
+trajectory or a restart checkpoint).
 
 Errors are one line (the CLI prints ``error: ...``): an input that is missing, a directory,
 empty, truncated, not HDF5, an HDF5 file that is neither a ShardMD trajectory nor a
@@ -17,22 +18,22 @@ from pathlib import Path
 import h5py
 
 from .errors import UserError
-from .h5md_read import _reading
+from .h5md_read import _reading, open_unlocked
 from .safe_io import check_output_path, output_error
 
 
 def _open_kind(path: str) -> str:
     p = Path(path)
     if p.is_dir():
-        raise UserError(f"{path!r} is a directory; give a trajectory (.h5) or a checkpoint file")
+        raise UserError(f"{path!r} is a directory; give a trajectory (.h5/.h5md) or a checkpoint file")
     if not p.is_file():
         raise UserError(f"{path!r}: no such file")
     if p.stat().st_size == 0:
-        raise UserError(f"{path!r} is an empty file (0 bytes); give a trajectory (.h5) or a checkpoint")
+        raise UserError(f"{path!r} is an empty file (0 bytes); give a trajectory (.h5/.h5md) or a checkpoint")
     if not h5py.is_hdf5(p):
-        raise UserError(f"{path!r} is not an HDF5 file; give a trajectory (.h5) or a checkpoint")
+        raise UserError(f"{path!r} is not an HDF5 file; give a trajectory (.h5/.h5md) or a checkpoint")
     with _reading(path, "ShardMD trajectory or checkpoint"):  # truncated or damaged: one line
-        with h5py.File(p, "r", locking=False) as f:
+        with open_unlocked(str(p)) as f:
             if f.attrs.get("kind") == "shardmd-checkpoint":
                 return "checkpoint"
             if "particles" in f:
@@ -152,13 +153,13 @@ def plot(path: str, out: str) -> str:
 
 
 def convert(path: str, out: str) -> str:
-    """Write every frame of an H5MD trajectory to ``out`` in any format ASE writes."""
-    if _open_kind(path) != "trajectory":
-        raise UserError(f"{path!r} is a checkpoint; convert a trajectory file")
+    """Write every frame of an H5MD trajectory, or the one structure of a restart checkpoint,
+    to ``out`` in any format ASE writes (ASE units; see :mod:`shardmd.engine.ase_io`)."""
+    kind = _open_kind(path)
     from ase.io import write
     from ase.io.formats import filetype, ioformats
 
-    from .h5md import read_frames
+    from .ase_io import iter_structures
 
     check_output_path(out, "output")
     try:
@@ -168,8 +169,10 @@ def convert(path: str, out: str) -> str:
                         "give an extension such as .extxyz or .traj") from None
     if fmt not in ioformats or not ioformats[fmt].can_write:
         raise UserError(f"ASE cannot write the format {fmt!r} of {out!r}; use e.g. .extxyz or .traj")
-    frames = read_frames(path)
+    with _reading(path):   # the checkpoint reader checks every field; a trajectory's frames count
+        frames = list(iter_structures(path))
     if not frames:
         raise UserError(f"{path!r} holds no frames")
     _write_atomically(out, lambda tmp: write(tmp, frames, format=fmt), f"{fmt!r}")
-    return f"wrote {len(frames)} frames to {out}"
+    what = "the checkpoint's structure" if kind == "checkpoint" else f"{len(frames)} frames"
+    return f"wrote {what} to {out}"

@@ -1,4 +1,5 @@
-"""Initial systems: a structure file (anything ASE reads) or a lattice builder; velocities.
+"""Initial systems: a structure file (anything ASE reads, or a frame of ShardMD's own H5MD
+trajectory or a restart checkpoint) or a lattice builder; velocities.
 
 Atom ids are the atoms' order in the file or builder (0-based).  Thermal velocities come from
 the counter-based generator keyed by (seed, atom id): they never depend on memory order.
@@ -38,18 +39,59 @@ def build_atoms(system_cfg):
     return atoms
 
 
+def read_own_file(path: str, index: int = -1):
+    """Frame ``index`` of a ShardMD trajectory (committed frames; negative counts from the
+    end), or the state of a restart checkpoint (index 0 or -1), as ``ase.Atoms`` in ASE units
+    (:mod:`shardmd.engine.ase_io`).  One-line UserError for an index out of range, a file
+    without frames, an HDF5 file that is not ours, a truncated or damaged file."""
+    from .ase_io import count_structures, iter_structures
+
+    try:
+        kind, n = count_structures(path)
+    except UserError as exc:
+        raise UserError(f"system.file: {exc.one_line()}") from None
+    if n == 0:
+        raise UserError(f"system.file={path!r} is a trajectory without frames (its run wrote none); "
+                        "give a trajectory with frames, a checkpoint or a structure file")
+    if not -n <= index < n:
+        what = "one structure" if kind == "checkpoint" else f"{n} frame{'s' if n > 1 else ''}"
+        raise UserError(f"system.index={index} is out of range: {path!r} holds {what}; give 0..{n - 1} "
+                        f"or -{n}..-1 (-1: the last)")
+    try:
+        return next(iter_structures(path, slice(index % n, index % n + 1)))
+    except UserError as exc:
+        raise UserError(f"system.file: {exc.one_line()}") from None
+
+
 def read_structure(path: str, index: int = -1):
     from ase.io import read
 
     p = Path(path)
     if not p.is_file():
         raise UserError(f"system.file={path!r}: no such file")
+    if _is_hdf5(p):   # our trajectories and checkpoints: read here, with our checks and messages
+        return _checked(path, read_own_file(str(p), int(index)))
     try:
         atoms = read(str(p), index=index)
     except Exception as exc:  # noqa: BLE001 - any failure becomes one line
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise UserError(f"system.file={path!r}: ASE cannot read it ({first}); give a structure "
                         "file such as .extxyz, .cif or POSCAR") from None
+    return _checked(path, atoms)
+
+
+def _is_hdf5(p: Path) -> bool:
+    """HDF5's 8-byte signature at offset 0 (where ShardMD's files have it; HDF5 also allows a
+    user block, whose files then go to ASE's readers as before)."""
+    try:
+        with open(p, "rb") as fh:
+            return fh.read(8) == b"\x89HDF\r\n\x1a\n"
+    except OSError:
+        return False
+
+
+def _checked(path: str, atoms):
+    """Refuse a structure without atoms or with a periodic axis that has no cell vector."""
     if len(atoms) == 0:
         raise UserError(f"system.file={path!r} holds no atoms")
     pbc = np.asarray(atoms.pbc)
@@ -89,6 +131,9 @@ def initial_state(cfg, dtype: torch.dtype, device, dof_of, zero_momentum: bool) 
     dof_of: callable n_atoms -> degrees of freedom (from the integrator)
     """
     s = cfg.system
+    if s.get("file") and cfg.get("output") and Path(s.file).resolve() == Path(cfg.output).resolve():
+        raise UserError(f"system.file={s.file!r} is also this run's output: the run would overwrite the "
+                        "structure it starts from; give another output= (or copy the file)")
     atoms = build_atoms(s)
     state = State.from_atoms(atoms, dtype=dtype, device=device)
     has_v = bool(np.any(atoms.get_velocities() != 0)) if atoms.has("momenta") else False
