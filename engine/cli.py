@@ -1,23 +1,42 @@
 """Command line: ``python -m engine run key=value ...`` (also ``shardmd run ...``).
 
-Bad input prints one line, ``error: <what is wrong and how to fix it>``, and exits with 2.
+``run`` is a Hydra application: Hydra parses the command line (its own parser, its flags),
+composes the configuration from the schema (engine/config_schema.py) and runs the job, or
+with ``-m`` one job per combination of swept values, each in its own folder, one after
+another.  A job whose ``domains`` asks for more ranks than the process has starts them itself
+(engine/parallel.py) and waits for them before the next job starts.
+
+Bad input prints one line, ``error: <what is wrong and how to fix it>``, and exits with 2;
+everything a run can meet is checked before the first job starts.
 """
 from __future__ import annotations
 
+import functools
 import os
 import sys
 
 USAGE = """\
-usage: python -m engine run [key=value ...]
+usage: python -m engine run [key=value ...] [-m] [--cfg job] [--config-path DIR --config-name NAME]
        python -m engine info FILE.h5          what a trajectory or checkpoint holds
        python -m engine plot FILE.h5 OUT.png  energies, temperature, pressure vs time
        python -m engine convert RUN.h5 OUT    frames to extxyz, .traj or any ASE format
-       python -m engine --help
+       python -m engine --help | --version
 
 Run molecular dynamics.  Keys may be written with or without a leading '+'
 (model=lj and +model=lj are the same).  Example:
 
   python -m engine run model=lj steps=2000 integrator=langevin temperature=120
+
+Hydra's command line:
+  -m, --multirun     one job per combination of swept values, one after another:
+                     temperature=100,200 -m runs two, in multirun/<date>/<time>/<job>/
+                     (under sbatch --array=0-1, array task K runs job K only)
+  --cfg job          print the composed configuration and exit (also: hydra, all; --resolve)
+  --config-path DIR --config-name NAME
+                     start from a YAML file of yours (config=FILE.yaml is the same; README)
+  hydra.run.dir=DIR  the run's folder: a relative output= is written there (default: .)
+  ~key               remove an optional key (set it to null) or one entry of a map
+  --info, --hydra-help, --version
 
 Keys (default, meaning):
 """
@@ -29,11 +48,22 @@ def _help() -> str:
     return USAGE + help_text() + "\n"
 
 
+def version() -> str:
+    import hydra
+
+    from . import __version__
+
+    return f"shardmd {__version__} (hydra-core {hydra.__version__}, Python {sys.version.split()[0]})"
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help", "help"):
         sys.stdout.write(_help())
         return 0 if argv else 2
+    if argv[0] in ("--version", "version"):
+        print(version())
+        return 0
     cmd, args = argv[0], argv[1:]
     if any(a in ("-h", "--help") for a in args):
         sys.stdout.write(_help())
@@ -73,18 +103,209 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
+# -- run: Hydra's command line ------------------------------------------------------------------------
+#: Hydra flags that make no sense for an installed engine (no shell-completion plugin, no .hydra/ pickles)
+_REFUSED = {"shell_completion": "--shell-completion", "experimental_rerun": "--experimental-rerun"}
+
+
+class _Raised:
+    """An exception a run raised, carried out of Hydra (which would print its own line first)."""
+
+    def __init__(self, exc: Exception):
+        self.exc = exc
+
+
+class _Stopped(BaseException):
+    """A sweep job stopped by a signal (exit 75) or interrupted: the sweep stops too.
+    A BaseException, so that Hydra's launcher does not go on to the next job."""
+
+    def __init__(self, code: int):
+        super().__init__(code)
+        self.code = code
+
+
+def _parser():
+    from hydra._internal.utils import get_args_parser
+
+    from .errors import UserError
+
+    parser = get_args_parser()
+
+    def fail(message: str):
+        raise UserError(f"{message}; see python -m engine --help")
+
+    parser.error = fail
+    return parser
+
+
 def _run(args: list[str]) -> int:
-    from .config import compose_config
+    from pathlib import Path
+
+    from hydra._internal.hydra import Hydra
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.types import RunMode
+
+    from .config import job_config, load, normalize_overrides, search_path, split_config_file
+    from .errors import UserError
+
+    if "--version" in args:
+        print(version())
+        return 0
+    parser = _parser()
+    ns = parser.parse_intermixed_args(args)
+    for attr, flag in _REFUSED.items():
+        if getattr(ns, attr):
+            raise UserError(f"{flag} is not supported by python -m engine")
+    file, rest = split_config_file(ns.overrides)
+    if file is not None and (ns.config_path or ns.config_name):
+        raise UserError("give config=FILE.yaml or --config-path/--config-name, not both")
+    # a relative --config-path is the working directory's (Hydra's own is the app's source file's)
+    config_dir = file.parent.resolve() if file else Path(ns.config_path).resolve() if ns.config_path else None
+    if config_dir is not None and not config_dir.is_dir():
+        raise UserError(f"--config-path={ns.config_path}: no such folder")
+    extra = (Path(ns.config_dir).resolve(),) if ns.config_dir else ()
+    if extra and not extra[0].is_dir():
+        raise UserError(f"--config-dir={ns.config_dir}: no such folder")
+    name = file.stem if file else ns.config_name or "config"
+    # what ranks started for a job are given, besides the job's own overrides
+    flags = [*([f"--config-path={config_dir}"] if config_dir else []),
+             *([f"--config-name={name}"] if config_dir or ns.config_name else []),
+             *([f"--config-dir={extra[0]}"] if extra else [])]
+    overrides = normalize_overrides(rest)
+
+    GlobalHydra.instance().clear()
+    hydra = Hydra.create_main_hydra2(task_name="shardmd", config_search_path=search_path(config_dir, extra))
+    try:
+        if ns.hydra_help:
+            hydra.hydra_help(config_name=name, args_parser=parser, args=ns)
+            return 0
+        if ns.info:
+            hydra.show_info(ns.info, config_name=name, overrides=overrides)
+            return 0
+        if ns.cfg:
+            if ns.multirun:
+                raise UserError("--cfg prints one job's configuration: drop -m")
+            job_config(load(hydra.config_loader, name, overrides))
+            hydra.show_cfg(config_name=name, overrides=overrides, cfg_type=ns.cfg, package=ns.package,
+                           resolve=ns.resolve)
+            return 0
+        if ns.resolve:
+            raise UserError("--resolve goes with --cfg")
+        mode = load(hydra.config_loader, name, overrides, multirun=True).hydra.mode
+        task = functools.partial(_job, flags=flags)
+        if ns.multirun or mode == RunMode.MULTIRUN:
+            return _sweep(hydra, name, overrides + ([] if mode == RunMode.MULTIRUN else ["hydra.mode=MULTIRUN"]),
+                          task)
+        overrides += [] if mode == RunMode.RUN else ["hydra.mode=RUN"]
+        job_config(load(hydra.config_loader, name, overrides))   # every error before the job starts
+        result = hydra.run(config_name=name, task_function=task, overrides=overrides).return_value
+        if isinstance(result, _Raised):
+            raise result.exc
+        return result
+    finally:
+        GlobalHydra.instance().clear()
+
+
+def _sweep(hydra, name: str, overrides: list[str], task) -> int:
+    """Check every job's configuration, then let Hydra's sweeper and launcher run them."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from omegaconf import OmegaConf
+
+    from .config import composition_error, job_config, load
+    from .errors import UserError
+    from .parallel import env_rank, under_launcher
+
+    master = load(hydra.config_loader, name, overrides, multirun=True)
+    jobs = None
+    if master.hydra.sweeper._target_ == f"{BasicSweeper.__module__}.BasicSweeper":
+        params = [f"{k}={v}" for k, v in (master.hydra.sweeper.params or {}).items()]
+        args = params + OmegaConf.to_container(master.hydra.overrides.task)
+        parsed = OverridesParser.create(config_loader=hydra.config_loader).parse_overrides(args)
+        jobs = [job for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
+        for job in jobs:
+            try:
+                cfg = hydra.config_loader.load_sweep_config(master, list(job))
+            except Exception as exc:  # noqa: BLE001 - as in config.load: one line whatever Hydra raises
+                raise composition_error(exc, list(job)) from None
+            job_config(cfg)
+    array = os.environ.get("SLURM_ARRAY_TASK_ID")
+    if array is not None and jobs is not None and not (array.isdigit() and int(array) < len(jobs)):
+        raise UserError(f"SLURM array task {array} has no job: the sweep has {len(jobs)} "
+                        f"(submit it with --array=0-{len(jobs) - 1})")
+    if under_launcher() and "SLURM_ARRAY_JOB_ID" not in os.environ \
+            and not any(o.startswith("hydra.sweep.dir=") for o in overrides):
+        raise UserError("a sweep under mpiexec/srun needs one folder for all ranks: give hydra.sweep.dir=DIR "
+                        "(or submit it as a SLURM array)")
+    try:
+        returns = hydra.multirun(config_name=name, task_function=task, overrides=overrides)
+    except _Stopped as stop:
+        return stop.code
+    codes = [(r.hydra_cfg.hydra.job.num, r.return_value) for batch in returns for r in batch]
+    failed = [(num, code) for num, code in codes if code]
+    if failed and env_rank() == 0:
+        sys.stderr.write(f"error: {len(failed)} of {len(codes)} jobs failed: "
+                         + ", ".join(f"job {num} (exit {code})" for num, code in failed)
+                         + f"; outputs in {master.hydra.sweep.dir}\n")
+    return failed[0][1] if failed else 0
+
+
+def job_output(output: str, output_dir: str) -> str:
+    """``output`` inside the job's folder (unless absolute), relative to the working directory."""
+    rel = os.path.relpath(output_dir)
+    return output if os.path.isabs(output) or rel == os.curdir else os.path.join(rel, output)
+
+
+def _job(cfg, flags: list[str]) -> int | None:
+    """Hydra's task function: one job (a run, or one of a sweep's)."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    from .config import hydra_value, validate
+    from .errors import UserError
+    from .parallel import env_rank
+
+    hc = HydraConfig.get()
+    sweep = hc.mode == RunMode.MULTIRUN
+    array = os.environ.get("SLURM_ARRAY_TASK_ID") if sweep else None
+    if array is not None and int(array) != hc.job.num:
+        return None   # another array task's job
+    overrides = list(hc.overrides.task)
+    cfg.output = job_output(cfg.output, hc.runtime.output_dir)
+    rank_args = [*flags, *overrides, f"output={hydra_value(cfg.output)}", "hydra.run.dir=."]
+    explicit_domains = any(o.lstrip("+").split("=")[0] == "domains" for o in overrides)
+    if not sweep:
+        try:
+            validate(cfg)
+            return _run_config(cfg, rank_args, explicit_domains)
+        except Exception as exc:  # noqa: BLE001 - raised again by _run, outside Hydra
+            return _Raised(exc)
+    if env_rank() == 0 and not cfg.quiet:
+        print(f"job {hc.job.num}: {' '.join(overrides)} -> {cfg.output}", flush=True)
+    try:
+        validate(cfg)
+        code = _run_config(cfg, rank_args, explicit_domains)
+    except UserError as exc:
+        if env_rank() == 0:
+            sys.stderr.write(f"error: job {hc.job.num}: {exc.one_line()}\n")
+        code = exc.exit_code
+    except KeyboardInterrupt:
+        raise _Stopped(130) from None
+    if code in (75, 130):
+        raise _Stopped(code)
+    return code
+
+
+def _run_config(cfg, rank_args: list[str], explicit_domains: bool) -> int:
+    """One run: here, on ranks this process starts (``domains`` > 1), or on the launcher's."""
     from .parallel import env_size, launch_self, under_launcher
     from .preflight import check_domains, check_outputs
 
-    cfg = compose_config(args)
     check_outputs(cfg)
-    explicit_domains = any(a.lstrip("+").startswith("domains=") for a in args)
     if not under_launcher():
         if cfg.domains > 1:
             check_domains(cfg, local=True)   # before starting any rank
-            return launch_self(int(cfg.domains), ["run", *args])
+            return launch_self(int(cfg.domains), ["run", *rank_args])
         return _run_ranks(cfg)
     size = env_size()
     if explicit_domains and cfg.domains != size:
@@ -102,7 +323,9 @@ def _run_ranks(cfg) -> int:
 
     from shardmd.domain.comm import init_comm, shutdown
 
+    from .config import echo_line
     from .errors import UserError
+    from .reporting import config_echo
     from .simulation import Simulation
 
     if os.environ.get("SHARDMD_SELF_LAUNCHED"):
@@ -112,7 +335,8 @@ def _run_ranks(cfg) -> int:
     comm = init_comm(cfg.device) if cfg.domains > 1 else None
     code = 0
     try:
-        sim = Simulation(cfg, comm=comm)
+        with config_echo(echo_line(cfg)):   # the log's first line (rank 0's reporter)
+            sim = Simulation(cfg, comm=comm)
         sim.run()
         code = sim.exit_code
     except UserError as exc:

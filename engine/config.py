@@ -1,16 +1,27 @@
-"""Run configuration: normalise command-line spellings, compose with Hydra, validate.
+"""Run configuration: users' spellings in, a composed and checked ``DictConfig`` out.
 
-Users type ``model=lj`` and ``+model=lj``, ``domains=8`` and ``+domains=8``; Hydra's grammar
-accepts only one of each.  ``normalize_overrides`` rewrites every spelling into the one Hydra
-needs, and rejects unknown keys with the closest valid key.  ``compose_config`` uses Hydra's
-compose API (no ``@hydra.main``: no working-directory change, no output folders).
-``validate`` checks every value and raises a one-line :class:`UserError`.
+The keys, types, defaults and help texts are the dataclasses of ``engine/config_schema.py``
+(registered with Hydra's ConfigStore); everything here is derived from them: ``KEYS`` (the key
+table), ``help_text`` (``--help``), ``readme_table`` (README's table, checked by a test),
+``validate`` (each key's check), and the one-line errors.
+
+Users type ``model=lj`` and ``+model=lj``, ``domains=8`` and ``+domains=8``, ``~grid``;
+``normalize_overrides`` rewrites each into the one spelling Hydra needs (groups and schema keys
+plain, per-species map entries with ``++``, ``~key`` of an optional key as ``key=null``) and
+refuses unknown keys with the closest valid key.  Sweeps (``temperature=100,200``) pass
+through for ``-m``.  ``compose_config`` composes with Hydra's config loader (no global state,
+no output folders) and validates; the command line (engine/cli.py) runs Hydra's own run and
+multirun on the same overrides.
 """
 from __future__ import annotations
 
+import dataclasses
 import difflib
-import math
+import os
 import re
+import shlex
+import typing
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -18,85 +29,135 @@ from omegaconf import DictConfig, OmegaConf
 
 import shardmd.configs as _configs
 
+from . import config_schema as schema
 from .errors import UserError
 
+#: the folder of the shipped primary config (config.yaml: the schema's defaults, nothing else)
 CONFIG_DIR = Path(_configs.__file__).resolve().parent
-GROUPS = ("model", "integrator")
-#: groups present in the defaults list (override without '+'); the others need '+'
-DEFAULT_GROUPS = ("integrator",)
-#: keys whose values are maps with free keys (e.g. per-element parameters)
-OPEN_MAPS = ("model.epsilon", "model.sigma", "model.pairs")
+GROUPS = tuple(schema.GROUPS)
 
-#: every key users may set: (default shown in help, description).  README documents the same.
-KEYS: dict[str, tuple[str, str]] = {
-    "model": ("(required)", "model to run: " + "|".join(sorted(p.stem for p in (CONFIG_DIR / "model").glob("*.yaml")))),
-    "integrator": ("verlet", "verlet (NVE) | langevin (BAOAB)"),
-    "domains": ("1", "spatial domains = MPI ranks; under mpirun defaults to the launcher's rank count"),
-    "grid": ("null", "domain grid [Px,Py,Pz] with Px*Py*Pz = domains; null = least ghost volume"),
-    "steps": ("1000", "total step number to reach"),
-    "dt": ("1.0", "time step in fs"),
-    "temperature": ("100.0", "K: initial Maxwell-Boltzmann velocities and the Langevin target"),
-    "seed": ("12345", "keys initial velocities and Langevin noise (counter-based, per atom id)"),
-    "precision": ("float64", "float64 | float32"),
-    "device": ("cpu", "cpu | cuda | cuda:N"),
-    "threads": ("0", "torch CPU threads per rank; 0 = all cores (1 per rank under MPI)"),
-    "output": ("run.h5", "H5MD trajectory file; the log file goes beside it (.log)"),
-    "quiet": ("false", "no progress bar or thermo table on the terminal (the log keeps them)"),
-    "overwrite": ("false", "a fresh run may replace an existing output file"),
-    "restart.file": ("null",
-                     "checkpoint to continue from (restart=PATH is the same); auto = newest beside output, else fresh"),
-    "restart.allow_changes": ("false", "allow model/dt/integrator/temperature/seed/precision to differ on restart"),
-    "checkpoint.every": ("1000", "steps between restart checkpoints (0: only at the end and on signals)"),
-    "checkpoint.keep": ("3", "newest checkpoints kept in <output>.ckpt/"),
-    "system.file": ("null", "any ASE-readable structure file; overrides the lattice builder"),
-    "system.index": ("-1", "frame of a multi-frame structure file"),
-    "system.lattice": ("fcc", "builder lattice: fcc | bcc | sc | hcp | diamond"),
-    "system.element": ("Ar", "builder element symbol"),
-    "system.a": ("5.26", "builder lattice constant, Å"),
-    "system.repeat": ("[10,10,10]", "builder repeats of the cubic (or hcp) cell"),
-    "system.pbc": ("[true,true,true]", "periodic axes (builder; files keep their own pbc)"),
-    "system.velocities": ("auto", "auto (file's if present, else thermal) | thermal | file | zero"),
-    "neighbor.skin": ("1.0", "Å added to the model cutoff for the Verlet list"),
-    "neighbor.every": ("1", "check the skin criterion every N steps"),
-    "neighbor.check": ("true", "false: rebuild every `neighbor.every` steps unconditionally"),
-    "neighbor.deferred": ("auto", "read the skin check back only at scheduled steps, replaying "
-                          "a window that missed a rebuild: auto (on CUDA) | true | false"),
-    "neighbor.deferred_max": ("50", "most steps between deferred read-backs"),
-    "neighbor.pipelined": ("auto", "post the deferred check's scheduled reads and settle them a step "
-                           "later, so the GPU queue never drains: auto (on CUDA) | true | false"),
-    "neighbor.sort": ("spatial", "atoms' memory order, set at every rebuild: spatial (neighbour-grid bins, "
-                      "fast kernels) | id | none"),
-    "health.max_step": ("1.0", "Å: an atom drifting farther in one step (|v| dt) stops the run (exit 3)"),
-    "health.min_distance": ("0.5", "Å: atoms closer at the start are refused; 0 allows close contacts"),
-    "trajectory.every": ("100", "steps between trajectory frames (0: none)"),
-    "trajectory.fields": ("[position,image,velocity,force]", "per-atom fields written to each frame"),
-    "thermo.every": ("100", "steps between thermo lines (0: first and last only)"),
-    "thermo.progress": ("true", "progress bar with steps/s, ns/day and ETA"),
-    "model.epsilon": ("{Ar: 0.0104}", "lj: per-species epsilon, eV"),
-    "model.sigma": ("{Ar: 3.40}", "lj: per-species sigma, Å"),
-    "model.cutoff": ("8.5", "lj: cutoff, Å"),
-    "model.shift": ("true", "lj: shift the energy to zero at the cutoff"),
-    "model.mixing": ("lorentz-berthelot", "lj: lorentz-berthelot | geometric"),
-    "model.pairs": ("{}", "lj: explicit pair parameters {A-B: {epsilon, sigma}}"),
-    "model.checkpoint": ("null", "mace: path to a mace-torch model file (default: shipped Cu model)"),
-    "model.dtype": ("null", "mace: float32 | float64 (default: precision)"),
-    "model.cueq": ("auto", "mace: cuEquivariance kernels: auto (on CUDA when installed) | true | false"),
-    "model.trust_pickle": ("false", "mace: unpickle a model file outside the safe loader's allow-list "
-                           "(runs any code the file holds: only for files you trust)"),
-    "model.cuda_graph": ("auto", "mace: replay the call as a CUDA graph between neighbour rebuilds "
-                         "(one domain on CUDA): auto (up to 50,000 atoms) | true | false"),
-    "integrator.friction": ("0.01", "langevin: friction gamma in 1/fs"),
-}
 
-_OVERRIDE = re.compile(r"^(?P<prefix>\+\+|\+|~)?(?P<key>[A-Za-z_][\w.\-]*)(?:=(?P<value>.*))?$", re.S)
+def hydra_value(v: Any, spaced: bool = False) -> str:
+    """``v`` as a command-line value Hydra reads back (``spaced``: as the README shows maps)."""
+    if OmegaConf.is_config(v):
+        v = OmegaConf.to_container(v, resolve=True)
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if isinstance(v, (list, tuple)):
+        return "[" + ",".join(hydra_value(x) for x in v) + "]"
+    if isinstance(v, dict):
+        sep = ": " if spaced else ":"
+        return "{" + (", " if spaced else ",").join(f"{k}{sep}{hydra_value(x, spaced)}" for k, x in v.items()) + "}"
+    s = str(v)
+    if re.fullmatch(r"[A-Za-z_/.][\w./@%+\-]*", s) and s.lower() not in ("null", "true", "false", "inf", "nan"):
+        return s
+    return "'" + s.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+# -- the key table, from the dataclasses ---------------------------------------------------------
+@dataclass(frozen=True)
+class KeyInfo:
+    path: str
+    default: Any
+    help: str
+    check: schema.Check | None
+    #: group choices that have this key, e.g. ("model=lj",); empty: every run has it
+    owners: tuple[str, ...] = ()
+    optional: bool = False   # may be null: ``~key`` resets it
+    open_map: bool = False   # a map with free keys (per-species parameters)
+
+
+def _default(f: dataclasses.Field) -> Any:
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    return f.default_factory() if f.default_factory is not dataclasses.MISSING else None
+
+
+def _walk(cls: type, prefix: str = "", owner: str = ""):
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        if f.name in ("defaults", "name") or f.name in GROUPS and not prefix:
+            continue
+        t, path = hints[f.name], prefix + f.name
+        if dataclasses.is_dataclass(t):
+            yield from _walk(t, path + ".", owner)
+            continue
+        args = typing.get_args(t)
+        yield KeyInfo(path, _default(f), f.metadata.get("help", ""), f.metadata.get("check"),
+                      (owner,) if owner else (), optional=type(None) in args,
+                      open_map=typing.get_origin(t) is dict)
+
+
+def _schema() -> dict[str, KeyInfo]:
+    out = {k.path: k for k in _walk(schema.ShardMD)}
+    for group, options in schema.GROUPS.items():
+        for name, cls in options.items():
+            for k in _walk(cls, group + ".", f"{group}={name}"):
+                out[k.path] = dataclasses.replace(k, owners=out[k.path].owners + k.owners) if k.path in out else k
+    return out
+
+
+SCHEMA: dict[str, KeyInfo] = _schema()
 
 
 def group_options(group: str) -> list[str]:
-    return sorted(p.stem for p in (CONFIG_DIR / group).glob("*.yaml"))
+    return sorted(schema.GROUPS[group])
 
 
+def _default_choices() -> dict[str, str | None]:
+    out = {}
+    for item in schema.ShardMD().defaults:
+        if isinstance(item, dict):
+            (group, choice), = item.items()
+            out[group] = None if choice == "???" else choice
+    return out
+
+
+DEFAULT_CHOICES = _default_choices()
+
+
+def _group_help(group: str) -> str:
+    text = f"{schema.GROUP_HELP[group]}: " + ", or ".join(
+        f"{name} ({cls.__doc__.strip()})" for name, cls in schema.GROUPS[group].items())
+    for (g, choice), changes in schema.GROUP_DEFAULTS.items():
+        if g == group:
+            text += f"; {group}={choice} also sets " + " ".join(f"{k}={hydra_value(v)}" for k, v in _flat(changes))
+    return text
+
+
+def _flat(node: Any, prefix: str = ""):
+    """(dotted key, value) leaves of a plain mapping, OmegaConf maps and lists kept whole."""
+    for k, v in node.items():
+        if isinstance(v, dict) and f"{prefix}{k}" not in OPEN_MAPS:
+            yield from _flat(v, f"{prefix}{k}.")
+        else:
+            yield f"{prefix}{k}", v
+
+
+OPEN_MAPS = tuple(k for k, info in SCHEMA.items() if info.open_map)
+
+
+def _default_text(info: KeyInfo) -> str:
+    return hydra_value(info.default, spaced=True)
+
+
+#: every key users may set: (default shown in help, description)
+KEYS: dict[str, tuple[str, str]] = {
+    **{g: ("(required)" if DEFAULT_CHOICES.get(g) is None else DEFAULT_CHOICES[g], _group_help(g)) for g in GROUPS},
+    **{k: (_default_text(i), (", ".join(o.split("=")[1] for o in i.owners) + ": " if i.owners else "") + i.help)
+       for k, i in SCHEMA.items()},
+}
+#: keys ``~key`` may remove (reset to null), and maps whose single entries it may remove
+REMOVABLE = tuple(k for k, i in SCHEMA.items() if i.optional)
+
+
+# -- users' spellings -> Hydra overrides ----------------------------------------------------------
 def _closest(key: str) -> str:
-    candidates = list(KEYS)
+    candidates = [*GROUPS, *SCHEMA]
     best = difflib.get_close_matches(key, candidates, n=1, cutoff=0.5)
     if not best:
         leaf = key.split(".")[-1]
@@ -106,178 +167,253 @@ def _closest(key: str) -> str:
     return f"; did you mean '{best[0]}'?" if best else "; see `python -m engine --help` for the keys"
 
 
-def normalize_overrides(args: list[str]) -> list[str]:
-    """Rewrite users' spellings into Hydra overrides; reject unknown keys (one line)."""
-    out: list[str] = []
-    chosen: dict[str, str] = {}
-    for arg in args:
-        m = _OVERRIDE.match(arg.strip())
-        if not m or m.group("value") is None:
-            raise UserError(f"cannot read argument {arg!r}: write key=value, e.g. steps=1000")
-        key, value = m.group("key"), m.group("value")
-        if m.group("prefix") == "~":
-            raise UserError(f"'{arg}': deleting keys is not supported; set {key}=... instead")
-        if key == "restart":  # shorthand: restart=PATH|auto (also +restart=..., never a silent fresh start)
-            key = "restart.file"
-        if key in GROUPS:
-            options = group_options(key)
-            if value not in options:
-                raise UserError(f"{key}={value!r} is not available; choose one of: {', '.join(options)}")
-            chosen[key] = value
-            continue
-        out.append((key, value))
-    overrides = [f"{'' if g in DEFAULT_GROUPS else '+'}{g}={v}" for g, v in chosen.items()]
-    for key, value in out:
-        if key in KEYS:
-            group = key.split(".")[0]
-            if group in GROUPS and group not in chosen and group not in DEFAULT_GROUPS:
-                raise UserError(f"'{key}' needs a model: add model=<{'|'.join(group_options(group))}>")
-            overrides.append(f"{key}={value}")
-        elif any(key.startswith(p + ".") for p in OPEN_MAPS):
-            overrides.append(f"++{key}={value}")
+def _map_of(key: str) -> str | None:
+    """The open map ``key`` is an entry of (``model.epsilon.Kr`` -> ``model.epsilon``)."""
+    return next((m for m in OPEN_MAPS if key.startswith(m + ".")), None)
+
+
+def _removable_text() -> str:
+    return (", ".join(REMOVABLE) + ", and single entries of " + ", ".join(OPEN_MAPS)
+            + (f" (e.g. ~{OPEN_MAPS[0]}.Kr)" if OPEN_MAPS else ""))
+
+
+def split_config_file(args: list[str]) -> tuple[Path | None, list[str]]:
+    """``config=FILE.yaml`` (a config file of the user's, see README) and the other arguments."""
+    rest, found = [], None
+    for a in args:
+        if re.match(r"^\+{0,2}config=", a):
+            found = Path(a.split("=", 1)[1]).expanduser()
+            if found.suffix not in (".yaml", ".yml") or not found.is_file():
+                raise UserError(f"config={str(found)!r}: no such file; give a YAML file such as my_run.yaml "
+                                "(README, 'Config files')")
         else:
-            raise UserError(f"unknown config key '{key}'{_closest(key)}")
-    return overrides
+            rest.append(a)
+    return found, rest
 
 
-def compose_config(args: list[str], require_model: bool = True) -> DictConfig:
-    """Normalise ``args`` (key=value strings), compose with Hydra and validate."""
-    from hydra import compose, initialize_config_dir
+def normalize_overrides(args: list[str]) -> list[str]:
+    """Rewrite users' spellings into Hydra overrides; refuse unknown keys (one line)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
 
-    overrides = normalize_overrides(args)
-    if require_model and not any(o.lstrip("+").startswith("model=") for o in overrides):
-        raise UserError(f"no model given: add model=<name>, one of: {', '.join(group_options('model'))}")
+    parser = OverridesParser.create()
+    out: list[str] = []
+    for arg in args:
+        try:
+            o = parser.parse_override(arg)
+        except HydraException as exc:
+            why = str(exc).strip().splitlines()[0] if "=" in arg or arg.startswith("~") else ""
+            raise UserError(f"cannot read argument {arg!r}: {why + '; ' if why else ''}write key=value, "
+                            "e.g. steps=1000") from None
+        key = o.key_or_group
+        value = arg.split("=", 1)[1] if "=" in arg else None
+        if o.package is not None:
+            raise UserError(f"'{arg}': '@package' overrides are not supported; write key=value")
+        if key == "hydra" or key.startswith(("hydra.", "hydra/")):
+            out.append(arg)   # Hydra's own settings: Hydra checks them
+            continue
+        if key == "restart":  # shorthand: restart=PATH|auto (also +restart=..., never a silent fresh start)
+            key = "restart.file"
+        if o.is_delete():
+            out.append(_delete(arg, key))
+        elif key in GROUPS:
+            options = group_options(key)
+            choices = list(o.sweep_string_iterator()) if o.is_sweep_override() and o.is_discrete_sweep() else \
+                [] if o.is_sweep_override() else [str(o.value())]
+            bad = [c for c in choices if c not in options]
+            if bad:
+                raise UserError(f"{key}={bad[0]!r} is not available; choose one of: {', '.join(options)}")
+            out.append(f"{key}={value}")
+        elif key in OPEN_MAPS or _map_of(key):
+            out.append(f"++{key}={value}")   # a new species is a new key of the map
+        elif key in SCHEMA:
+            out.append(f"{key}={value}")
+        else:
+            raise UserError(f"unknown config key '{key}'{_closest(key)}")
+    return out
+
+
+def _delete(arg: str, key: str) -> str:
+    if key in GROUPS:
+        raise UserError(f"'{arg}': {key} cannot be removed; choose {key}=<{'|'.join(group_options(key))}>")
+    if key in SCHEMA and SCHEMA[key].optional:
+        return f"{key}=null"
+    if _map_of(key):
+        return f"~{key}"
+    if key not in SCHEMA:
+        raise UserError(f"unknown config key '{key}'{_closest(key)}")
+    raise UserError(f"'{arg}': {key} cannot be removed, only set ({key}=...); keys that can be removed: "
+                    f"{_removable_text()}")
+
+
+def _chosen(overrides: list[str], group: str) -> str | None:
+    found = DEFAULT_CHOICES.get(group)
+    for o in overrides:
+        if o.startswith(f"{group}="):
+            found = o.split("=", 1)[1]
+    return found
+
+
+def _wrong_group(key: str, overrides: list[str]) -> str | None:
+    """The message for a key of another group choice (``integrator.friction`` under verlet)."""
+    info = SCHEMA.get(key) or SCHEMA.get(_map_of(key) or "")
+    if info is None or not info.owners:
+        return None
+    group = info.owners[0].split("=")[0]
+    have = _chosen(overrides, group)
+    if have is None and group == "model":
+        return f"'{key}' needs a model: add model=<{'|'.join(group_options(group))}>"
+    now = f" (this run has {group}={have})" if have else ""
+    return f"{key} is a key of {' or '.join(info.owners)} only{now}: add {info.owners[0]}"
+
+
+# -- composing ----------------------------------------------------------------------------------------
+def search_path(config_dir: str | os.PathLike | None = None, extra_dirs: tuple = ()):
+    """Hydra's search path: the primary config's folder (default: the shipped configs/), the
+    schema (structured://), and ``--config-dir`` folders."""
+    from hydra._internal.utils import create_config_search_path
+    from hydra.core.config_search_path import SearchPathQuery
+
+    primary = f"file://{Path(config_dir).resolve()}" if config_dir else "pkg://shardmd.configs"
+    sp = create_config_search_path(primary)
+    for d in extra_dirs:
+        sp.prepend(provider="command-line", path=f"file://{Path(d).resolve()}",
+                   anchor=SearchPathQuery(provider="schema"))
+    return sp
+
+
+def load(loader, config_name: str, overrides: list[str], multirun: bool = False) -> DictConfig:
+    """Compose with Hydra's config loader (the ``hydra`` node kept); errors as one line."""
+    from hydra.types import RunMode
+
     try:
-        with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
-            cfg = compose(config_name="config", overrides=overrides)
-    except HydraException as exc:  # grammar errors, bad value syntax
-        msg = str(exc).strip().splitlines()[0]
-        raise UserError(f"cannot read the overrides: {msg}") from None
+        return loader.load_configuration(config_name=config_name, overrides=list(overrides),
+                                         run_mode=RunMode.MULTIRUN if multirun else RunMode.RUN)
+    except Exception as exc:  # noqa: BLE001 - Hydra and OmegaConf raise many kinds; each becomes one line
+        raise composition_error(exc, overrides) from None
+
+
+def job_config(cfg: DictConfig) -> DictConfig:
+    """The run's config from a loaded one: without Hydra's node, checked."""
+    from omegaconf import open_dict, read_write
+
+    if "hydra" in cfg:
+        cfg = cfg.copy()
+        with read_write(cfg), open_dict(cfg):
+            del cfg["hydra"]
     validate(cfg)
     return cfg
 
 
-# -- validation ---------------------------------------------------------------------
-def _is_int(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
+def compose_config(args: list[str]) -> DictConfig:
+    """Normalise ``args`` (key=value strings; ``config=FILE.yaml`` starts from a file of yours),
+    compose with Hydra and validate."""
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+
+    file, rest = split_config_file(list(args))
+    overrides = normalize_overrides(rest)
+    loader = ConfigLoaderImpl(config_search_path=search_path(file.parent if file else None))
+    return job_config(load(loader, file.stem if file else "config", overrides))
 
 
-def _is_num(v) -> bool:
-    """A finite number (inf and NaN are refused for every float key)."""
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+def composition_error(exc: Exception, overrides: list[str]) -> UserError:
+    """One line for anything Hydra or OmegaConf refuse while composing."""
+    from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ValidationError
+
+    msg = " ".join(str(exc).split())
+    cause = exc.__cause__ or exc.__context__
+    full_key = getattr(cause, "full_key", None) or ""
+    if "You must specify 'model'" in msg:
+        return UserError(f"no model given: add model=<name>, one of: {', '.join(group_options('model'))}")
+    if isinstance(cause, ValidationError) and full_key:
+        key = full_key if full_key in SCHEMA else (_map_of(full_key) or full_key)
+        given = next((o.split("=", 1)[1] for o in reversed(overrides)
+                      if o.lstrip("+~").split("=")[0] in (full_key, key)), getattr(cause, "value", "?"))
+        info = SCHEMA.get(key)
+        fix = info.check.fix if info and info.check and info.check.fix else "see python -m engine --help"
+        return UserError(f"{full_key}={given!r} is invalid: {fix}")
+    if isinstance(cause, (ConfigAttributeError, ConfigKeyError)) and full_key:
+        wrong = _wrong_group(full_key, overrides)
+        if wrong:
+            return UserError(wrong)
+        if _map_of(full_key):
+            m = _map_of(full_key)
+            return UserError(f"{full_key}: not a valid entry of {m}; {SCHEMA[m].check.fix}")
+        return UserError(f"unknown config key '{full_key}'{_closest(full_key)}")
+    if msg.startswith("Ambiguous value for argument"):
+        arg = re.search(r"argument '([^']*)'", msg)
+        return UserError(f"{arg.group(1) if arg else 'a value'} is a sweep: add -m (--multirun) to run one job "
+                         "per value, or write a list as [a,b]")
+    if msg.startswith("Could not delete from config"):
+        k = re.search(r"'([^']*)'", msg)
+        return UserError(f"'~{k.group(1) if k else ''}': there is no such entry to remove")
+    if msg.startswith("Cannot find primary config"):
+        return UserError(f"{msg.split('.')[0]}; give --config-path=DIR --config-name=NAME (or config=FILE.yaml)")
+    return UserError(f"cannot compose the configuration: {msg}")
 
 
-def _need(cond: bool, key: str, value: Any, what: str) -> None:
-    if not cond:
-        raise UserError(f"{key}={value!r} is invalid: {what}")
+# -- checking ----------------------------------------------------------------------------------------
+def _plain(v: Any) -> Any:
+    return OmegaConf.to_container(v, resolve=True) if OmegaConf.is_config(v) else v
+
+
+def _active(cfg: DictConfig) -> set[str]:
+    return {f"{g}={cfg[g].name}" for g in GROUPS if g in cfg and OmegaConf.is_dict(cfg[g]) and "name" in cfg[g]}
 
 
 def validate(cfg: DictConfig) -> None:
     """Check every value; raise a one-line UserError naming the key and the fix."""
-    c = cfg
-    _need(_is_int(c.domains) and c.domains >= 1, "domains", c.domains, "give a whole number >= 1")
-    if c.grid is not None:
-        g = list(c.grid) if OmegaConf.is_list(c.grid) else None
-        _need(g is not None and len(g) == 3 and all(_is_int(x) and x >= 1 for x in g), "grid", c.grid,
-              "give three whole numbers, e.g. [2,2,1]")
-    _need(_is_int(c.steps) and c.steps >= 0, "steps", c.steps, "give a whole number >= 0")
-    _need(_is_num(c.dt) and c.dt > 0, "dt", c.dt, "give a time step > 0 in fs")
-    _need(_is_num(c.temperature) and c.temperature >= 0, "temperature", c.temperature, "give kelvin >= 0")
-    _need(_is_int(c.seed) and 0 <= c.seed < 2**63, "seed", c.seed, "give a whole number >= 0")
-    _need(c.precision in ("float32", "float64"), "precision", c.precision, "use float32 or float64")
-    _need(isinstance(c.device, str) and re.fullmatch(r"cpu|cuda(:\d+)?", c.device) is not None,
-          "device", c.device, "use cpu, cuda or cuda:N")
-    _need(_is_int(c.threads) and c.threads >= 0, "threads", c.threads, "give a whole number >= 0")
-    _need(isinstance(c.output, str) and c.output.strip() != "", "output", c.output, "give a file name")
-    _need(isinstance(c.quiet, bool), "quiet", c.quiet, "use true or false")
-    _need(isinstance(c.overwrite, bool), "overwrite", c.overwrite, "use true or false")
-    _need(c.restart.file is None or (isinstance(c.restart.file, str) and c.restart.file.strip() != ""),
-          "restart.file", c.restart.file, "give a checkpoint path or auto")
-    _need(isinstance(c.restart.allow_changes, bool), "restart.allow_changes", c.restart.allow_changes,
-          "use true or false")
-    _need(_is_int(c.checkpoint.every) and c.checkpoint.every >= 0, "checkpoint.every", c.checkpoint.every,
-          "give a whole number >= 0")
-    _need(_is_int(c.checkpoint.keep) and c.checkpoint.keep >= 1, "checkpoint.keep", c.checkpoint.keep,
-          "give a whole number >= 1")
-    s = c.system
-    if s.file is not None:
-        _need(isinstance(s.file, str), "system.file", s.file, "give a path")
-        if not Path(s.file).is_file():
-            raise UserError(f"system.file={s.file!r}: no such file; give the path of a structure file ASE can read")
-    _need(_is_int(s.index), "system.index", s.index, "give a frame number (-1: last)")
-    _need(s.lattice in ("fcc", "bcc", "sc", "hcp", "diamond"), "system.lattice", s.lattice,
-          "use fcc, bcc, sc, hcp or diamond")
-    from ase.data import atomic_numbers
-    _need(isinstance(s.element, str) and s.element in atomic_numbers, "system.element", s.element,
-          "give an element symbol such as Ar")
-    _need(_is_num(s.a) and s.a > 0, "system.a", s.a, "give a lattice constant > 0 in Å")
-    rep = list(s.repeat) if OmegaConf.is_list(s.repeat) else [s.repeat] * 3
-    _need(len(rep) == 3 and all(_is_int(r) and r >= 1 for r in rep), "system.repeat", s.repeat,
-          "give three whole numbers >= 1, e.g. [10,10,10]")
-    pbc = list(s.pbc) if OmegaConf.is_list(s.pbc) else [s.pbc] * 3
-    _need(len(pbc) == 3 and all(isinstance(p, bool) for p in pbc), "system.pbc", s.pbc,
-          "give three booleans, e.g. [true,true,false]")
-    _need(s.velocities in ("auto", "thermal", "file", "zero"), "system.velocities", s.velocities,
-          "use auto, thermal, file or zero")
-    n = c.neighbor
-    _need(_is_num(n.skin) and n.skin >= 0, "neighbor.skin", n.skin, "give a skin >= 0 in Å")
-    _need(_is_int(n.every) and n.every >= 1, "neighbor.every", n.every, "give a whole number >= 1")
-    _need(isinstance(n.check, bool), "neighbor.check", n.check, "use true or false")
-    _need(n.sort in ("spatial", "id", "none"), "neighbor.sort", n.sort, "use spatial, id or none")
-    _need(n.deferred in ("auto", True, False), "neighbor.deferred", n.deferred, "use auto, true or false")
-    _need(_is_int(n.deferred_max) and n.deferred_max >= 1, "neighbor.deferred_max", n.deferred_max,
-          "give a whole number >= 1")
-    _need(n.get("pipelined", "auto") in ("auto", True, False), "neighbor.pipelined", n.get("pipelined"),
-          "use auto, true or false")
-    h = c.health
-    _need(_is_num(h.max_step) and h.max_step > 0, "health.max_step", h.max_step, "give a distance > 0 in Å")
-    _need(_is_num(h.min_distance) and h.min_distance >= 0, "health.min_distance", h.min_distance,
-          "give a distance >= 0 in Å (0: no check)")
-    t = c.trajectory
-    _need(_is_int(t.every) and t.every >= 0, "trajectory.every", t.every, "give a whole number >= 0")
-    allowed = {"position", "image", "velocity", "force"}
-    fields = list(t.fields) if OmegaConf.is_list(t.fields) else [t.fields]
-    bad = [f for f in fields if f not in allowed]
-    _need(not bad, "trajectory.fields", t.fields, f"unknown field(s) {bad}; use any of {sorted(allowed)}")
-    _need(_is_int(c.thermo.every) and c.thermo.every >= 0, "thermo.every", c.thermo.every,
-          "give a whole number >= 0")
-    _need(isinstance(c.thermo.progress, bool), "thermo.progress", c.thermo.progress, "use true or false")
-    i = c.integrator
-    if i.name == "langevin":
-        _need(_is_num(i.friction) and i.friction >= 0, "integrator.friction", i.friction,
-              "give a friction >= 0 in 1/fs")
-    if "model" in c:
-        _validate_model(c.model)
-
-
-def _validate_model(m: DictConfig) -> None:
-    if m.name == "lj":
-        for key in ("epsilon", "sigma"):
-            v = m[key]
-            ok = _is_num(v) and v > 0 if not OmegaConf.is_dict(v) else all(
-                _is_num(x) and x > 0 for x in v.values())
-            _need(ok, f"model.{key}", OmegaConf.to_container(v) if OmegaConf.is_dict(v) else v,
-                  "give positive numbers per element, e.g. {Ar: 0.0104}")
-        _need(_is_num(m.cutoff) and m.cutoff > 0, "model.cutoff", m.cutoff, "give a cutoff > 0 in Å")
-        _need(isinstance(m.shift, bool), "model.shift", m.shift, "use true or false")
-        _need(m.mixing in ("lorentz-berthelot", "geometric"), "model.mixing", m.mixing,
-              "use lorentz-berthelot or geometric")
-    elif m.name == "mace":
-        _need(m.dtype in (None, "float32", "float64"), "model.dtype", m.dtype, "use float32 or float64")
-        _need(m.get("cueq", "auto") in ("auto", True, False), "model.cueq", m.get("cueq"),
-              "use auto, true or false")
-        _need(isinstance(m.get("trust_pickle", False), bool), "model.trust_pickle", m.get("trust_pickle"),
-              "use true or false")
-        _need(m.get("cuda_graph", "auto") in ("auto", True, False), "model.cuda_graph", m.get("cuda_graph"),
-              "use true, auto or false")
+    top = [k for k in SCHEMA if "." not in k]
+    if any(k not in cfg for k in top) or any(g not in cfg for g in GROUPS):
+        raise UserError("the configuration does not start from ShardMD's keys: a config file of yours needs "
+                        "`defaults: [shardmd, _self_]` at its top (README, 'Config files')")
+    active = _active(cfg)
+    for path, info in SCHEMA.items():
+        if info.owners and not active.intersection(info.owners):
+            continue
+        value = _plain(OmegaConf.select(cfg, path, throw_on_missing=False))
+        fix = info.check(value) if info.check and not (value is None and info.optional) else None
+        if fix:
+            raise UserError(f"{path}={value!r} is invalid: {fix}")
+    for path, _ in _flat(_plain(cfg)):   # keys added with ++ beside the schema (e.g. under another model)
+        info = SCHEMA.get(path)
+        if path in (f"{g}.name" for g in GROUPS) or info and (not info.owners or active.intersection(info.owners)):
+            continue
+        raise UserError(_wrong_group(path, [f"{g}={cfg[g].name}" for g in GROUPS])
+                        or f"unknown config key '{path}'{_closest(path)}")
 
 
 def to_container(cfg: DictConfig) -> dict:
     return OmegaConf.to_container(cfg, resolve=True)
 
 
-def help_text() -> str:
-    width = max(len(k) for k in KEYS)
-    lines = [f"  {k:<{width}}  {d:<18} {desc}" for k, (d, desc) in KEYS.items()]
+# -- what people read --------------------------------------------------------------------------------
+def help_text(width: int = 100) -> str:
+    import textwrap
+
+    kw = max(len(k) for k in KEYS)
+    dw = 18
+    lines = []
+    for k, (d, desc) in KEYS.items():
+        head = f"  {k:<{kw}}  {d:<{dw}} "
+        if len(head) > kw + dw + 5:
+            lines.append(head.rstrip())
+            head = " " * (kw + dw + 5)
+        lines += textwrap.wrap(desc, width, initial_indent=head, subsequent_indent=" " * (kw + dw + 5)) or [head]
     return "\n".join(lines)
+
+
+def readme_table() -> str:
+    """README's key table (tests/test_readme.py checks README holds exactly this)."""
+    rows = ["| key | default | meaning |", "|---|---|---|"]
+    rows += [f"| `{k}` | `{d}` | {desc} |" if not d.startswith("(") else f"| `{k}` | {d} | {desc} |"
+             for k, (d, desc) in KEYS.items()]
+    return "\n".join(rows)
+
+
+def echo_line(cfg: DictConfig) -> str:
+    """The resolved configuration as one line of command-line overrides (the log's first line)."""
+    c = _plain(cfg)
+    parts = [f"{g}={c[g]['name']}" for g in GROUPS if isinstance(c.get(g), dict)]
+    parts += [f"{k}={hydra_value(v)}" for k, v in _flat(c) if k not in (f"{g}.name" for g in GROUPS)]
+    return "Config: " + " ".join(shlex.quote(p) for p in parts)

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import sys
 import time
+from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
 
 from shardmd.integrators.units import EV_PER_A3_TO_BAR
@@ -21,6 +23,22 @@ COLUMNS = (
 )
 
 
+#: the resolved configuration as one line, for the log's top (see ``config_echo``)
+_CONFIG_LINE: ContextVar[str | None] = ContextVar("shardmd_config_line", default=None)
+
+
+@contextmanager
+def config_echo(line: str | None):
+    """Reporters created inside this block write ``line`` (the resolved configuration,
+    engine.config.echo_line) as their log's first line.  One line, so that the log's line
+    count still says how far a run is (tools and tests watch it)."""
+    token = _CONFIG_LINE.set(line)
+    try:
+        yield
+    finally:
+        _CONFIG_LINE.reset(token)
+
+
 def _fmt_duration(s: float) -> str:
     s = max(0, int(round(s)))
     h, rem = divmod(s, 3600)
@@ -32,11 +50,12 @@ class Reporter:
     """Thermo table, progress and log.  Only rank 0 reports (``enabled=False`` elsewhere).
 
     log_path: the log file (every line printed, also in quiet mode); quiet: nothing on the
-    terminal but errors; progress: a progress line on stderr (a live one on a terminal).
+    terminal but errors; progress: a progress line on stderr (a live one on a terminal);
+    config_line: the log's first line, the resolved configuration (default: ``config_echo``'s).
     """
 
     def __init__(self, log_path: str | Path | None, quiet: bool = False, progress: bool = True,
-                 enabled: bool = True, stream=None, log_mode: str = "w"):
+                 enabled: bool = True, stream=None, log_mode: str = "w", config_line: str | None = None):
         self.enabled = enabled
         self.quiet = quiet
         self.progress = progress and not quiet
@@ -46,6 +65,7 @@ class Reporter:
         # opened at the first line, so a run refused before its header leaves no log behind
         self._log_path = Path(log_path) if enabled and log_path else None
         self._log_mode = log_mode
+        self._config_line = config_line if config_line is not None else _CONFIG_LINE.get()
         self._header_done = False
         self._t0 = None
         self._step0 = 0
@@ -67,6 +87,8 @@ class Reporter:
             if self.log is None:
                 self._log_path.parent.mkdir(parents=True, exist_ok=True)
                 self.log = open(self._log_path, self._log_mode, buffering=1)
+                if self._config_line:
+                    self.log.write(self._config_line + "\n")
             self.log.write(text + "\n")
         except OSError as exc:   # a full disk or a vanished folder ends the run (exit 4)
             path, self._log_path = self._log_path, None
