@@ -70,8 +70,8 @@ class Comm:
 
     # Objects (pickled) travel over MPI where it can carry any size: torch's object collectives
     # pickle too, but then move the bytes as tensors through the group (through the GPU with
-    # NCCL). Gathering 1M / 4M atoms of checkpoint fields on 2 CPU ranks: 1.57 / 5.71 s with
-    # torch's gather_object, 0.73 / 1.29 s with mpi4py (scripts/bench_gather.py).
+    # NCCL), a detour that makes checkpoint gathers several times slower (docs/benchmarks.md,
+    # "Gathers for checkpoints and frames over mpi4py").
     def _objects_over_mpi(self) -> bool:
         return self.mpi is not None and _large_messages(self.mpi)
 
@@ -214,8 +214,7 @@ def shutdown(comm: Comm) -> None:
     is freed, and ``destroy_process_group`` alone leaves ours referenced here. A worker still
     alive at interpreter shutdown may release a tensor's Python object then; Python ends that
     thread and the C++ runtime aborts the process ("terminate called without an active
-    exception": 1 run in 40 of a 4-rank ASE script, stack in ProcessGroupGloo::runLoop ->
-    decref_pyobject -> PyEval_AcquireThread -> pthread_exit)."""
+    exception"; how it was found: docs/design.md, "Ending the process group")."""
     if comm.size > 1 and dist.is_initialized():
         dist.barrier(group=comm.group)
         dist.destroy_process_group()

@@ -2,10 +2,9 @@
 
 Between two neighbour rebuilds a model call has fixed shapes: the same points, the same edge
 arrays, a fixed-capacity edge selection. At small sizes its cost on a GPU is the host's: the
-Python and launch work of hundreds of kernels. Measured on one H200 (bare mace-torch forward +
-backward, float32, captured by hand: docs/benchmarks.md): 22-25 ms per call with
-cuEquivariance for 864 to 16,384 atoms, whatever the size; captured as a CUDA graph and
-replayed, 1.5 ms at 864 atoms, 3.5 ms at 4,000, 11 ms at 16,384.
+Python and launch work of hundreds of kernels, about the same whatever the size. Replayed as
+one CUDA graph, that host work is gone (docs/benchmarks.md, "Small MACE systems are bound by
+the host; CUDA graphs").
 
 :class:`GraphedCall` runs ``fn(*inputs) -> dict of tensors`` for a given *owner* (the object
 whose lifetime bounds the shapes, e.g. a neighbour list) and signature:

@@ -6,8 +6,8 @@ lies in the lower (upper) neighbour's slab are sent there with every per-point a
 next axis sweeps what arrived too, so corner moves take two or three hops and only face
 neighbours talk.  A point that jumped further than one domain since the last rebuild is an
 error (it means the time step or skin is far too large).  Hysteresis is 0: points move
-only at rebuild steps, so there is no per-step cost to save, and the ghost width needs no
-extra margin (see docs/design.md).
+only at rebuild steps (docs/design.md, "When to rebuild: the skin check"), so there is no
+per-step cost to save, and the ghost width needs no extra margin.
 
 Received points are appended in (from-upper, from-lower) order after the points that stayed:
 the layout depends only on the data, never on message arrival.

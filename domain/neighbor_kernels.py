@@ -172,9 +172,10 @@ def scan_neighbors(
     neighbours from ``offsets[i]`` on.
     ``write == 2`` (emit packed): the same edges, each as one int64 (:func:`_pack`), for
     :func:`unpack_edges`. Each thread writes its own stretch of the list, so a warp's stores
-    land in 32 places: one 8-byte store per edge instead of four 4-byte ones (the neighbour
-    and the three shift components) took the emit pass from 23 to 10 ms at 4 M points on an
-    H200; the unpacking then writes coalesced.
+    land in 32 places and their number, not their bytes, sets the cost: one 8-byte store per
+    edge instead of four 4-byte ones (the neighbour and the three shift components) is a
+    quarter of the scattered stores (docs/benchmarks.md, "LJ at 4 M atoms"); the unpacking
+    then writes coalesced.
     """
     i = wp.tid()
     h = cell[0]

@@ -11,7 +11,7 @@ handled.
 ``cutoff + skin`` and is rebuilt when some point has moved more than ``skin / 2`` since the
 last build.  The displacement is measured on the positions the caller integrates, which
 the engine never wraps between rebuilds, so a fold through a periodic boundary can never
-hide a move (a bug other engines shipped: see docs/design.md).
+hide a move (a bug other engines shipped: docs/design.md, "State and wrapping").
 """
 from __future__ import annotations
 
@@ -37,7 +37,8 @@ class NeighborList:
     packed:    (E,) int64 or None: the same edges, one word each (:func:`unpack_edges`'s
                format in domain/neighbor_kernels.py), kept by the build when the shifts fit.
                A kernel walking a point's edges in one thread reads one word per edge
-               instead of four: the LJ kernel at 4 M points on an H200, 4.9 -> 2.6 ms.
+               instead of four; on a GPU the number of such scattered reads, not their
+               bytes, sets the cost (docs/benchmarks.md, "LJ at 4 M atoms").
 
     A list may be given its packed edges alone (the build does this): ``neighbors`` and
     ``shifts`` are then unpacked on first access and kept. A model that reads only the packed
@@ -338,7 +339,8 @@ class SkinNeighborList:
             return torch.tensor(float("inf"), dtype=positions.dtype)
         if not positions.shape[0]:
             return torch.zeros((), dtype=positions.dtype)
-        # one fused norm: 3x cheaper than square().sum().max() at 32k atoms (checked every step)
+        # one fused norm, cheaper than square().sum().max(); this runs every step
+        # (docs/benchmarks.md, "The neighbour build")
         return torch.linalg.vector_norm(positions - self._x0, dim=1).amax()
 
     def cell_changed(self, cell: torch.Tensor) -> bool:

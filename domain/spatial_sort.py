@@ -36,7 +36,7 @@ def spatial_order(positions: torch.Tensor, cell: torch.Tensor, pbc, radius: floa
     ``x[spatial_order(x, ...)]`` lists the points of bin 0 first, in ascending id, then those of
     bin 1, and so on.  ``id_bound``: a number above every id (0 <= ids < id_bound), known to
     the caller: one sort of the key ``bin * id_bound + id`` then does the work of two stable
-    sorts (4 M points on an H200: docs/benchmarks.md, "Spatial sort")."""
+    sorts."""
     n = int(positions.shape[0])
     if n == 0:
         return torch.zeros(0, dtype=torch.int64, device=positions.device)

@@ -1,7 +1,7 @@
 """Counter-based Gaussian noise: Philox4x32-10 keyed by (seed, step, stream, atom id).
 
 The same (seed, step, stream, id) always gives the same three numbers, whatever the order
-of atoms in memory, the device or (later) the domain an atom lives on; no generator state
+of atoms in memory, the device or the domain an atom lives on; no generator state
 has to be saved in checkpoints beyond the seed.  Integer arithmetic is done in int64 with
 explicit 32-bit masks, so CPU and CUDA give identical bits.
 

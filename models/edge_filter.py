@@ -9,14 +9,15 @@ Sync-free selection (``static=True``) writes the kept edge indices into a buffer
 capacity (``torch.nonzero_static``).  The capacity is sized at each new neighbour list (whose
 build already synchronises) as the count then plus a margin; the unused tail is filled with
 *padding edges* — self-edges spread over the points (one point taking them all serialises the
-scatter-adds on a GPU: measured 0.61x) with a vector of length ``2 r_max`` — which a model with
+scatter-adds on a GPU) with a vector of length ``2 r_max`` — which a model with
 a radial cutoff maps to exactly zero energy and zero gradient.  If the count ever grows
 past the capacity, :attr:`EdgeSelection.fill` (count / capacity, on the device) exceeds 1: the
 result is incomplete and the caller must discard it (the engine's deferred skin check rolls back
 and rebuilds; the margin then doubles). A fill close to 1 asks for a new list before that
 happens (the engine rebuilds at its next read-back when the fill is over 0.99): a run started
-from a perfect lattice gains ~5 % edges inside r_max in its first 50 fs (fcc Cu, 300 K, r_max
+from a perfect lattice gains edges inside r_max within its first tens of fs (fcc Cu, r_max
 5 Å: the shell at 5.08 Å moves in), and a rollback would replay up to a whole check window.
+Both findings: docs/benchmarks.md, "Sync-free MACE steps".
 """
 from __future__ import annotations
 

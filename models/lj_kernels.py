@@ -18,20 +18,20 @@ list, and sum over edges of d (x) g / 2 = sum_i x_i (x) F_i + sum over edges of
 boundary.  With ghost points (query points first, n_query < n_points) the reverse edges of
 ghosts are missing and the per-edge sum is kept (``pair_virial``).
 
-Choices, measured in docs/benchmarks.md (CPU, float64, ns per edge, 8.3 for the final one
-against 25-34 for the first version):
+Choices, each measured (docs/benchmarks.md: "The force kernel (ns per edge of the full list)"
+on the CPU, "LJ at 4 M atoms" on a GPU):
 
 - the cutoff test is a select, not a branch: ~30 % of the edges of a list built with a skin
   lie beyond the cutoff in no predictable pattern, and a mispredicted branch costs more than
   the arithmetic it saves (beyond the cutoff 1/r^2 becomes 0, which zeroes U and g);
 - the periodic shift is a branch: it is zero for ~90 % of the edges, in long runs;
 - one species (the common case) reads its parameters once: no per-edge type and table
-  loads (-14 %); the virial identity above saves a 3x3 update per edge (-14 %);
-- U and fpr in factored form (-5 to -9 %);
+  loads; the virial identity above saves a 3x3 update per edge;
+- U and fpr in factored form (fewer operations per edge);
 - on a GPU, the list's packed edges (one int64 per edge, ``NeighborList.packed``) instead of
   the neighbour and shift arrays: each thread walks its own stretch of the list, so a warp's
-  loads land in 32 places, and one 8-byte load per edge instead of four 4-byte ones took the
-  kernel from 4.9 to 2.6 ms at 4 M atoms on an H200 (float32).
+  loads land in 32 places and their number sets the cost; one 8-byte load per edge instead
+  of four 4-byte ones is a quarter of them.
 These are compile-time variants of one kernel (``wp.static``), generic over float32/float64.
 """
 from __future__ import annotations

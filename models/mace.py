@@ -50,12 +50,12 @@ def _fixed_jit_executor():
 
     The profiling executor specialises a scripted function to the shapes it has seen and, on
     the second call with new shapes, re-optimises it (fuses and compiles kernels) on the
-    host. Every neighbour rebuild changes the edge count, so the step after each rebuild
-    stalled: 190-390 ms against 37 ms (H200, 55k atoms, float32, cuEquivariance; e3nn 190-340
-    against 88), and the second step of a run 280-400 ms. The simple executor gave the same
-    steady-state step (37-39 ms) with no stall (docs/benchmarks.md, docs/logs/issue10/
-    jit_variants_55k.txt). An executor is chosen when a scripted function first runs, so the
-    switch is scoped to this model's calls and the process-wide setting is restored."""
+    host. Every neighbour rebuild changes the edge count, so the step after each rebuild (and
+    the second step of a run) stalled on the host for several times a normal step. The simple
+    executor gives the same steady-state step with no stall (docs/benchmarks.md, "Sync-free
+    MACE steps", its TorchScript part). An executor is chosen when a scripted function first
+    runs, so the switch is scoped to this model's calls and the process-wide setting is
+    restored."""
     previous = torch._C._jit_set_profiling_executor(False)
     try:
         yield
@@ -189,11 +189,11 @@ def file_sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-#: 'auto' replays calls of at most this many points as CUDA graphs. Measured on one H200
-#: (cuEquivariance, float32): the graph gains 16x at 864 atoms, 2x at 16,384; at 55,296 the
-#: eager call is already bound by the GPU (37 ms against 19 ms of host time). A graph keeps its
-#: own memory pool besides the eager call's blocks, which a system near the GPU's capacity
-#: (~860k atoms) cannot afford.
+#: 'auto' replays calls of at most this many points as CUDA graphs. A graph removes the host's
+#: launch work, which bounds small calls; larger calls are bound by the GPU, and replaying them
+#: gains nothing (docs/benchmarks.md, "The engine's MACE call as a CUDA graph"). A graph keeps
+#: its own memory pool besides the eager call's blocks, which a system near the GPU's capacity
+#: cannot afford.
 GRAPH_MAX_POINTS = 50_000
 
 
@@ -308,8 +308,8 @@ class MaceModel:
             out = self.model(data, compute_force=False, lammps_mliap=True)
             # the owned atoms' energies, summed by a reduction tree rather than mace-torch's
             # scatter-add: on a GPU that accumulates ~1e6 float32 terms of E0 = 3.51 eV one by one
-            # into a total of ~3e6 eV whose spacing is 0.25 eV (measured: -2573 eV instead of
-            # -6345 eV at 864,000 atoms). The reported total is summed in float64.
+            # into a total of ~3e6 eV whose spacing is 0.25 eV (the error it caused:
+            # docs/benchmarks.md, "Scaling on 1–2 GPUs"). The reported total is summed in float64.
             nodes = out["node_energy"][:n_own]
             (grad,) = torch.autograd.grad(nodes.sum(), vectors, allow_unused=True)
             energy = nodes.detach().to(torch.float64).sum().to(self.dtype)

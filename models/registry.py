@@ -1,4 +1,5 @@
-"""Model registry: one entry per model family, built from its config node (configs/model/*.yaml)."""
+"""Model registry: one entry per model family, built from its config node (the ``model`` group's
+dataclasses in engine/config_schema.py)."""
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
@@ -29,7 +30,7 @@ MODELS: dict[str, Callable] = {"lj": _build_lj, "mace": _build_mace}
 
 
 def build_model(cfg: Mapping, dtype: torch.dtype = torch.float64, device="cpu"):
-    """Model from a config mapping with a ``name`` key (see configs/model/)."""
+    """Model from a config mapping with a ``name`` key (the composed ``model`` node)."""
     name = cfg["name"]
     if name not in MODELS:
         raise KeyError(f"unknown model {name!r}; known: {', '.join(sorted(MODELS))}")
