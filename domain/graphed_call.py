@@ -70,10 +70,11 @@ class GraphedCall:
         ``torch.cuda.graph`` leaves the process broken when the body raises: its exit ends
         the capture and raises again (the capture was invalidated) before it restores the
         current stream, so later work runs on the dead capture stream, and the next capture
-        fails with "operation failed due to a previous error during capture" (seen on an H200:
-        a MACE capture after a function that read back). Here a read-back raises in PyTorch's
-        sync check before it reaches CUDA, so the capture is still valid and ends cleanly, and
-        the stream is restored whatever happens."""
+        fails with "operation failed due to a previous error during capture" (seen on the GPU:
+        a MACE capture after a function that read back; docs/benchmarks.md, "The engine's MACE
+        call as a CUDA graph"). Here a read-back raises in PyTorch's sync check before it
+        reaches CUDA, so the capture is still valid and ends cleanly, and the stream is
+        restored whatever happens."""
         self.static_in = tuple(t.detach().clone() for t in inputs)
         if self._stream is None:
             self._stream = torch.cuda.Stream()

@@ -130,8 +130,9 @@ class NeighborList:
         return self.shifts.to(cell.dtype) @ cell
 
 
-#: bins per cutoff length: bins of ~cutoff/2 scanned 2 deep (5^3 bins) cover 0.66x the volume
-#: of cutoff-wide bins scanned 1 deep (3^3); docs/benchmarks.md has the measurements.
+#: bins per cutoff length: bins of ~cutoff/2 scanned 2 deep (5^3 bins) cover less volume than
+#: cutoff-wide bins scanned 1 deep (3^3), and finer bins cost more per bin than they save
+#: (docs/benchmarks.md, "The neighbour build").
 BINS_PER_CUTOFF = 2
 
 
