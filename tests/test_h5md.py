@@ -23,6 +23,7 @@ from shardmd.engine.h5md import (
     read_frames,
     read_observables,
 )
+from shardmd.engine.h5md_units import KJ_PER_MOL_IN_EV
 
 HELPER = Path(__file__).parent / "helpers" / "h5md_writer_loop.py"
 _spec = importlib.util.spec_from_file_location("h5md_writer_loop", HELPER)
@@ -95,10 +96,10 @@ def test_roundtrip_h5py_and_ase(tmp_path, dtype):
         assert [b.decode() if isinstance(b, bytes) else b for b in box.attrs["boundary"]] == [
             "periodic", "none", "periodic"]
         edges = box["edges"]
-        assert edges["value"].dtype == fdt and edges["value"].attrs["unit"] == "angstrom"
+        assert edges["value"].dtype == fdt and edges["value"].attrs["unit"] == "Angstrom"
         assert np.array_equal(edges["value"][()], np.stack([fr["cell"] for fr in frames.values()]).astype(fdt))
         assert np.array_equal(edges["step"][()], steps)
-        units = {"position": "angstrom", "velocity": "angstrom fs-1", "force": "eV angstrom-1"}
+        units = {"position": "Angstrom", "velocity": "Angstrom fs-1", "force": "kJ mol-1 Angstrom-1"}
         keys = {"position": "positions", "image": "images", "velocity": "velocities", "force": "forces"}
         for name, key in keys.items():
             g = p[name]
@@ -111,8 +112,12 @@ def test_roundtrip_h5py_and_ase(tmp_path, dtype):
             want_dtype = np.dtype(np.int32) if name == "image" else fdt
             assert v.dtype == want_dtype
             assert v.attrs.get("unit") == units.get(name)
-            want = np.stack([fr[key] for fr in frames.values()]).astype(want_dtype)
-            assert np.array_equal(v[()], want)
+            want = np.stack([fr[key] for fr in frames.values()])
+            if name == "force":  # given in eV/Å, stored in kJ/(mol Å) (the unit MDAnalysis reads)
+                np.testing.assert_allclose(v[()], (want / KJ_PER_MOL_IN_EV).astype(want_dtype),
+                                           rtol=2e-7 if dtype == "float32" else 1e-15)
+            else:
+                assert np.array_equal(v[()], want.astype(want_dtype))
         obs = f["observables"]
         assert obs["potential_energy/value"].attrs["unit"] == "eV"
         assert obs["temperature/value"].attrs["unit"] == "K"
@@ -131,7 +136,7 @@ def test_roundtrip_h5py_and_ase(tmp_path, dtype):
         assert np.array_equal(atoms.positions, fr["positions"].astype(fdt).astype(np.float64))
         assert np.array_equal(atoms.arrays["image"], fr["images"])
         assert np.array_equal(atoms.arrays["id"], ids)
-        assert np.array_equal(atoms.get_forces(), fr["forces"].astype(fdt).astype(np.float64))
+        np.testing.assert_allclose(atoms.get_forces(), fr["forces"], rtol=3e-7 if dtype == "float32" else 1e-15)
         assert atoms.get_potential_energy() == -1.5 * step
         assert atoms.info["temperature"] == 300.0 + step
         rtol = 1e-6 if dtype == "float32" else 1e-12
@@ -183,8 +188,8 @@ def test_observables_roundtrip(tmp_path):
     assert np.array_equal(obs["temperature"][0], [20])
     with h5py.File(path, "r") as f:
         units = {k: f[f"observables/{k}/value"].attrs.get("unit") for k in obs}
-    assert units == {"potential_energy": "eV", "kinetic_energy": "eV", "pressure": "eV angstrom-3",
-                     "stress": "eV angstrom-3", "my_count": "1", "temperature": "K"}
+    assert units == {"potential_energy": "eV", "kinetic_energy": "eV", "pressure": "eV Angstrom-3",
+                     "stress": "eV Angstrom-3", "my_count": "1", "temperature": "K"}
 
 
 def test_truncate_after_then_append(tmp_path):
@@ -306,7 +311,7 @@ def test_file_summary(tmp_path):
     assert s["fields"] == ["position", "image", "velocity", "force"]
     assert s["observables"] == {"temperature": 3} and s["config"] == {"x": 1}
     assert s["pbc"] == [True, True, False] and s["h5md_version"] == [1, 1]
-    assert s["units"]["particles/all/velocity/value"] == "angstrom fs-1"
+    assert s["units"]["particles/all/velocity/value"] == "Angstrom fs-1"
 
 
 def test_interrupted_frame_is_dropped_and_repaired(tmp_path):
@@ -380,7 +385,7 @@ def _check_after_kill(path: Path, printed: list[int], n_atoms: int) -> list[int]
         assert np.array_equal(a.cell[:], d["cell"])
         assert np.array_equal(a.arrays["image"], d["images"])
         np.testing.assert_allclose(a.get_velocities() * ase.units.fs, d["velocities"], rtol=1e-12)
-        assert np.array_equal(a.get_forces(), d["forces"])
+        np.testing.assert_allclose(a.get_forces(), d["forces"], rtol=1e-15)  # via kJ/(mol Å) in the file
         assert a.get_potential_energy() == d["potential_energy"]
     return steps
 
