@@ -69,6 +69,7 @@ class KeyInfo:
     owners: tuple[str, ...] = ()
     optional: bool = False   # may be null: ``~key`` resets it
     open_map: bool = False   # a map with free keys (per-species parameters)
+    nested: bool = False     # an open map whose entries are themselves keyed (model.pairs.Ar-Kr.sigma)
 
 
 def _default(f: dataclasses.Field) -> Any:
@@ -87,9 +88,10 @@ def _walk(cls: type, prefix: str = "", owner: str = ""):
             yield from _walk(t, path + ".", owner)
             continue
         args = typing.get_args(t)
+        open_map = typing.get_origin(t) is dict
         yield KeyInfo(path, _default(f), f.metadata.get("help", ""), f.metadata.get("check"),
-                      (owner,) if owner else (), optional=type(None) in args,
-                      open_map=typing.get_origin(t) is dict)
+                      (owner,) if owner else (), optional=type(None) in args, open_map=open_map,
+                      nested=open_map and dataclasses.is_dataclass(args[1]))
 
 
 def _schema() -> dict[str, KeyInfo]:
@@ -224,6 +226,15 @@ def normalize_overrides(args: list[str]) -> list[str]:
             if bad:
                 raise UserError(f"{key}={bad[0]!r} is not available; choose one of: {', '.join(options)}")
             out.append(f"{key}={value}")
+        elif _map_of(key) and SCHEMA[_map_of(key)].nested:
+            # model.pairs.Ar-Kr.sigma=3.5 as ++model.pairs={Ar-Kr: {sigma: 3.5}}: merged into the
+            # entry (OmegaConf cannot force-add a path through a new entry of typed values)
+            m = _map_of(key)
+            if o.is_sweep_override():
+                raise UserError(f"'{arg}': sweep whole entries instead, e.g. {m}={{Ar-Kr: {{...}}}},{{Ar-Kr: {{...}}}}")
+            for part in reversed(key[len(m) + 1:].split(".")):
+                value = f"{{{part}: {value}}}"
+            out.append(f"++{m}={value}")
         elif key in OPEN_MAPS or _map_of(key):
             out.append(f"++{key}={value}")   # a new species is a new key of the map
         elif key in SCHEMA:

@@ -80,6 +80,13 @@ def test_mace_and_domains_are_accepted_by_the_config(engine_cli, tmp_path):
     (["run", "model=lj", "neighbor.pipelined=maybe"], "neighbor.pipelined"),
     (["run", "model=mace", "model.cuda_graph=maybe"], "model.cuda_graph"),
     (["fly"], "unknown command"),
+    # issue 22: forms that gave Hydra's raw messages
+    (["run", "model=lj", "integrator.friction=0.1"], "add integrator=langevin"),
+    (["run", "model=mace", "model.cutoff=5"], "model.cutoff is a key of model=lj only (this run has model=mace)"),
+    (["run", "model=lj", "~seed"], "keys that can be removed: grid"),
+    (["run", "model=lj", "temperature=100,200"], "add -m (--multirun)"),
+    (["run", "model=lj", "--bogus"], "unrecognized arguments: --bogus"),
+    (["run", "model=lj", "model.pairs={Ar-Kr: {epsilon: 0.012, sigm: 3.5}}"], "model.pairs.Ar-Kr.sigm"),
 ])
 def test_bad_input_is_one_line(engine_cli, tmp_path, args, needle):
     r = engine_cli(args, cwd=tmp_path)
@@ -88,6 +95,29 @@ def test_bad_input_is_one_line(engine_cli, tmp_path, args, needle):
     assert len(lines) == 1 and lines[0].startswith("error: "), r.stderr
     assert needle in lines[0]
     assert "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("maps", [
+    ["model.pairs={Ar-Kr: {epsilon: 0.012, sigma: 3.5}}"],
+    ["model.epsilon={Ar: 0.0104, Kr: 0.014}", "model.sigma={Ar: 3.40, Kr: 3.65}"],
+    ["model.epsilon.Kr=0.014", "model.sigma.Kr=3.65", "model.pairs.Ar-Kr.epsilon=0.012", "model.pairs.Ar-Kr.sigma=3.5"],
+])
+def test_readme_map_forms_run(engine_cli, tmp_path, maps):
+    """README's map values (each one argument, as the shell passes a quoted one) compose and run."""
+    import yaml
+
+    r = engine_cli(["run", "model=lj", *maps, "--cfg", "job"], cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    model = yaml.safe_load(r.stdout)["model"]
+    assert model["epsilon"]["Ar"] == 0.0104 and model["sigma"]["Ar"] == 3.4
+    for m in maps:
+        key, value = m.split("=", 1)
+        got = model
+        for part in key.split(".")[1:]:
+            got = got[part]
+        assert got == (yaml.safe_load(value) if value.startswith("{") else float(value)), m
+    r = engine_cli(["run", "model=lj", *maps, *SMALL, "quiet=true"], cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
 
 
 def test_help(engine_cli, tmp_path):
