@@ -13,11 +13,11 @@ positions, cell, pbc, atom count or species trigger a new evaluation.
 Parameters (``calc.parameters``, ``calc.todict()``; what ``ase.io.Trajectory`` and ``ase.db``
 store) record the model completely, so ``ShardMDCalculator(**calc.todict())`` makes the same
 calculator: model (lj | mace), every model key of configs/model/<model>.yaml after the
-keyword arguments were applied (a keyword replaces a key's whole value: ``epsilon={"Kr": ...}``
-is Kr's only epsilon), for MACE the model file as an absolute path and ``checkpoint_sha256``
-(given back, the file must have that hash), precision, device, skin (Å) and domains (the
-rank count the results came from: a record only, ignored on input; the ranks are the
-launcher's). ``calc.set(key=value)`` rebuilds the model and resets.
+keyword arguments were applied (a dict adds to the default one, as ``model.epsilon.Kr=...``
+does on the command line: ``epsilon={"Kr": ...}`` keeps Ar's), for MACE the model file as an
+absolute path and ``checkpoint_sha256`` (given back, the file must have that hash),
+precision, device, skin (Å) and domains (the rank count the results came from: a record
+only, ignored on input; the ranks are the launcher's). ``calc.set(key=value)`` rebuilds the model and resets.
 
 Neighbour lists: the decomposition, the atoms' ghosts and the neighbour list (cutoff + skin)
 are kept between calls and rebuilt, as in the engine's MD loop, when an atom moved more than
@@ -46,6 +46,8 @@ import sys
 import numpy as np
 import torch
 from ase.calculators.calculator import Calculator, Parameters, all_changes, equal
+from omegaconf import OmegaConf, open_dict
+from omegaconf.errors import OmegaConfBaseException
 
 from shardmd.domain.comm import Comm, init_comm, shutdown, under_launcher
 from shardmd.domain.distributed_model import DistributedModel
@@ -101,22 +103,25 @@ GENERAL = ("model", "precision", "device", "skin")
 
 
 def _model_config(model: str, precision: str, device: str, checkpoint, model_kwargs: dict) -> dict:
-    """The model's config node (configs/model/<model>.yaml) with the keyword arguments set."""
+    """The model's config node (configs/model/<model>.yaml) with the keyword arguments merged in
+    (a dict adds to the default dict, as ``model.epsilon.Kr=...`` does on the command line)."""
     try:
         cfg = compose_config([f"model={model}", f"precision={precision}", f"device={device}"])
-        node = cfg.model
         given = dict(model_kwargs)
         if checkpoint is not None:
             given["checkpoint"] = str(checkpoint)
-        unknown = sorted(set(given) - set(node.keys()) - {"name"})
+        keys = [k for k in cfg.model.keys() if k != "name"]
+        unknown = sorted(set(given) - set(keys))
         if unknown:
             raise TypeError(f"ShardMDCalculator: model {model!r} has no parameter {', '.join(unknown)}; its "
-                            f"parameters: {', '.join(k for k in node.keys() if k != 'name')}")
-        for key, value in given.items():
-            node[key] = value    # the whole value: a dict replaces the default dict
+                            f"parameters: {', '.join(keys)}")
+        with open_dict(cfg):
+            cfg = OmegaConf.merge(cfg, {"model": given})
         validate(cfg)
     except UserError as exc:
         raise ValueError(f"ShardMDCalculator: {exc.one_line()}") from None
+    except OmegaConfBaseException as exc:   # a value of the wrong type
+        raise ValueError(f"ShardMDCalculator: {' '.join(str(exc).split())}") from None
     return to_container(cfg.model)
 
 

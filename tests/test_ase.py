@@ -174,6 +174,11 @@ def test_set_rebuilds_the_model():
     assert calc.set(domains=4) == {}                                       # a record only
     with pytest.raises(TypeError, match="no parameter cutof"):
         ShardMDCalculator(model="lj", cutof=6.0)
+    with pytest.raises(ValueError, match="model.epsilon"):
+        ShardMDCalculator(model="lj", epsilon="strong")
+    # a dict adds to the default one, as model.epsilon.Kr=... on the command line
+    kr = ShardMDCalculator(model="lj", epsilon={"Kr": 0.014}, sigma={"Kr": 3.65})
+    assert kr.parameters["epsilon"] == {"Ar": 0.0104, "Kr": 0.014} and kr.parameters["sigma"] == {"Ar": 3.4, "Kr": 3.65}
     with pytest.raises(ValueError, match="skin"):
         ShardMDCalculator(model="lj", skin=-1.0)
 
