@@ -69,7 +69,6 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.write(_help())
         return 0
     from .errors import UserError
-    from .parallel import env_rank
 
     try:
         if cmd == "run":
@@ -95,6 +94,8 @@ def main(argv: list[str] | None = None) -> int:
         raise UserError(f"unknown command {cmd!r}; use `python -m engine run key=value ...` "
                         "(see python -m engine --help)")
     except UserError as exc:
+        from .parallel import env_rank   # here: --version and --cfg need no torch
+
         if env_rank() == 0:  # every rank meets a configuration error alike: say it once
             sys.stderr.write(f"error: {exc.one_line()}\n")
         return exc.exit_code
