@@ -27,7 +27,9 @@ after ``reset()``. Results equal a fresh build's to round-off. ``calc.stats`` co
 builds, list rebuilds and calls that reused the list.
 
 Under ``mpiexec -n K python script.py`` the calculator splits the system into K domains over
-the engine's process group and returns the full, identical results on every rank.  Rank 0's
+the engine's process group and returns the full, identical results on every rank; as the
+engine does under MPI, each rank then runs torch on one thread (``torch.set_num_threads``
+afterwards overrides it).  Rank 0's
 atoms are broadcast to all ranks before each evaluation, so every rank evaluates the same
 positions even if the script's ranks drifted apart by rounding.
 
@@ -69,6 +71,10 @@ def job_comm(device: str = "cpu") -> Comm:
         _COMM = init_comm(device) if under_launcher() else Comm(device=torch.device(device))
         if _COMM.size > 1:
             fix_ase_world()
+            # the engine's rule for ranks (config `threads`: 1 under MPI): ranks x all cores
+            # oversubscribe, and then each of the rebuild's 3x3 solves waits for MKL's threads
+            # (tests/mpi/ase_cases.py on 2 ranks, 2 cores: 50 s, 16 s with one thread a rank)
+            torch.set_num_threads(1)
             # a script never ends the group itself: tear it down (and join gloo's worker
             # threads) while the interpreter is still whole, see domain/comm.py shutdown
             atexit.register(_shutdown_at_exit, _COMM)
