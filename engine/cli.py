@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
         raise UserError(f"unknown command {cmd!r}; use `python -m engine run key=value ...` "
                         "(see python -m engine --help)")
     except UserError as exc:
-        from .parallel import env_rank   # here: --version and --cfg need no torch
+        from .parallel import env_rank  # here: --version and --cfg need no torch
 
         if env_rank() == 0:  # every rank meets a configuration error alike: say it once
             sys.stderr.write(f"error: {exc.one_line()}\n")
