@@ -334,6 +334,12 @@ class SkinNeighborList:
     def radius(self) -> float:
         return self.cutoff + self.skin
 
+    @property
+    def reference(self) -> torch.Tensor | None:
+        """(n_query, 3) the query points' positions at the last build (what displacements are
+        measured from); None before the first build."""
+        return self._x0
+
     def max_displacement(self, positions: torch.Tensor) -> torch.Tensor:
         """0-d tensor: largest displacement (Å) of any point since the last build."""
         if self._x0 is None or self._x0.shape != positions.shape:

@@ -56,9 +56,9 @@ from shardmd.domain.distributed_model import DistributedModel
 from shardmd.models import build_model
 
 from .config import compose_config, to_container, validate
-from .domains import Decomposition
 from .errors import UserError
 from .health import check_inputs
+from .rank_domain import RankDomain
 from .state import State
 
 _COMM: Comm | None = None
@@ -245,7 +245,7 @@ class ShardMDCalculator(Calculator):
             raise ValueError(f"ShardMDCalculator: {exc.one_line()}") from None
         if hasattr(self.model, "check_species"):
             self.model.check_species(state.numbers)
-        dec = Decomposition(self.comm, self.model.cutoff, self.skin)
+        dec = RankDomain(self.comm, self.model.cutoff, self.skin)
         state = dec.distribute(state)
         dec.rebuild(state)
         self._dec, self._state = dec, state

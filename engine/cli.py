@@ -324,9 +324,7 @@ def _run_ranks(cfg) -> int:
 
     from shardmd.domain.comm import init_comm, shutdown
 
-    from .config import echo_line
     from .errors import UserError
-    from .reporting import config_echo
     from .simulation import Simulation
 
     if os.environ.get("SHARDMD_SELF_LAUNCHED"):
@@ -336,8 +334,7 @@ def _run_ranks(cfg) -> int:
     comm = init_comm(cfg.device) if cfg.domains > 1 else None
     code = 0
     try:
-        with config_echo(echo_line(cfg)):   # the log's first line (rank 0's reporter)
-            sim = Simulation(cfg, comm=comm)
+        sim = Simulation(cfg, comm=comm)
         sim.run()
         code = sim.exit_code
     except UserError as exc:

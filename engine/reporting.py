@@ -3,8 +3,6 @@ from __future__ import annotations
 
 import sys
 import time
-from contextlib import contextmanager
-from contextvars import ContextVar
 from pathlib import Path
 
 from shardmd.integrators.units import EV_PER_A3_TO_BAR
@@ -23,22 +21,6 @@ COLUMNS = (
 )
 
 
-#: the resolved configuration as one line, for the log's top (see ``config_echo``)
-_CONFIG_LINE: ContextVar[str | None] = ContextVar("shardmd_config_line", default=None)
-
-
-@contextmanager
-def config_echo(line: str | None):
-    """Reporters created inside this block write ``line`` (the resolved configuration,
-    engine.config.echo_line) as their log's first line.  One line, so that the log's line
-    count still says how far a run is (tools and tests watch it)."""
-    token = _CONFIG_LINE.set(line)
-    try:
-        yield
-    finally:
-        _CONFIG_LINE.reset(token)
-
-
 def _fmt_duration(s: float) -> str:
     s = max(0, int(round(s)))
     h, rem = divmod(s, 3600)
@@ -51,7 +33,8 @@ class Reporter:
 
     log_path: the log file (every line printed, also in quiet mode); quiet: nothing on the
     terminal but errors; progress: a progress line on stderr (a live one on a terminal);
-    config_line: the log's first line, the resolved configuration (default: ``config_echo``'s).
+    config_line: the log's first line, the resolved configuration (engine.config.echo_line); one
+    line, so that the log's line count still says how far a run is (tools and tests watch it).
     """
 
     def __init__(self, log_path: str | Path | None, quiet: bool = False, progress: bool = True,
@@ -65,7 +48,7 @@ class Reporter:
         # opened at the first line, so a run refused before its header leaves no log behind
         self._log_path = Path(log_path) if enabled and log_path else None
         self._log_mode = log_mode
-        self._config_line = config_line if config_line is not None else _CONFIG_LINE.get()
+        self._config_line = config_line
         self._header_done = False
         self._t0 = None
         self._step0 = 0

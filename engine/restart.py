@@ -63,9 +63,9 @@ def resolve(cfg) -> dict | None:
     return ckpt
 
 
-def state_from_checkpoint(ckpt: dict, dtype: torch.dtype, device) -> State:
-    """Full state (id order) of a checkpoint, with the rebuild reference positions in
-    ``state.extras["reference_positions"]``."""
+def state_from_checkpoint(ckpt: dict, dtype: torch.dtype, device) -> tuple[State, torch.Tensor | None]:
+    """Full state (id order) of a checkpoint, and its positions of the last neighbour rebuild
+    ((n, 3) Å, id order; None in a checkpoint without them)."""
     a = ckpt["arrays"]
     t = lambda x, dt=dtype: torch.as_tensor(np.asarray(x)).to(dtype=dt, device=device).contiguous()  # noqa: E731
     s = State(
@@ -76,5 +76,4 @@ def state_from_checkpoint(ckpt: dict, dtype: torch.dtype, device) -> State:
         pbc=torch.as_tensor(np.asarray(ckpt["pbc"], dtype=bool), device=device),
         step=int(ckpt["step"]), time=float(ckpt["time"]),
     )
-    s.extras["reference_positions"] = t(a["reference_positions"]) if "reference_positions" in a else None
-    return s
+    return s, (t(a["reference_positions"]) if "reference_positions" in a else None)

@@ -3,15 +3,15 @@
     sim = Simulation.from_args(["model=lj", "steps=100"])   # or Simulation(cfg)
     sim.run()
 
-Each step: integrator first half -> (skin check -> wrap, sort, rebuild) -> forces ->
-integrator second half -> thermo / trajectory.  Atoms are wrapped into the cell and put in
-the memory order ``neighbor.sort`` asks (spatial by default) at every neighbour rebuild, and
-only then, so the positions the skin check measures are continuous between rebuilds.
+Each step: integrator first half -> neighbour list (refreshed, rebuilt, or rolled back:
+engine/rebuild.py) -> forces -> integrator second half -> thermo / trajectory.  Atoms are
+wrapped into the cell and put in the memory order ``neighbor.sort`` asks (spatial by default)
+at every neighbour rebuild, and only then, so the positions the skin check measures are
+continuous between rebuilds.
 """
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 import time
 from collections import defaultdict
@@ -28,11 +28,12 @@ from shardmd.models import build_model
 from . import health
 from . import restart as restart_mod
 from .checkpoint import checkpoint_dir, model_identity, write_checkpoint
-from .config import compose_config, to_container
-from .domains import Decomposition
+from .config import compose_config, echo_line, to_container
 from .errors import CollectiveError, OutputError, UserError
 from .observables import thermo_from
 from .preflight import check_outputs
+from .rank_domain import RankDomain
+from .rebuild import Outcome, RebuildController
 from .reporting import Reporter
 from .skin_check import DeferredSkinCheck
 from .state import State
@@ -85,58 +86,66 @@ class Simulation:
         self.model = model
         self.dmodel = DistributedModel(model)
         self.checkpoint_in = restart_mod.resolve(cfg) if state is None else None
+        reference = None   # a restart's positions of the last rebuild (its lists are rebuilt from them)
         if self.checkpoint_in is not None:
-            state = restart_mod.state_from_checkpoint(self.checkpoint_in, self.dtype, self.device)
+            state, reference = restart_mod.state_from_checkpoint(self.checkpoint_in, self.dtype, self.device)
         elif state is None:
             state = initial_state(cfg, self.dtype, self.device, self.integrator.degrees_of_freedom,
                                   zero_momentum=self.integrator.conserves_momentum)
         health.check_inputs(state)
-        reference = state.extras.pop("reference_positions", None)
         if hasattr(model, "check_species"):
             try:
                 model.check_species(state.numbers)
             except ValueError as exc:
                 raise UserError(str(exc)) from None
-        self.domain = Decomposition(self.comm, model.cutoff, float(cfg.neighbor.skin),
+        self.domain = RankDomain(self.comm, model.cutoff, float(cfg.neighbor.skin),
                                     sort=str(cfg.neighbor.sort),
                                     grid=None if cfg.grid is None else [int(g) for g in cfg.grid])
         self.state = self.domain.distribute(state, reference=reference)
         self.n_global = self.domain.n_global
         self.reporter = reporter or Reporter(self.log_path if self.comm.is_root else None, quiet=cfg.quiet,
                                              progress=cfg.thermo.progress, enabled=self.comm.is_root,
-                                             log_mode="a" if self.checkpoint_in else "w")
+                                             log_mode="a" if self.checkpoint_in else "w",
+                                             config_line=echo_line(cfg))
         self._ckpt_every = int(cfg.checkpoint.every)
         self.stop = StopRequest()
         self.exit_code = 0
         # plain copies of the settings the step loop reads (OmegaConf access is slow)
-        self._nl_every, self._nl_check = int(cfg.neighbor.every), bool(cfg.neighbor.check)
         self._traj_every, self._thermo_every = int(cfg.trajectory.every), int(cfg.thermo.every)
         self._max_step, self._min_distance = float(cfg.health.max_step), float(cfg.health.min_distance)
         def on_cuda(key: str) -> bool:   # true | false | auto (= on for CUDA)
-            v = cfg.neighbor.get(key, "auto")
+            v = cfg.neighbor[key]
             return v is True or (v == "auto" and self.device.type == "cuda")
 
-        #: the skin check read back only at scheduled steps (see skin_check.py); None: every step
-        self.deferred = (DeferredSkinCheck(0.5 * float(cfg.neighbor.skin), int(cfg.neighbor.get("deferred_max", 50)),
-                                           pipelined=on_cuda("pipelined"))
-                         if on_cuda("deferred") and self._nl_every == 1 and self._nl_check else None)
-        if self.deferred is not None and hasattr(model, "static_edges"):
+        every, check = int(cfg.neighbor.every), bool(cfg.neighbor.check)
+        # the skin check read back only at scheduled steps (see skin_check.py); None: every step
+        deferred = (DeferredSkinCheck(0.5 * float(cfg.neighbor.skin), int(cfg.neighbor.deferred_max),
+                                      pipelined=on_cuda("pipelined"))
+                    if on_cuda("deferred") and every == 1 and check else None)
+        if deferred is not None and hasattr(model, "static_edges"):
             model.static_edges = True   # sync-free edge selection; its 'capacity_fill' joins the check
-        self._last_step = int(cfg.steps)
-        self._stop_seen = self._abandoned = self._verified = self._save_posted = False
-        self._step0 = 0
         self.timers: dict[str, float] = defaultdict(float)
+        self.neighbors = RebuildController(self.domain, self.integrator.dt, every, check, deferred,
+                                           self._check_step, self.timers)
+        self._last_step = int(cfg.steps)
+        self._step0 = 0
         self.results: dict[str, torch.Tensor] = {}
         self.writer = None
         self.last_thermo: dict | None = None
         self.started = False
-        # test hook: SHARDMD_INJECT_FAILURE="rank:step" raises on that rank at that step
-        inj = os.environ.get("SHARDMD_INJECT_FAILURE", "")
-        self._fail_at = tuple(int(v) for v in inj.split(":")) if inj else None
 
     @property
     def nl(self):
         return self.domain.nl
+
+    @property
+    def deferred(self) -> DeferredSkinCheck | None:
+        """The deferred skin check (its counters: reads, posted, rollbacks), or None."""
+        return self.neighbors.deferred
+
+    @deferred.setter
+    def deferred(self, chk: DeferredSkinCheck | None) -> None:   # tests plant a planner here
+        self.neighbors.deferred = chk
 
     # -- construction helpers ---------------------------------------------------------
     @classmethod
@@ -154,101 +163,13 @@ class Simulation:
     # -- physics ---------------------------------------------------------------------
     def rebuild(self) -> None:
         """Wrap, migrate, canonical order (optional), ghosts, new neighbour list."""
-        self.domain.rebuild(self.state)
-        if self.deferred is not None:
-            self.deferred.built(self.state.step)
-
-    def maybe_rebuild(self) -> bool | None:
-        """Rebuild or refresh ghosts; True if rebuilt; None if the step was abandoned (a deferred
-        check found an earlier step over the skin and rolled the state back)."""
-        s = self.state
-        if self.deferred is not None:
-            return self._maybe_rebuild_deferred()
-        if (s.step % self._nl_every) != 0:
-            self.domain.refresh(s)
-            return False
-        need, worst = self.domain.check(s, self.integrator.dt)
-        self._check_step(worst, f"at step {s.step}")
-        need = need or not self._nl_check
-        if need:
-            self.rebuild()
-        else:
-            self.domain.refresh(s)
-        return need
+        self.neighbors.rebuild(self.state)
 
     def _output_due(self, step: int) -> bool:
         return (step >= self._last_step
                 or (self._thermo_every > 0 and step % self._thermo_every == 0)
                 or (self.writer is not None and self._traj_every > 0 and step % self._traj_every == 0)
                 or (self._ckpt_every > 0 and step % self._ckpt_every == 0))
-
-    def _maybe_rebuild_deferred(self) -> bool | None:
-        s, chk, d = self.state, self.deferred, self.domain
-        t = time.perf_counter()
-        local = (self.nl.max_displacement(s.positions) if s.n_atoms
-                 else torch.zeros((), dtype=s.dtype, device=s.positions.device))
-        chk.observe(local)
-        self._verified = self._save_posted = False
-        verify_now = False
-        if chk.pending is not None:
-            verify_now = self._settle()
-            if verify_now is None:            # rolled back: the step is abandoned
-                self.timers["neighbor"] += time.perf_counter() - t
-                return None
-        must = verify_now or self._output_due(s.step) or self._stop_seen
-        if not chk.due(s.step, must):
-            self.timers["neighbor"] += time.perf_counter() - t
-            d.refresh(s)
-            return False
-        chk.health = health.max_speed(s.velocities)   # measured at read-backs only: no per-step cost
-        if chk.pipelined and not must and not chk.replaying(s.step):
-            chk.post(self.comm, self.stop.requested, s.step)   # settled at the next step
-            self._save_posted = True
-            self.timers["neighbor"] += time.perf_counter() - t
-            d.refresh(s)
-            return False
-        self._verified = True
-        window, last, self._stop_seen = chk.read(self.comm, self.stop.requested)
-        self.timers["neighbor"] += time.perf_counter() - t
-        self._check_read(window, last, f"at or before step {s.step}")
-        if chk.violated(window):
-            self._verified = False
-            self._roll_back(chk.rollback(s, detected_at=s.step))
-            return None
-        if chk.plan(s.step, last) or self.nl.cell_changed(s.cell):
-            self.rebuild()
-            chk.schedule(s.step, 0.0)
-            return True
-        d.refresh(s)
-        return False
-
-    def _settle(self) -> bool | None:
-        """Decide on the read posted at the previous step p (see engine/skin_check.py): None after
-        a rollback (the step is abandoned); True when this step must be verified by a blocking
-        read (a rebuild is due: rebuilds happen at blocking reads only, which a rebuild's own
-        size reads make no dearer; or a stop was requested), else False."""
-        s, chk = self.state, self.deferred
-        p, window, last, stop = chk.settle()
-        self._check_read(window, last, f"at or before step {p}")
-        self._stop_seen = self._stop_seen or stop
-        if chk.violated(window):                    # an earlier step of p's window: back to the last rollback point
-            self._roll_back(chk.rollback(s, detected_at=s.step))
-            return None
-        if chk.violated(last):                      # p itself: redo p with a new list
-            chk.late_rebuilds += 1
-            chk.force_rebuild = True
-            self._roll_back(chk.rollback(s, detected_at=s.step, to_posted=True))
-            return None
-        chk.settled_clean()
-        return chk.plan(p, last, lead=2) or self.nl.cell_changed(s.cell) or self._stop_seen
-
-    def _check_read(self, window: float, last: float, where: str) -> None:
-        """A deferred read-back: the max speed at the read step times dt, and displacements that
-        are NaN (a NaN velocity at any step of the window makes the positions NaN, and the
-        window's running maximum keeps it; an inf window is the check's own signal for an
-        incomplete model result)."""
-        worst = self.deferred.health_seen * self.integrator.dt
-        self._check_step(math.inf if math.isnan(window) or math.isnan(last) else worst, where)
 
     def _check_step(self, worst: float, where: str) -> None:
         """The reduced step measure (engine/health.py) against health.max_step; collective."""
@@ -265,33 +186,12 @@ class Simulation:
                                         f"{obs['kinetic_energy']:.6g} eV")
         return obs
 
-    def _roll_back(self, kick: bool) -> None:
-        """After ``chk.rollback``: rebuild at the restored step if asked, recompute its forces."""
-        s, chk = self.state, self.deferred
-        self._verified = False
-        if chk.force_rebuild:  # an incomplete result or a step past the skin: a fresh list (the model resizes)
-            chk.force_rebuild = False
-            self.rebuild()
-            chk.schedule(s.step, 0.0)
-            chk.save(s, kick)   # the rebuild may have reordered the arrays
-        else:
-            self.domain.refresh(s)
-        self._finish_step(kick)   # the restored step's forces, recomputed
-
-    def _stopping(self) -> bool:
-        """Stop requested on any rank: decided at a common step (every step, or at the deferred
-        check's verification steps)."""
-        if self.deferred is None:
-            return self.comm.any(self.stop.requested)
-        return self._verified and self._stop_seen
-
     def compute_forces(self) -> None:
         t = time.perf_counter()
         s, d = self.state, self.domain
         out = self.dmodel.compute(d.ctx, d.padded_positions, d.padded_numbers, d.nl.current)
         s.forces = out["forces"].to(s.dtype)
-        if self.deferred is not None and "capacity_fill" in out:
-            self.deferred.observe_fill(out["capacity_fill"])
+        self.neighbors.observe_fill(out)
         self.results = out
         self.timers["model"] += time.perf_counter() - t
 
@@ -375,10 +275,9 @@ class Simulation:
         """Neighbour list, first forces, output files, header; frame and thermo at the start."""
         r = self.reporter
         s = self.state
-        ref = self.state.extras.pop("reference_positions", None)
-        restored = self.checkpoint_in is not None and ref is not None
+        restored = self.checkpoint_in is not None and self.domain.restart_reference is not None
         if restored:
-            self.domain.restore(self.state, ref)
+            self.domain.restore(self.state)
         else:
             self.rebuild()
             if self._min_distance > 0:   # before the header: a refused start leaves no files
@@ -390,31 +289,25 @@ class Simulation:
                f"(grid {'x'.join(map(str, self.domain.grid.shape))})")
         if restored:
             r.line(f"Restart from {self.checkpoint_in['path']} at step {self.state.step}")
-        if self.deferred is not None:
-            self.deferred.built(s.step)
-            self.deferred.schedule(s.step, 0.0)
-            self.deferred.save(s, kick=False)
+        self.neighbors.start(s)
         self.compute_forces()
         if self.checkpoint_in is None:
             self._report(force_traj=True, force_thermo=True)
         else:
             self._report(force_thermo=True, traj=False)  # the file has this step's frame already
 
-    def step(self) -> None:
+    def step(self) -> bool:
+        """Drift, neighbour list, forces, kick. False when the list's check rolled the state
+        back to an earlier step (its forces recomputed): the loop replays from there."""
         s = self.state
-        if self._fail_at and self._fail_at == (self.comm.rank, s.step):
-            raise RuntimeError(f"injected failure at step {s.step}")
         t = time.perf_counter()
         self.integrator.first_half(s.positions, s.velocities, s.forces, s.masses, s.ids, s.step)
         self.timers["integrate"] += time.perf_counter() - t
         s.step += 1
         s.time += self.integrator.dt
-        self._abandoned = self.maybe_rebuild() is None
-        if self._abandoned:
-            return
-        if self.deferred is not None and (self._verified or self._save_posted):
-            self.deferred.save(s, posted=self._save_posted)   # before the forces, which a rollback recomputes
-        self._finish_step()
+        upd = self.neighbors.update(s, self._output_due(s.step), self.stop.requested)
+        self._finish_step(upd.kick)
+        return upd.outcome is not Outcome.ROLLED_BACK
 
     def _finish_step(self, kick: bool = True) -> None:
         """This step's forces, then the integrator's second half."""
@@ -445,10 +338,9 @@ class Simulation:
             stopping = False
             self._last_step, self._step0 = last, s.step
             while s.step < last:
-                self.step()
-                if self._abandoned:  # rolled back: the loop replays from the saved step
+                if not self.step():   # rolled back: the loop replays from the restored step
                     continue
-                stopping = self._stopping()
+                stopping = self.neighbors.stop_agreed(self.stop.requested)
                 self._report(force_traj=stopping, force_thermo=(s.step == last or stopping))
                 r.progress_update(s.step, last, self.integrator.dt, self.n_global)
                 if stopping:
@@ -508,10 +400,8 @@ class Simulation:
         t = time.perf_counter()
         s = self.state
         self._checked_observables()   # a checkpoint only from a healthy state
-        s.extras["reference_positions"] = self.domain.reference_positions()
-        full = self.domain.gather(s, ("positions", "images", "velocities", "masses", "numbers",
-                                      "reference_positions"))
-        s.extras.pop("reference_positions", None)
+        full = self.domain.gather(s, ("positions", "images", "velocities", "masses", "numbers"),
+                                  extra={"reference_positions": self.domain.reference_positions()})
         path = None
         with self._output_step():
             if full is not None:

@@ -1,54 +1,22 @@
 """Deferred skin check: the neighbour-list criterion read back to the host only at scheduled steps.
 
-Checking ``max displacement > skin / 2`` every step costs a device→host copy (and, with several
-ranks, a blocking all-reduce) every step: on a GPU that drains the launch queue each step. In
-deferred mode each step only folds its max displacement into a device scalar; the host reads it
-(one all-reduce of ``[window max, last, stop flag]``) at *verification steps*:
+Why, and what the protocol guarantees: docs/design.md, "When to rebuild: the skin check".
+The contract, in this file's terms:
 
-- scheduled from the measured growth rate of the max displacement since the last build, so that
-  about two verifications fall in each rebuild period, at most ``max_every`` steps apart;
-- and at every step that writes output (thermo, trajectory, checkpoint) and at the last step, so
-  nothing is ever reported from an unverified step.
+- every step, :meth:`DeferredSkinCheck.observe` folds the step's max displacement (Å, a device
+  scalar) into the window; :meth:`observe_fill` folds a model's ``capacity_fill`` (count /
+  capacity; over 1: its result was incomplete);
+- at a verification step (:meth:`due`: scheduled by :meth:`plan`/:meth:`schedule` from the
+  measured displacement rate, at most ``max_every`` apart; or forced by the caller for output,
+  the last step, a stop request, a replay) one all-reduce of ``[window max, this step's, stop
+  flag, fill, max |v|]`` is read back, blocking (:meth:`read`) or posted and settled at the
+  next step (:meth:`post`, :meth:`settle`; pipelined reads, for CUDA);
+- a window over ``skin / 2`` (or a fill over 1) means a force may have come from an
+  incomplete list: :meth:`rollback` restores the last verified snapshot (engine/rollback.py)
+  and marks the steps up to the detection for per-step checks (``replay_until``); replay is
+  exact because integrators are deterministic given (step, atom id).
 
-At a verification step, if any step of the window exceeded ``skin / 2`` (its list may have missed a
-pair), the run is **rolled back** to the state saved at the previous verification and those steps
-are replayed with a check every step; dynamics are therefore never computed from an incomplete
-list. Replay is exact: integrators are deterministic given (step, atom id) (Langevin noise is a
-counter-based Philox stream). Otherwise the step decides whether to rebuild now (when the next
-window would likely cross ``skin / 2``) and saves the state.
-
-A model may also report, on the device, how full a fixed-capacity buffer of its is
-(``capacity_fill``, MACE's sync-free edge selection: count / capacity). Its maximum joins the
-read-back. Over 1, a result of the window was incomplete: the run rolls back as above, but rebuilds
-the list at the restored step before recomputing its forces (the model sizes its capacity afresh);
-the replay follows. Over ``FILL_REBUILD``, the list is rebuilt now, before the buffer overflows.
-
-**Pipelined reads.** A blocking read at step p makes the host wait until the GPU has finished
-everything queued, after which the GPU idles while the host launches the next kernels (GPU
-utilisation 91-98 % in MACE runs against 100 % for the bare model). So a scheduled verification
-only *posts* its read (the all-reduce and a copy into pinned host memory stay on the device
-queue, behind a CUDA event) and carries on with step p's forces; the next step *settles* it,
-waiting only for that event while step p's forces still run. What the settled values decide:
-
-- an earlier step of the window over ``skin / 2`` (or a fill over 1): roll back to the previous
-  verification, as above;
-- step p itself over ``skin / 2``: its forces used a list that may miss a pair: roll back to p
-  (the snapshot taken when posting), rebuild there and recompute its forces;
-- otherwise the window is clean: p's snapshot becomes the rollback point; if the step after
-  this one would likely cross ``skin / 2``, this step reads blocking and rebuilds (below).
-
-Output steps, the last step, steps after a stop request and replays read blocking, as before:
-nothing is reported from a step that was not verified itself. So do steps whose settled read
-asks for a rebuild: rebuilds happen at blocking reads only (a rebuild reads sizes back anyway).
-
-The engine turns pipelined reads on for CUDA (config ``neighbor.pipelined=auto``). The
-trajectories equal the per-step check's, on the CPU and on CUDA (tests/test_deferred_check.py);
-on one H200 they raised MACE at 55k atoms from 1.459e6/1.462e6 to 1.471e6/1.472e6 atom-steps/s
-(docs/benchmarks.md). On the CPU (gloo) a posted read is complete at once, so they gain nothing.
-
-The snapshots a rollback returns to live in engine/rollback.py. Atoms never migrate inside a
-window (rebuilds happen only at blocking verification steps), so the saved arrays always match
-the current decomposition.
+engine/rebuild.py drives this class; nothing else should call it.
 """
 from __future__ import annotations
 
@@ -171,10 +139,9 @@ class DeferredSkinCheck:
         elapsed = step - self.build_step
         if elapsed > 0 and last > 0:
             self.rate = last / elapsed
-        # rebuild when the next step would likely cross skin/2. Measured on in.lj (4,000 atoms,
-        # 300 steps, 38 rebuilds with a per-step check): margin 2 x rate gave 50 rebuilds and
-        # 73 read-backs, 1 x rate 43 and 69 (scheduling at 0.9 of the predicted crossing),
-        # none rolled back; a rollback costs only the replayed steps, so the lean margin wins
+        # rebuild when the next step would likely cross skin/2: a margin of one step's growth;
+        # a rollback costs only the replayed steps, so the lean margin wins over a wide one
+        # (in.lj counts: docs/benchmarks.md, "Deferred skin check")
         rebuild = last > self.half_skin or (self.rate is not None and last + lead * self.rate > self.half_skin)
         rebuild = self._plan_fill(step, lead) or rebuild
         self.schedule(step, 0.0 if rebuild else last)

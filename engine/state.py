@@ -7,7 +7,7 @@ ids (0-based, unique, stable for the whole run), time fs.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -33,7 +33,6 @@ class State:
     pbc: torch.Tensor          # (3,) bool
     step: int = 0
     time: float = 0.0          # fs
-    extras: dict = field(default_factory=dict)
 
     @property
     def n_atoms(self) -> int:

@@ -6,7 +6,7 @@ torch.distributed's object gather against mpi4py's, which ``Comm.gather_object``
 
 Each rank holds ``atoms / ranks`` rows of the checkpoint's fields (positions, velocities,
 reference positions float64; images int32; ids, numbers int64; masses float64) as CPU
-tensors, as ``Decomposition.gather`` sends them. Prints the median of ``--reps`` gathers.
+tensors, as ``RankDomain.gather`` sends them. Prints the median of ``--reps`` gathers.
 """
 from __future__ import annotations
 

@@ -15,7 +15,7 @@ import torch
 
 from shardmd.domain.comm import init_comm, shutdown
 from shardmd.domain.distributed_model import DistributedModel
-from shardmd.engine.domains import Decomposition
+from shardmd.engine.rank_domain import RankDomain
 from shardmd.engine.state import State
 from shardmd.models.lj import LennardJones
 
@@ -36,7 +36,7 @@ def main():
             dtype = torch.float64 if prec == "float64" else torch.float32
             state = State.from_atoms(atoms, dtype=dtype, device=comm.device)
             shape = None if grid == "auto" else tuple(int(g) for g in grid.split("x"))
-            dec = Decomposition(comm, lj.cutoff, 0.7, grid=shape)
+            dec = RankDomain(comm, lj.cutoff, 0.7, grid=shape)
             state = dec.distribute(state)
             dec.rebuild(state)
             res = DistributedModel(lj).compute(dec.ctx, dec.padded_positions, dec.padded_numbers, dec.nl.current)

@@ -1,7 +1,7 @@
 """NVE molecular dynamics of the bring-your-own example models on K domains.
 
 Usage: mpiexec -n K python tests/mpi/shard_md.py OUT_DIR STEPS model [model ...]
-(models: mpnn, mpnn_sharded, warp).  The engine's pieces drive it: Decomposition
+(models: mpnn, mpnn_sharded, warp).  The engine's pieces drive it: RankDomain
 (migration, halo, neighbour list, forced rebuild every 10 steps and on the skin
 criterion), velocity Verlet, and the model through DistributedModel.  Rank 0 writes
 OUT_DIR/<model>.npz with ids, unwrapped positions, velocities, forces, energy per step,
@@ -21,7 +21,7 @@ sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE.parents[1] / "examples"))
 
 from shardmd.domain.distributed_model import DistributedModel  # noqa: E402
-from shardmd.engine.domains import Decomposition  # noqa: E402
+from shardmd.engine.rank_domain import RankDomain  # noqa: E402
 from shardmd.engine.state import State  # noqa: E402
 from shardmd.integrators import VelocityVerlet  # noqa: E402
 
@@ -51,7 +51,7 @@ def run_md(comm, name: str, steps: int) -> dict | None:
     model = make(name)
     dm = DistributedModel(model)
     state = State.from_atoms(initial_atoms())
-    dec = Decomposition(comm, model.cutoff, 0.5)
+    dec = RankDomain(comm, model.cutoff, 0.5)
     state = dec.distribute(state)
     dec.rebuild(state)
     out = dm.compute(dec.ctx, dec.padded_positions, dec.padded_numbers, dec.nl.current)
@@ -70,7 +70,6 @@ def run_md(comm, name: str, steps: int) -> dict | None:
         state.forces = out["forces"]
         vv.second_half(state.velocities, state.forces, state.masses)
         energies.append(float(out["energy"]))
-    state.extras = {}
     unwrapped = state.unwrapped_positions()
     full = dec.gather(state, ("positions", "velocities", "forces", "images"))
     un = comm.gather_object((state.ids, unwrapped))

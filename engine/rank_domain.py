@@ -29,7 +29,7 @@ from .state import PER_ATOM, State
 SORTS = ("spatial", "id", "none")
 
 
-class Decomposition:
+class RankDomain:
     """comm: the job's Comm; cutoff, skin: Å; sort: the atoms' memory order set at every
     rebuild (one of :data:`SORTS`); grid: [Px, Py, Pz] or None (chosen)."""
 
@@ -52,13 +52,17 @@ class Decomposition:
         self.n_global = 0
         self.id_bound: int | None = None
         self.stats = {"received": 0}
+        #: (n_owned, 3) Å: a restart's positions of the last rebuild, kept from :meth:`distribute`
+        #: until :meth:`restore` rebuilds the lists from them (None: a fresh start)
+        self.restart_reference: torch.Tensor | None = None
 
     # -- set-up ----------------------------------------------------------------------
     def distribute(self, full: State, reference: torch.Tensor | None = None) -> State:
         """Choose the grid and keep this rank's atoms of the (identical on all ranks) full state.
 
         reference: (n, 3) positions of the last rebuild (restarts): atoms go to the domain of
-        their reference position and nothing is wrapped, as at that rebuild."""
+        their reference position and nothing is wrapped, as at that rebuild; this rank's rows
+        are kept in :attr:`restart_reference` for :meth:`restore`."""
         try:
             self.grid = choose_grid(self.comm.size, full.cell, full.pbc.tolist(), self.ghost_width,
                                     shape=self.grid_shape)
@@ -76,8 +80,7 @@ class Decomposition:
             full.permute(mine)
             if reference is not None:
                 reference = reference[mine].contiguous()
-        if reference is not None:
-            full.extras["reference_positions"] = reference
+        self.restart_reference = reference
         self.expected = id_checksum(self.comm, full.ids)
         return full
 
@@ -98,38 +101,37 @@ class Decomposition:
         order = self._order(s, s.positions)
         if order is not None:
             s.permute(order)
-        labels = torch.stack([s.ids, s.numbers], dim=1)
-        self.plan, gpos, glab = build_halo(self.comm, self.grid, s.cell, pbc, s.positions, labels,
-                                           self.ghost_width)
-        self.padded_positions = torch.cat([s.positions, gpos])
-        self.padded_ids = torch.cat([s.ids, glab[:, 0]])
-        self.padded_numbers = torch.cat([s.numbers, glab[:, 1]])
-        lp = local_pbc(self.grid, pbc)
-        self.ctx = DomainContext(self.comm, self.grid, self.plan, s.cell, tuple(pbc), lp)
-        self.nl.build(self.padded_positions, s.cell, torch.tensor(lp), ids=self.padded_ids,
-                      n_query=s.n_atoms)
+        self.padded_positions = self._build_lists(s, s.positions)
         self.timers["neighbor"] += time.perf_counter() - t
 
-    def restore(self, s: State, reference: torch.Tensor) -> None:
-        """Rebuild ghosts and lists from the positions of the last rebuild (a restart), then
-        refresh ghosts to the current positions: the uninterrupted run's lists, exactly."""
+    def restore(self, s: State) -> None:
+        """Rebuild ghosts and lists from :attr:`restart_reference`, the positions of the last
+        rebuild (a restart), then refresh ghosts to the current positions: the uninterrupted
+        run's lists, exactly."""
         t = time.perf_counter()
+        reference, self.restart_reference = self.restart_reference, None
         order = self._order(s, reference)   # the order that rebuild gave these very positions
         if order is not None:
             s.permute(order)
             reference = reference[order].contiguous()
+        self._build_lists(s, reference)
+        self.timers["neighbor"] += time.perf_counter() - t
+        self.refresh(s)
+
+    def _build_lists(self, s: State, points: torch.Tensor) -> torch.Tensor:
+        """Ghosts, domain context and neighbour list from the owned ``points`` (n, 3) Å (the
+        atoms' positions, or a restart's positions of the last rebuild); returns the padded
+        points (owned, then ghosts)."""
         labels = torch.stack([s.ids, s.numbers], dim=1)
         pbc = s.pbc.tolist()
-        self.plan, gpos, glab = build_halo(self.comm, self.grid, s.cell, pbc, reference, labels,
-                                           self.ghost_width)
-        padded_ref = torch.cat([reference, gpos])
+        self.plan, gpos, glab = build_halo(self.comm, self.grid, s.cell, pbc, points, labels, self.ghost_width)
+        padded = torch.cat([points, gpos])
         self.padded_ids = torch.cat([s.ids, glab[:, 0]])
         self.padded_numbers = torch.cat([s.numbers, glab[:, 1]])
         lp = local_pbc(self.grid, pbc)
         self.ctx = DomainContext(self.comm, self.grid, self.plan, s.cell, tuple(pbc), lp)
-        self.nl.build(padded_ref, s.cell, torch.tensor(lp), ids=self.padded_ids, n_query=s.n_atoms)
-        self.timers["neighbor"] += time.perf_counter() - t
-        self.refresh(s)
+        self.nl.build(padded, s.cell, torch.tensor(lp), ids=self.padded_ids, n_query=s.n_atoms)
+        return padded
 
     def _order(self, s: State, where: torch.Tensor) -> torch.Tensor | None:
         """Permutation of ``s``'s atoms for the memory order ``self.sort`` asks, from the
@@ -142,7 +144,7 @@ class Decomposition:
 
     def reference_positions(self) -> torch.Tensor:
         """(n_owned, 3) positions of this rank's atoms at the last rebuild (memory order)."""
-        return self.nl._x0
+        return self.nl.reference
 
     def refresh(self, s: State) -> None:
         """Ghost positions from their owners' current positions (every step without rebuild)."""
@@ -193,20 +195,25 @@ class Decomposition:
     def kinetic(self, s: State) -> torch.Tensor:
         return self.comm.all_reduce(kinetic_tensor(s.velocities, s.masses))
 
-    def allgather(self, s: State, fields) -> dict:
-        """Every rank: dict of full arrays in id order (numpy)."""
-        local = {k: (s.extras[k] if k in s.extras else getattr(s, k)).detach().cpu() for k in ("ids", *fields)}
-        parts = self.comm.all_gather_object(local)
-        ids = torch.cat([p["ids"] for p in parts])
-        order = torch.argsort(ids)
-        return {k: torch.cat([p[k] for p in parts])[order].numpy() for k in ("ids", *fields)}
+    def allgather(self, s: State, fields, extra: dict | None = None) -> dict:
+        """Every rank: dict of full arrays in id order (numpy); see :meth:`gather`."""
+        return _assemble(self.comm.all_gather_object(_local_arrays(s, fields, extra)))
 
-    def gather(self, s: State, fields=("positions", "images", "velocities", "forces")):
-        """Root: dict of full arrays in id order (numpy); others: None."""
-        local = {k: (s.extras[k] if k in s.extras else getattr(s, k)).detach().cpu() for k in ("ids", *fields)}
-        parts = self.comm.gather_object(local)
-        if parts is None:
-            return None
-        ids = torch.cat([p["ids"] for p in parts])
-        order = torch.argsort(ids)
-        return {k: torch.cat([p[k] for p in parts])[order].numpy() for k in ("ids", *fields)}
+    def gather(self, s: State, fields=("positions", "images", "velocities", "forces"), extra: dict | None = None):
+        """Root: dict of full arrays in id order (numpy); others: None. fields: names of
+        per-atom arrays of ``s``; extra: further per-atom arrays by name ((n_owned, ...) in
+        ``s``'s memory order, e.g. the reference positions or per-atom energies)."""
+        parts = self.comm.gather_object(_local_arrays(s, fields, extra))
+        return None if parts is None else _assemble(parts)
+
+
+def _local_arrays(s: State, fields, extra: dict | None) -> dict:
+    local = {k: getattr(s, k).detach().cpu() for k in ("ids", *fields)}
+    local.update({k: v.detach().cpu() for k, v in (extra or {}).items()})
+    return local
+
+
+def _assemble(parts: list[dict]) -> dict:
+    """Ranks' local arrays -> full arrays in id order (numpy)."""
+    order = torch.argsort(torch.cat([p["ids"] for p in parts]))
+    return {k: torch.cat([p[k] for p in parts])[order].numpy() for k in parts[0]}
