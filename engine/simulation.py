@@ -22,7 +22,6 @@ from omegaconf import DictConfig
 
 from shardmd.domain.comm import Comm
 from shardmd.domain.distributed_model import DistributedModel
-from shardmd.integrators import INTEGRATORS
 from shardmd.models import build_model
 
 from . import health
@@ -30,6 +29,7 @@ from . import restart as restart_mod
 from .checkpoint import checkpoint_dir, model_identity, write_checkpoint
 from .config import compose_config, echo_line, to_container
 from .errors import CollectiveError, OutputError, UserError
+from .integrator_setup import make_integrator
 from .observables import thermo_from
 from .preflight import check_outputs
 from .rank_domain import RankDomain
@@ -41,16 +41,6 @@ from .stop import EXIT_STOPPED, StopRequest
 from .system import initial_state
 
 DTYPES = {"float64": torch.float64, "float32": torch.float32}
-
-
-def make_integrator(cfg: DictConfig):
-    icfg = cfg.integrator
-    if icfg.name == "verlet":
-        return INTEGRATORS["verlet"](dt=float(cfg.dt))
-    if icfg.name == "langevin":
-        return INTEGRATORS["langevin"](dt=float(cfg.dt), temperature=float(cfg.temperature),
-                                       friction=float(icfg.friction), seed=int(cfg.seed))
-    raise UserError(f"integrator={icfg.name!r} is not available; choose one of: {', '.join(INTEGRATORS)}")
 
 
 class Simulation:
