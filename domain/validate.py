@@ -17,14 +17,17 @@
    ``drop_duplicate_all_reduce`` (a per-system output listed in ``all_reduce_outputs`` came
    back ``world_size`` times the reference: drop it from the set) and
    ``halo_correction_to_local`` (the halo-correction handler fired, the halo is complete
-   and the results differ: switch the halo mode to ``local``).  Candidate variants run in
+   and the results differ, diagnosed ``halo_correction_mismatch``: switch the halo mode to
+   ``local``) and ``halo_mode_to_scatter`` (halo mode ``local`` on a model without custom
+   ops, diagnosed ``no_per_layer_exchange``: switch it to ``scatter``).  Candidate variants run in
    the same launch as the first attempt; a variant is reported only when its rule applies.
 5. Diagnostics per attempt: ``halo_completeness`` (each rank's edges shorter than the
    model cutoff vs the single-process list), ``helper_diagnostics`` (a per-system output
    whose per-rank values sum to the reference but is not reduced: an undeclared helper),
    ``diagnosis`` (codes: ``extra_gather_inputs``, ``transform_error``, ``worker_error``,
    ``halo_too_thin``, ``duplicate_all_reduce``, ``undeclared_helper``,
-   ``missing_scatter_outputs``, ``halo_correction_mismatch``, ``mismatch``).
+   ``missing_scatter_outputs``, ``halo_correction_mismatch``, ``no_per_layer_exchange``,
+   ``plain_scatter_target``, ``ghost_rows_in_sum``, ``unreduced_system_output``, ``mismatch``).
 """
 from __future__ import annotations
 
