@@ -78,8 +78,7 @@ def main(argv: list[str] | None = None) -> int:
                 raise UserError("usage: python -m engine convert RUN.h5 OUT.extxyz|OUT.traj|any ASE format")
             from .inspect_files import convert
 
-            print(convert(args[0], args[1]))
-            return 0
+            return _print_out(convert(args[0], args[1]))
         if cmd in ("info", "plot"):
             from . import inspect_files
 
@@ -87,10 +86,8 @@ def main(argv: list[str] | None = None) -> int:
             if len(args) != need:
                 raise UserError(f"usage: python -m engine {cmd} FILE.h5" + (" OUT.png" if cmd == "plot" else ""))
             if cmd == "info":
-                print(inspect_files.info(args[0]))
-            else:
-                print(f"wrote {inspect_files.plot(args[0], args[1])}")
-            return 0
+                return _print_out(inspect_files.info(args[0]))
+            return _print_out(f"wrote {inspect_files.plot(args[0], args[1])}")
         raise UserError(f"unknown command {cmd!r}; use `python -m engine run key=value ...` "
                         "(see python -m engine --help)")
     except UserError as exc:
@@ -102,6 +99,29 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         sys.stderr.write("interrupted\n")
         return 130
+
+
+def _print_out(text: str) -> int:
+    """Print ``text``; exit status 0.  A reader that went away (``engine info run.h5 | head -1``) ends
+    the command quietly, as SIGPIPE ends Unix tools: nothing on stderr, exit status 141 (128 +
+    SIGPIPE, what a shell reports for ``yes | head -1``'s ``yes``).  Python ignores SIGPIPE, so a
+    closed pipe raises BrokenPipeError at the write, or at the interpreter's last flush, where it
+    would be printed as "Exception ignored ..."; so stdout is flushed here and, on that error,
+    pointed at /dev/null."""
+    import signal
+
+    try:
+        print(text)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            os.close(devnull)
+        except (OSError, ValueError):   # a stdout without a file descriptor (captured)
+            pass
+        return 128 + signal.SIGPIPE
+    return 0
 
 
 # -- run: Hydra's command line ------------------------------------------------------------------------

@@ -93,15 +93,19 @@ def _element(v) -> bool:
 
 
 def _fields(v) -> bool | str:
-    bad = [f for f in v if f not in TRAJECTORY_FIELDS]
-    return not bad or f"unknown field(s) {bad}; use any of {sorted(TRAJECTORY_FIELDS)}"
+    bad = [f for f in v if f not in TRAJECTORY_FIELDS and f not in MODEL_FIELDS]
+    if bad:
+        return f"unknown field(s) {bad}; use any of {[*TRAJECTORY_FIELDS, 'energies']}"
+    names = [MODEL_FIELDS.get(f, f) for f in v]   # energies and energy are one field
+    return len(set(names)) == len(names) or "a field is named twice; give each once"
 
 
 def _text(fix: str, *, null: bool = False) -> Check:
     return Check(lambda v: (null and v is None) or (isinstance(v, str) and v.strip() != ""), fix)
 
 
-TRAJECTORY_FIELDS = ("position", "image", "velocity", "force")
+TRAJECTORY_FIELDS = ("position", "image", "velocity", "force")   # the default; optional besides:
+MODEL_FIELDS = {"energies": "energy", "energy": "energy"}   # per-atom energies the model returns, eV
 
 
 def key(default: Any = MISSING, help: str = "", check: Check | None = None, *,

@@ -13,6 +13,7 @@ Layout::
     /particles/all/
         species (n,) int32, mass (n,) float64 [amu], id (n,) int64   (time-independent)
         position|image|velocity|force/{step, time, value}   value (frames, n, 3)
+        energy/{step, time, value}                          value (frames, n) [eV], per-atom energies
         box/                attrs dimension=3, boundary=["periodic"|"none"]*3
             edges/{step, time, value}                       value (frames, 3, 3), rows = lattice vectors
     /observables/<name>/{step, time, value}                 value (rows,) or (rows, 3, 3)
@@ -60,8 +61,10 @@ from shardmd.engine.h5md_layout import (
     _new_chunk_row,
     _resize,
     _write_config,
+    field_shape,
 )
 from shardmd.engine.h5md_read import (  # noqa: F401  (re-exported reader API)
+    FIELD_ALIASES,
     FIELD_UNITS,
     FIELDS,
     LENGTH_UNIT,
@@ -99,7 +102,8 @@ class H5MDWriter:
         (JSON in ``config_json`` plus nested groups/attributes).  With ``mode="a"`` a given
         config replaces the stored one; None keeps it.
     fields: per-atom fields written every frame, a subset of
-        ("position", "image", "velocity", "force").
+        ("position", "image", "velocity", "force", "energy"); "energies" is accepted for "energy"
+        (per-atom potential energies, (n,) per frame, eV).
     observables: allow :meth:`write_observables` (creates the ``/observables`` group).
     author, creator, creator_version: stored in ``/h5md``.
     mode: "w" creates (truncating); "a" reopens an existing file to append (restarts) and
@@ -147,7 +151,7 @@ class H5MDWriter:
         self.dtype = np.dtype(dtype)
         if self.dtype not in (np.dtype(np.float32), np.dtype(np.float64)):
             raise ValueError(f"dtype must be float32 or float64, not {self.dtype}")
-        self.fields = tuple(fields)
+        self.fields = tuple(FIELD_ALIASES.get(f, f) for f in fields)
         unknown = set(self.fields) - set(FIELDS)
         if unknown or len(set(self.fields)) != len(self.fields):
             raise ValueError(f"fields must be distinct names among {FIELDS}; got {self.fields}")
@@ -269,8 +273,9 @@ class H5MDWriter:
 
     def _create_field(self, name: str) -> None:
         dt = np.dtype(np.int32) if name == "image" else self.dtype
-        _create_element(self._f[PARTICLES], name, (self.n_atoms, 3), dt, FIELD_UNITS[name],
-                        _atom_chunks(self.n_atoms, dt.itemsize))
+        shape = field_shape(name, self.n_atoms)
+        _create_element(self._f[PARTICLES], name, shape, dt, FIELD_UNITS[name],
+                        _atom_chunks(self.n_atoms, dt.itemsize, width=3 if len(shape) == 2 else 1))
 
     def _reopen(self, config) -> None:
         f = self._f
@@ -379,13 +384,13 @@ class H5MDWriter:
     def write_frame(self, step: int, time: float, cell: np.ndarray | Sequence,
                     positions: np.ndarray | None = None, images: np.ndarray | None = None,
                     velocities: np.ndarray | None = None,
-                    forces: np.ndarray | None = None) -> None:
+                    forces: np.ndarray | None = None, energies: np.ndarray | None = None) -> None:
         """Append one frame and flush the file.
 
         step: MD step, strictly larger than the last frame's.  time: fs.
         cell: (3, 3) Å, rows are the lattice vectors (triclinic allowed).
         positions: (n, 3) Å, wrapped.  images: (n, 3) integer image flags (stored int32).
-        velocities: (n, 3) Å/fs.  forces: (n, 3) eV/Å.
+        velocities: (n, 3) Å/fs.  forces: (n, 3) eV/Å.  energies: (n,) eV (field "energy").
         Arrays follow the order of ``ids``.  Every field in ``fields`` is required; arrays
         for fields not in ``fields`` are ignored.  Raises OutputError if the frame could
         not be written (it then does not count; earlier frames stay intact).
@@ -398,15 +403,16 @@ class H5MDWriter:
         cell_a = np.asarray(cell, dtype=np.float64)
         if cell_a.shape != (3, 3):
             raise ValueError(f"cell must have shape (3, 3), got {cell_a.shape}")
-        given = {"position": positions, "image": images, "velocity": velocities, "force": forces}
+        given = {"position": positions, "image": images, "velocity": velocities, "force": forces,
+                 "energy": energies}
         arrays = {}
         for name in self.fields:
             a = given[name]
             if a is None:
                 raise ValueError(f"write_frame needs `{name}` (it is in fields={self.fields})")
             a = np.asarray(a)
-            if a.shape != (self.n_atoms, 3):
-                raise ValueError(f"{name} must have shape ({self.n_atoms}, 3), got {a.shape}")
+            if a.shape != field_shape(name, self.n_atoms):
+                raise ValueError(f"{name} must have shape {field_shape(name, self.n_atoms)}, got {a.shape}")
             if name == "image":
                 if a.dtype.kind not in "iu" and not np.array_equal(a, np.rint(a)):
                     raise ValueError("images must be integers")

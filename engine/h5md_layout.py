@@ -8,7 +8,7 @@ from typing import Any, Mapping
 import h5py
 import numpy as np
 
-from shardmd.engine.h5md_read import STEP_FILL, TIME_UNIT
+from shardmd.engine.h5md_read import SCALAR_FIELDS, STEP_FILL, TIME_UNIT
 
 ROW_CHUNK = 1024  # rows per chunk of step/time/edges/observables
 FRAME_CHUNK_BYTES = 64 * 1024  # per-atom chunks hold whole frames up to this size
@@ -84,11 +84,18 @@ def _create_element(parent: h5py.Group, name: str, shape: tuple[int, ...], dtype
     return g
 
 
-def _atom_chunks(n: int, itemsize: int) -> tuple[int, int, int]:
-    per_atom = 3 * itemsize
+def field_shape(name: str, n: int) -> tuple[int, ...]:
+    """Shape of one frame of per-atom field ``name``: (n,) for scalar fields (energy), else (n, 3)."""
+    return (n,) if name in SCALAR_FIELDS else (n, 3)
+
+
+def _atom_chunks(n: int, itemsize: int, width: int = 3) -> tuple[int, ...]:
+    """Chunk shape of a per-atom field with ``width`` values per atom (1: a scalar field, (n,)
+    per frame, whose chunks are (frames, atoms))."""
+    per_atom = width * itemsize
     atoms = max(1, min(n, MAX_CHUNK_BYTES // per_atom))
     frames = max(1, min(ROW_CHUNK, FRAME_CHUNK_BYTES // (atoms * per_atom)))
-    return (frames, atoms, 3)
+    return (frames, atoms, 3) if width == 3 else (frames, atoms)
 
 
 def _new_chunk_row(d: h5py.Dataset) -> tuple[int, int]:

@@ -46,10 +46,12 @@ import numpy as np
 
 from shardmd.engine.errors import UserError
 from shardmd.engine.h5md_units import (  # noqa: F401  (unit strings: re-exported for the writer)
+    FIELD_ALIASES,
     FIELD_UNITS,
     LENGTH_UNIT,
     MASS_UNIT,
     OBSERVABLE_UNITS,
+    SCALAR_FIELDS,
     TIME_UNIT,
     UnknownUnitError,
     element_factor,
@@ -57,8 +59,9 @@ from shardmd.engine.h5md_units import (  # noqa: F401  (unit strings: re-exporte
     unit_of,
 )
 
-#: Per-atom time-dependent fields the writer knows, in their canonical order.
-FIELDS: tuple[str, ...] = ("position", "image", "velocity", "force")
+#: Per-atom time-dependent fields the writer knows, in their canonical order ("energy": the
+#: model's per-atom potential energies, (n,) per frame, eV; the others are (n, 3)).
+FIELDS: tuple[str, ...] = ("position", "image", "velocity", "force", "energy")
 STEP_FILL = -1  # fill value of every `step` dataset: marks a row never written
 PARTICLES = "/particles/all"
 
@@ -329,9 +332,10 @@ class _Reader:
                 atoms.info[name] = float(v) if np.ndim(v) == 0 else np.array(v)
                 if name == "potential_energy":
                     energy = float(v)
-        forces = arrays.get("force")
-        if energy is not None or forces is not None:
-            atoms.calc = SinglePointCalculator(atoms, energy=energy, forces=forces)
+        forces, energies = arrays.get("force"), arrays.get("energy")
+        if energy is not None or forces is not None or energies is not None:
+            per_atom = {} if energies is None else {"energies": energies}
+            atoms.calc = SinglePointCalculator(atoms, energy=energy, forces=forces, **per_atom)
         return atoms
 
     def _value(self, name: str, row: int) -> np.ndarray:
@@ -367,7 +371,8 @@ def read_frames(path, index: int | slice | Sequence[int] = slice(None)) -> list:
     ``masses`` (amu, as stored), wrapped ``positions`` (Å) as stored, image flags in
     ``atoms.arrays["image"]`` (int32, (n, 3)) and global ids in ``atoms.arrays["id"]``,
     velocities converted to ASE units (``v_A_per_fs / ase.units.fs``), and, when stored
-    at that step, forces (eV/Å) and the ``potential_energy`` observable (eV) through a
+    at that step, forces (eV/Å), per-atom energies (eV, field ``energy``:
+    ``atoms.get_potential_energies()``) and the ``potential_energy`` observable (eV) through a
     ``SinglePointCalculator``.  ``atoms.info`` holds ``step`` (int), ``time_fs`` (float)
     and every observable recorded at the same step under its own name.
     Frames interrupted by a crash are left out (see the module docstring).

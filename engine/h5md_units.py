@@ -7,7 +7,8 @@ the spelling MDAnalysis's H5MD reader translates (``MDAnalysis/coordinates/H5MD.
 (space-separated symbols with signed integer powers, e.g. ``"Angstrom fs-1"``).  MDAnalysis
 knows no eV-based force unit (its force units are kJ/(mol Å), kJ/(mol nm), kcal/(mol Å),
 N, J/m), so forces are stored in kJ mol-1 Angstrom-1 and converted back to eV/Å by every
-reader here; everything else is stored in the engine's units unchanged.
+reader here; everything else is stored in the engine's units unchanged (per-atom energies,
+field ``energy``, in eV: MDAnalysis does not read that element).
 
 Files written before this change say ``"angstrom"``, ``"angstrom fs-1"`` and
 ``"eV angstrom-1"``; :func:`to_engine` reads both, so old trajectories stay readable and a
@@ -29,7 +30,12 @@ FIELD_UNITS: dict[str, str | None] = {
     "image": None,
     "velocity": "Angstrom fs-1",
     "force": "kJ mol-1 Angstrom-1",
+    "energy": "eV",
 }
+#: per-atom fields with one value per atom (shape (n,) per frame; the others are (n, 3))
+SCALAR_FIELDS = ("energy",)
+#: other names accepted for a field (``trajectory.fields=[energies]``: the models' output key)
+FIELD_ALIASES = {"energies": "energy"}
 TIME_UNIT = "fs"
 LENGTH_UNIT = "Angstrom"
 MASS_UNIT = "amu"
@@ -63,9 +69,11 @@ _FORCE = {"kJ mol-1 Angstrom-1": KJ_PER_MOL_IN_EV, "kJ mol-1 A-1": KJ_PER_MOL_IN
           "eV angstrom-1": 1.0, "eV Angstrom-1": 1.0, "eV A-1": 1.0,
           "kJ mol-1 nm-1": KJ_PER_MOL_IN_EV / 10.0,
           "kcal mol-1 Angstrom-1": KCAL_PER_MOL_IN_EV, "kcal mol-1 A-1": KCAL_PER_MOL_IN_EV}
+_ENERGY = {"eV": 1.0, "kJ mol-1": KJ_PER_MOL_IN_EV, "kcal mol-1": KCAL_PER_MOL_IN_EV}
 #: quantity of each per-atom field and of box edges / time
-QUANTITY = {"position": "length", "box": "length", "velocity": "velocity", "force": "force", "time": "time"}
-_TABLES = {"length": _LENGTH, "time": _TIME, "velocity": _VELOCITY, "force": _FORCE}
+QUANTITY = {"position": "length", "box": "length", "velocity": "velocity", "force": "force", "time": "time",
+            "energy": "energy"}
+_TABLES = {"length": _LENGTH, "time": _TIME, "velocity": _VELOCITY, "force": _FORCE, "energy": _ENERGY}
 
 
 class UnknownUnitError(ValueError):
@@ -84,7 +92,7 @@ def unit_of(ds: h5py.Dataset) -> str | None:
 
 def to_engine(quantity: str, unit: str | None) -> float:
     """Factor that converts a value stored in ``unit`` to the engine's unit of ``quantity``
-    ("length" Å, "time" fs, "velocity" Å/fs, "force" eV/Å).  No attribute (None): the value
+    ("length" Å, "time" fs, "velocity" Å/fs, "force" eV/Å, "energy" eV).  No attribute (None): the value
     is taken to be in the engine's unit already, as in files from writers that state none.
     Raises UnknownUnitError (one line, the known spellings) for anything else."""
     if unit is None:

@@ -113,7 +113,40 @@ def _info(path: str, kind: str) -> str:
     return "\n".join(lines + _config_line(s["config"]))
 
 
+def plot_series(path: str) -> list[tuple[str, dict[str, tuple]]]:
+    """What ``plot`` draws: one ``(y label, {curve label: (time ps, values)})`` per panel.
+
+    Panels: the energies (eV); the total-energy drift per atom, ``(E_total(t) - E_total(0)) / N``
+    in eV/atom (on the energy panel's ~N eV scale a drift of 1e-5 eV/atom is invisible);
+    temperature (K); pressure (bar).  Curves whose observable the file lacks are left out.
+    """
+    from shardmd.integrators.units import EV_PER_A3_TO_BAR
+
+    from .h5md import file_summary, read_observables
+
+    obs = read_observables(path)
+    n_atoms = file_summary(path)["n_atoms"]
+
+    def curve(k, scale=1.0):
+        steps, times, values = obs[k]
+        return times / 1000.0, values * scale
+
+    panels: list[tuple[str, dict[str, tuple]]] = [
+        ("energy (eV)", {k.replace("_", " "): curve(k) for k in ("potential_energy", "kinetic_energy",
+                                                                  "total_energy") if k in obs})]
+    drift = {}
+    if "total_energy" in obs and len(obs["total_energy"][2]) and n_atoms:
+        t, e = curve("total_energy")
+        drift["(E_total - E_total(0)) / N"] = (t, (e - e[0]) / n_atoms)
+    panels.append(("total-energy drift (eV/atom)", drift))
+    panels.append(("temperature (K)", {"temperature": curve("temperature")} if "temperature" in obs else {}))
+    panels.append(("pressure (bar)", {"pressure": curve("pressure", EV_PER_A3_TO_BAR)} if "pressure" in obs
+                   else {}))
+    return panels
+
+
 def plot(path: str, out: str) -> str:
+    """Draw :func:`plot_series` of a trajectory to the image ``out`` (one panel each, shared time axis)."""
     if _open_kind(path) != "trajectory":
         raise UserError(f"{path!r} is a checkpoint; plot a trajectory file")
     try:
@@ -123,23 +156,15 @@ def plot(path: str, out: str) -> str:
         import matplotlib.pyplot as plt
     except ImportError:
         raise UserError("plot needs matplotlib: pip install matplotlib") from None
-    from shardmd.integrators.units import EV_PER_A3_TO_BAR
-
-    from .h5md import read_observables
 
     check_output_path(out, "plot output")
-    obs = read_observables(path)
-    panels = [("energy (eV)", ["potential_energy", "kinetic_energy", "total_energy"]),
-              ("temperature (K)", ["temperature"]), ("pressure (bar)", ["pressure"])]
-    fig, axes = plt.subplots(3, 1, figsize=(8, 9), sharex=True)
-    for ax, (label, keys) in zip(axes, panels):
-        for k in keys:
-            if k in obs:
-                steps, times, values = obs[k]
-                scale = EV_PER_A3_TO_BAR if k == "pressure" else 1.0
-                ax.plot(times / 1000.0, values * scale, label=k.replace("_", " "))
+    panels = plot_series(path)
+    fig, axes = plt.subplots(len(panels), 1, figsize=(8, 2.6 * len(panels) + 1), sharex=True)
+    for ax, (label, curves) in zip(axes, panels):
+        for name, (t, y) in curves.items():
+            ax.plot(t, y, label=name)
         ax.set_ylabel(label)
-        if ax.get_legend_handles_labels()[0]:
+        if curves:
             ax.legend(loc="best", fontsize=8)
     axes[-1].set_xlabel("time (ps)")
     fig.suptitle(Path(path).name)

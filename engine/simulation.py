@@ -218,12 +218,16 @@ class Simulation:
     def _write(self, obs: dict) -> None:
         t = time.perf_counter()
         s = self.state
-        full = self.domain.gather(s)
+        from .trajectory_fields import model_outputs  # per-atom model outputs asked for (energies)
+
+        extra = model_outputs(self.results, self.cfg.trajectory.fields, self.model)
+        full = self.domain.gather(s, extra=extra)
         if full is None:
             self.timers["output"] += time.perf_counter() - t
             return
         self.writer.write_frame(s.step, s.time, s.cell.detach().cpu().numpy(), positions=full["positions"],
-                                images=full["images"], velocities=full["velocities"], forces=full["forces"])
+                                images=full["images"], velocities=full["velocities"], forces=full["forces"],
+                                **{k: full[k] for k in extra})
         self.writer.write_observables(s.step, s.time, {k: obs[k] for k in (
             "potential_energy", "kinetic_energy", "total_energy", "temperature", "pressure", "stress")})
         self.timers["output"] += time.perf_counter() - t
