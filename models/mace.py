@@ -139,6 +139,107 @@ def load_mace(path: str | Path, device="cpu", dtype=torch.float64, trust_pickle:
     return model.to(device=device, dtype=dtype).eval()
 
 
+def _foundations():
+    """mace-torch's own foundation-model module (its URL tables, cache directory and download)."""
+    import contextlib
+    import io
+    import warnings
+
+    _import_mace()
+    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+        warnings.simplefilter("ignore")
+        from mace.calculators import foundations_models
+    return foundations_models
+
+
+def foundation_models() -> dict[str, tuple[str, str]]:
+    """name -> (family, URL) of the foundation models mace-torch knows (its ``mace_mp_urls``
+    under their own names, as ``mace_mp(model=...)`` takes them; ``mace_off_urls`` as
+    ``off-<size>``, since mace_off's ``small``/``medium``/``large`` clash with MACE-MP's)."""
+    fm = _foundations()
+    names = {n: ("MACE-MP", u) for n, u in fm.mace_mp_urls.items()}
+    names.update({f"off-{n}": ("MACE-OFF", u) for n, u in fm.mace_off_urls.items()})
+    return names
+
+
+def foundation_cache_path(name: str) -> Path:
+    """Where mace-torch keeps the downloaded file of foundation model ``name`` (its cache
+    directory, ``$XDG_CACHE_HOME/mace`` or ``~/.cache/mace``, under the file name its loaders
+    derive from the URL: ``download_mace_mp_checkpoint`` keeps letters, digits and ``_`` of the
+    URL's base name; ``mace_off`` keeps the base name)."""
+    import os
+
+    fm = _foundations()
+    family, url = foundation_models()[name]
+    if family == "MACE-MP":
+        if name == "medium-mpa-0" and os.path.isfile(fm.local_model_path):   # shipped with mace-torch
+            return Path(fm.local_model_path)
+        base = "".join(c for c in os.path.basename(url) if c.isalnum() or c in "_")
+    else:
+        base = os.path.basename(url).split("?")[0]
+    return Path(fm.get_cache_dir()) / base
+
+
+def resolve_checkpoint(checkpoint: str | Path | None) -> Path:
+    """The model file of ``model.checkpoint``: a path, or the name of a MACE foundation model
+    (``medium-mpa-0``, ``small``, ``off-medium``, ...: :func:`foundation_models`), which
+    mace-torch's own loader finds in its cache or downloads there (machines with internet).
+    Every failure is one line."""
+    if not checkpoint:
+        return DEFAULT_MODEL
+    p = Path(checkpoint)
+    if p.is_file():
+        return p
+    name = str(checkpoint)
+    known = foundation_models()
+    if name not in known:
+        mp = ", ".join(n for n, (f, _) in known.items() if f == "MACE-MP")
+        off = ", ".join(n for n, (f, _) in known.items() if f == "MACE-OFF")
+        raise ValueError(f"model.checkpoint={name!r}: no such file, and not a foundation model name (MACE-MP: {mp}; "
+                         f"MACE-OFF: {off}); give a mace-torch .model file or one of those names")
+    import contextlib
+    import io
+
+    family, url = known[name]
+    target = foundation_cache_path(name)
+    fm = _foundations()
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            if family == "MACE-MP":   # mace_mp's own resolver: the cached file, else a download into the cache
+                path = Path(fm.download_mace_mp_checkpoint(name))
+            else:                     # mace_off resolves inline (and then unpickles freely): same cache, same name
+                if not target.is_file():
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    fm._urlretrieve_with_timeout(url, str(target))
+                path = target
+    except Exception as exc:  # noqa: BLE001 - no network, HTTP errors, a full disk, ...
+        why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ValueError(f"model.checkpoint={name!r}: the {family} foundation model is not in mace-torch's cache "
+                         f"({target}) and downloading {url} failed ({why}); download it on a machine with internet "
+                         "and put it at that path, or give model.checkpoint=PATH") from None
+    if not path.is_file():
+        raise ValueError(f"model.checkpoint={name!r}: mace-torch's loader gave {path}, which is not a file")
+    return path
+
+
+def select_head(model: torch.nn.Module, head: str | None, label: str) -> int:
+    """Index of readout head ``head`` in mace-torch's ``model.heads`` (the calculator's
+    ``head=``).  None: the only head, else the one named ``default`` (any case), as
+    MACECalculator chooses; otherwise a one-line error listing the heads."""
+    heads = [str(h) for h in (getattr(model, "heads", None) or ["Default"])]
+    if head is None:
+        if len(heads) == 1:
+            return 0
+        default = [i for i, h in enumerate(heads) if h.lower() == "default"]
+        if default:
+            return default[0]
+        raise ValueError(f"{label} has {len(heads)} heads ({', '.join(heads)}) and none is named default; "
+                         "choose one with model.head=NAME")
+    if str(head) not in heads:
+        raise ValueError(f"model.head={head!r}: {label} has no such head; its heads are {', '.join(heads)}")
+    return heads.index(str(head))
+
+
 def cueq_available(kernels: bool = False) -> bool:
     """Whether cuEquivariance's torch front end (and mace-torch's converter for it) import;
     with ``kernels``, also its compiled CUDA kernels (without them it runs naive torch code)."""
@@ -200,7 +301,9 @@ GRAPH_MAX_POINTS = 50_000
 class MaceModel:
     """mace-torch model on the halo scheme.
 
-    checkpoint: mace-torch model file (default: the shipped Cu model); dtype, device: where
+    checkpoint: mace-torch model file, or a foundation model's name (``medium-mpa-0``, ``small``,
+    ``off-medium``...: see :func:`resolve_checkpoint`; default: the shipped Cu model); head:
+    the readout head of a multi-head model (None: its only or ``default`` head); dtype, device: where
     and how it runs; cueq: cuEquivariance kernels ('auto': on CUDA when installed);
     cuda_graph: replay the call as a CUDA graph between neighbour rebuilds when it can be: on
     CUDA, on one domain, with sync-free edge selection (True: then always; 'auto', the default:
@@ -214,12 +317,17 @@ class MaceModel:
     distribution_spec = SPEC_MACE
 
     def __init__(self, checkpoint: str | Path | None = None, dtype=torch.float64, device="cpu", cueq="auto",
-                 cuda_graph="auto", trust_pickle: bool = False):
-        self.path = Path(checkpoint) if checkpoint else DEFAULT_MODEL
+                 cuda_graph="auto", trust_pickle: bool = False, head: str | None = None):
+        self.path = resolve_checkpoint(checkpoint)
         if not checkpoint and not self.path.is_file():
             raise ValueError(f"the shipped MACE model {self.path} is missing; give model.checkpoint=PATH")
         self.dtype, self.device = dtype, torch.device(device)
         self.model = load_mace(self.path, self.device, dtype, trust_pickle=trust_pickle)
+        label = f"the MACE model {checkpoint or self.path.name}"
+        #: the readout head used (an index into ``self.heads``)
+        self.heads = [str(h) for h in (getattr(self.model, "heads", None) or ["Default"])]
+        self.head = self.heads[select_head(self.model, head, label)]
+        self._head = torch.tensor([self.heads.index(self.head)], dtype=torch.int64, device=self.device)
         #: whether the model runs on cuEquivariance kernels (converted by mace-torch's own tool)
         self.cueq = resolve_cueq(cueq, self.device)
         if self.cueq:
@@ -304,6 +412,7 @@ class MaceModel:
                 "natoms": torch.tensor([n_own, n_pad - n_own]),
                 "lammps_class": _Exchange(ctx, n_own),
                 "ptr": torch.arange(2, device=x.device) * n_own,  # [0, n_own], made on the device
+                "head": self._head,   # the readout head of a multi-head model (its index, per graph)
             }
             out = self.model(data, compute_force=False, lammps_mliap=True)
             # the owned atoms' energies, summed by a reduction tree rather than mace-torch's

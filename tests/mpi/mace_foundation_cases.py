@@ -1,0 +1,38 @@
+"""Run under ``mpiexec -n K``: the engine with a MACE foundation model given by name (and a
+head), on K domains, at step 0 and after STEPS hot Langevin steps.
+
+Usage: mpiexec -n K python tests/mpi/mace_foundation_cases.py OUT.npz SYSTEM.extxyz NAME HEAD STEPS
+(``XDG_CACHE_HOME`` points at the mace-torch cache holding NAME's file).  Rank 0 writes the
+gathered positions, forces and energy of both snapshots."""
+import sys
+
+import numpy as np
+
+from shardmd.domain.comm import init_comm, shutdown
+from shardmd.engine.config import compose_config
+from shardmd.engine.simulation import Simulation
+
+
+def main():
+    out, system, name, head, steps = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5])
+    comm = init_comm("cpu")
+    sim = Simulation(compose_config(["model=mace", f"model.checkpoint={name}", f"model.head={head}",
+                                     f"system.file={system}", "precision=float64", f"domains={comm.size}",
+                                     f"steps={steps}", "dt=2.0", "temperature=900", "integrator=langevin",
+                                     "trajectory.every=0", "thermo.every=0", "checkpoint.every=0", "quiet=true",
+                                     "neighbor.skin=0.4", f"output={out[:-4]}.h5"]), comm=comm)
+    snaps = []
+    for n in (0, steps):
+        sim.run(n)
+        full = sim.domain.gather(sim.state, ("positions", "forces", "numbers"))
+        snaps.append((full, float(sim.results["energy"])))
+    if comm.is_root:
+        (a, ea), (b, eb) = snaps
+        np.savez(out, pos0=a["positions"], f0=a["forces"], e0=ea, pos1=b["positions"], f1=b["forces"], e1=eb,
+                 numbers=a["numbers"], cell=sim.state.cell.double().numpy(), grid=np.array(sim.domain.grid.shape),
+                 migrated=sim.summary["migrated"])
+    shutdown(comm)
+
+
+if __name__ == "__main__":
+    main()
