@@ -271,6 +271,8 @@ class Mace:
     cuda_graph: Any = key("auto", "replay the model call as a CUDA graph between neighbour rebuilds (one domain, "
                           "CUDA); auto: up to 50,000 atoms (docs/benchmarks.md)",
                           one_of("auto", True, False, fix="use true, auto or false"))
+    head: Optional[str] = key(None, "the readout head of a multi-head model (mace-torch's heads); null: its only "
+                              "head, else the one named default", _text("give a head name", null=True))
 
 
 @dataclass

@@ -23,7 +23,8 @@ def _build_mace(cfg: Mapping, dtype: torch.dtype, device: torch.device):
     dt = {"float32": torch.float32, "float64": torch.float64}[want] if want else dtype
     return MaceModel(cfg.get("checkpoint"), dtype=dt, device=device, cueq=cfg.get("cueq", "auto"),
                      cuda_graph=cfg.get("cuda_graph", "auto"),
-                     trust_pickle=cfg.get("trust_pickle", False) is True)  # only a real true opts in
+                     trust_pickle=cfg.get("trust_pickle", False) is True,  # only a real true opts in
+                     head=cfg.get("head"))
 
 
 MODELS: dict[str, Callable] = {"lj": _build_lj, "mace": _build_mace}
