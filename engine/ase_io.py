@@ -18,8 +18,9 @@ layout (``/particles/all`` with species and masses), not every H5MD file.
 
 Atoms carry ASE units: positions and cell Å (cell rows are lattice vectors), ``pbc``,
 ``numbers``, masses amu, velocities in ASE's unit (Å/fs divided by ``ase.units.fs``), and,
-where the file has them at that step, energy (``potential_energy``, eV) and forces (eV/Å)
-through a ``SinglePointCalculator``; ``info`` holds ``step``, ``time_fs`` and the step's
+where the file has them at that step, energy (``potential_energy``, eV), forces (eV/Å) and
+per-atom energies (field ``energy``, eV: ``atoms.get_potential_energies()``) through a
+``SinglePointCalculator``; ``info`` holds ``step``, ``time_fs`` and the step's
 observables (``stress`` there includes the kinetic term, so it is not given to the
 calculator, whose stress is the potential part).  See
 :func:`shardmd.engine.h5md_read.read_frames`.  Importing this module costs only ASE's plugin

@@ -18,7 +18,7 @@ import sys
 USAGE = """\
 usage: python -m engine run [key=value ...] [-m] [--cfg job] [--config-path DIR --config-name NAME]
        python -m engine info FILE.h5          what a trajectory or checkpoint holds
-       python -m engine plot FILE.h5 OUT.png  energies, temperature, pressure vs time
+       python -m engine plot FILE.h5 OUT.png  energies, energy drift per atom, temperature, pressure vs time
        python -m engine convert RUN.h5 OUT    frames to extxyz, .traj or any ASE format
        python -m engine --help | --version
 
