@@ -290,9 +290,30 @@ class Langevin:
     friction: float = key(0.01, "friction γ, 1/fs", number("give a friction >= 0 in 1/fs", ge=0))
 
 
+@dataclass
+class NoseHoover:
+    """Nosé-Hoover chains as LAMMPS fix nvt integrates them; temperature is the target"""
+
+    name: str = "nose-hoover"
+    tdamp: float = key(100.0, "damping time of the chain, fs (LAMMPS's Tdamp; about 100 steps is typical)",
+                       number("give a tdamp > 0 in fs", gt=0))
+    chain: int = key(3, "number of thermostats in the chain (LAMMPS's tchain)",
+                     whole(1, "give a chain length >= 1"))
+
+
+@dataclass
+class CSVR:
+    """stochastic velocity rescaling, Bussi-Donadio-Parrinello; temperature is the target"""
+
+    name: str = "csvr"
+    tau: float = key(100.0, "relaxation time of the kinetic energy, fs (0: rescale to it every step)",
+                     number("give a tau >= 0 in fs", ge=0))
+
+
 #: group -> {choice: dataclass}; a new model or integrator is one more entry here
 MODELS: dict[str, type] = {"lj": LJ, "mace": Mace}
-INTEGRATORS: dict[str, type] = {"verlet": Verlet, "langevin": Langevin}
+INTEGRATORS: dict[str, type] = {"verlet": Verlet, "langevin": Langevin, "nose-hoover": NoseHoover,
+                                 "csvr": CSVR}
 GROUPS: dict[str, dict[str, type]] = {"model": MODELS, "integrator": INTEGRATORS}
 #: what the group is for; each choice is described by its dataclass's docstring
 GROUP_HELP = {"model": "the interatomic model", "integrator": "the equations of motion"}

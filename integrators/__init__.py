@@ -2,11 +2,15 @@
 
 Every integrator offers ``first_half(positions, velocities, forces, masses, ids, step)``
 (everything before the force call), ``second_half(velocities, forces, masses)`` (after it),
-``degrees_of_freedom(n)`` and ``state_dict()``.
+``degrees_of_freedom(n)`` and ``state_dict()``; the stateful thermostats (nose-hoover) also
+``load_state_dict(d)``.  Thermostats that need a global kinetic energy get ``sum_fn`` (a sum
+over ranks of a small tensor) from the engine; they never talk to ranks themselves.
 """
+from .csvr import CSVR
 from .langevin import Langevin
+from .nose_hoover import NoseHoover
 from .velocity_verlet import VelocityVerlet
 
-INTEGRATORS = {"verlet": VelocityVerlet, "langevin": Langevin}
+INTEGRATORS = {"verlet": VelocityVerlet, "langevin": Langevin, "nose-hoover": NoseHoover, "csvr": CSVR}
 
-__all__ = ["INTEGRATORS", "Langevin", "VelocityVerlet"]
+__all__ = ["CSVR", "INTEGRATORS", "Langevin", "NoseHoover", "VelocityVerlet"]

@@ -21,6 +21,7 @@ _MASK = 0xFFFFFFFF
 #: streams: independent noise for each use at a step
 STREAM_LANGEVIN = 1
 STREAM_INIT_VELOCITY = 2
+STREAM_CSVR = 3
 
 
 def _mulhilo(a: int, b: torch.Tensor):

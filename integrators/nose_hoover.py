@@ -1,0 +1,182 @@
+"""Nosé-Hoover chains (NVT) as LAMMPS's ``fix nvt`` integrates them (src/fix_nh.cpp).
+
+One step (tloop = 1, drag = 0, as fix nvt's defaults):
+
+    initial_integrate:  NHC(dt/2) with the temperature carried from the last NHC,
+                        v += dt/2 F/m,  x += dt v
+    -- forces --
+    final_integrate:    v += dt/2 F/m,  T = 2K/(dof kB) of these velocities,  NHC(dt/2)
+
+NHC(dt/2) is fix_nh's ``nhc_temp_integrate`` line for line: the chain's velocities are
+updated from the top of the chain down with the exp(-dt/8 eta_dot[i+1]) factors around a dt/4
+kick, all velocities scaled by exp(-dt/2 eta_dot[0]), the carried temperature scaled by its
+square (never recomputed), eta advanced by dt/2 eta_dot and the chain swept back up.
+Masses Q[0] = dof kB T / w^2, Q[i>0] = kB T / w^2 with w = 1/tdamp; the forces of the upper
+links eta_dotdot[i>0] are state (set at start as LAMMPS's ``setup``, then updated in the
+upward sweep only).  dof = 3N - 3, as LAMMPS's temperature compute for a momentum-conserving
+system (and our verlet).
+
+The kinetic energy is a global sum: the engine passes ``sum_fn`` (a sum over ranks of a
+small int64 tensor; identity on one rank).  Each atom's m v^2 is turned into two int64
+fixed-point words (2^-32 and 2^-63 eV) before summing, so the sum is exact integer
+arithmetic: the same bits whatever the decomposition, and the chain variables (scalars) are
+identical on every rank.  They are in :meth:`state_dict`, and :meth:`load_state_dict`
+restores them for a bit-exact restart.
+
+Units: Å, Å/fs, eV/Å, amu, fs; ``tdamp`` in fs; temperature in K.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+
+from .units import FORCE_TO_ACCEL, KB, MVV_TO_EV
+
+_HI, _LO = 2.0 ** 32, 2.0 ** 31
+
+
+def _identity(t: torch.Tensor) -> torch.Tensor:
+    return t
+
+
+def exact_mv2_sum(velocities: torch.Tensor, masses: torch.Tensor, sum_fn: Callable) -> tuple[float, int]:
+    """(sum over all ranks of m v^2 in eV, global atom count), independent of the decomposition.
+
+    m v^2 (float64, >= 0) is split into floor(x 2^32) and round(frac 2^31) (the fraction is
+    exact in float64, so only bits below 2^-63 eV are lost); both are summed as int64.
+    """
+    v = velocities.double()
+    x = (masses.double() * (v * v).sum(1)) * MVV_TO_EV * _HI
+    hi = torch.floor(x)
+    lo = torch.round((x - hi) * _LO)
+    local = torch.stack([hi.to(torch.int64).sum(), lo.to(torch.int64).sum(),
+                         torch.tensor(velocities.shape[0], dtype=torch.int64, device=v.device)])
+    tot = sum_fn(local).cpu().tolist()
+    return (tot[0] + tot[1] / _LO) / _HI, int(tot[2])
+
+
+class NoseHoover:
+    name = "nose-hoover"
+    conserves_momentum = True
+
+    def __init__(self, dt: float, temperature: float, tdamp: float, chain: int = 3,
+                 sum_fn: Callable[[torch.Tensor], torch.Tensor] | None = None):
+        if not dt > 0:
+            raise ValueError(f"dt must be > 0 fs, got {dt}")
+        if not temperature > 0:
+            raise ValueError(f"temperature must be > 0 K for nose-hoover, got {temperature}")
+        if not tdamp > 0:
+            raise ValueError(f"integrator.tdamp must be > 0 fs, got {tdamp}")
+        if int(chain) < 1:
+            raise ValueError(f"integrator.chain must be >= 1, got {chain}")
+        self.dt = float(dt)
+        self.temperature = float(temperature)
+        self.tdamp = float(tdamp)
+        self.chain = int(chain)
+        self.sum_fn = sum_fn or _identity
+        m = self.chain
+        self.eta = [0.0] * m
+        self.eta_dot = [0.0] * (m + 1)      # eta_dot[m] = 0 closes the chain (as fix_nh)
+        self.eta_dotdot = [0.0] * m
+        self.t_current: float | None = None  # carried from the last NHC; None until the first
+        self.dof: int | None = None
+
+    def degrees_of_freedom(self, n_atoms: int) -> int:
+        return max(3 * n_atoms - 3, 1)
+
+    # -- the chain ---------------------------------------------------------------------
+    def _measure(self, velocities, masses) -> None:
+        mv2, n = exact_mv2_sum(velocities, masses, self.sum_fn)
+        self.dof = self.degrees_of_freedom(n)
+        self.t_current = mv2 / (self.dof * KB)
+
+    def _setup(self, velocities, masses) -> None:
+        """fix_nh's setup(): temperature, masses and the upper links' forces."""
+        self._measure(velocities, masses)
+        q = self._masses()
+        kt = KB * self.temperature
+        for i in range(1, self.chain):
+            self.eta_dotdot[i] = (q[i - 1] * self.eta_dot[i - 1] ** 2 - kt) / q[i]
+
+    def _masses(self) -> list[float]:
+        w = 1.0 / self.tdamp
+        kt_w2 = KB * self.temperature / (w * w)
+        return [self.dof * kt_w2] + [kt_w2] * (self.chain - 1)
+
+    def _nhc(self, velocities: torch.Tensor) -> None:
+        """fix_nh's nhc_temp_integrate() (nc_tchain = 1, drag 0): half a step of the chain."""
+        m, dt = self.chain, self.dt
+        dthalf, dt4, dt8 = 0.5 * dt, 0.25 * dt, 0.125 * dt
+        q = self._masses()
+        kt = KB * self.temperature
+        ke_target = self.dof * kt
+        ed, edd, eta = self.eta_dot, self.eta_dotdot, self.eta
+        kecurrent = self.dof * KB * self.t_current
+        edd[0] = (kecurrent - ke_target) / q[0] if q[0] > 0 else 0.0
+        for i in range(m - 1, 0, -1):
+            expfac = math.exp(-dt8 * ed[i + 1])
+            ed[i] *= expfac
+            ed[i] += edd[i] * dt4
+            ed[i] *= expfac
+        expfac = math.exp(-dt8 * ed[1])
+        ed[0] *= expfac
+        ed[0] += edd[0] * dt4
+        ed[0] *= expfac
+        factor = math.exp(-dthalf * ed[0])
+        velocities.mul_(factor)
+        self.t_current *= factor * factor
+        kecurrent = self.dof * KB * self.t_current
+        edd[0] = (kecurrent - ke_target) / q[0] if q[0] > 0 else 0.0
+        for i in range(m):
+            eta[i] += dthalf * ed[i]
+        ed[0] *= expfac
+        ed[0] += edd[0] * dt4
+        ed[0] *= expfac
+        for i in range(1, m):
+            expfac = math.exp(-dt8 * ed[i + 1])
+            ed[i] *= expfac
+            edd[i] = (q[i - 1] * ed[i - 1] * ed[i - 1] - kt) / q[i]
+            ed[i] += edd[i] * dt4
+            ed[i] *= expfac
+
+    # -- the step ------------------------------------------------------------------------
+    def first_half(self, positions: torch.Tensor, velocities: torch.Tensor, forces: torch.Tensor,
+                   masses: torch.Tensor, ids: torch.Tensor, step: int) -> None:
+        """NHC(dt/2), half kick, drift; in place."""
+        if self.t_current is None:
+            self._setup(velocities, masses)
+        self._nhc(velocities)
+        velocities.add_(forces / masses[:, None], alpha=0.5 * self.dt * FORCE_TO_ACCEL)
+        positions.add_(velocities, alpha=self.dt)
+
+    def second_half(self, velocities: torch.Tensor, forces: torch.Tensor, masses: torch.Tensor) -> None:
+        """Half kick, the temperature of the kicked velocities, NHC(dt/2); in place."""
+        velocities.add_(forces / masses[:, None], alpha=0.5 * self.dt * FORCE_TO_ACCEL)
+        self._measure(velocities, masses)
+        self._nhc(velocities)
+
+    def conserved_energy(self) -> float:
+        """The chain's energy (eV): sum Q eta_dot^2 / 2 + dof kT eta[0] + kT sum eta[1:]
+        (fix_nh's compute_scalar for nvt); add K + U for the conserved quantity."""
+        if self.dof is None:
+            return 0.0
+        q, kt = self._masses(), KB * self.temperature
+        e = sum(0.5 * q[i] * self.eta_dot[i] ** 2 for i in range(self.chain))
+        return e + self.dof * kt * self.eta[0] + kt * sum(self.eta[1:])
+
+    def state_dict(self) -> dict:
+        return {"name": self.name, "dt": self.dt, "temperature": self.temperature, "tdamp": self.tdamp,
+                "chain": self.chain, "eta": list(self.eta), "eta_dot": list(self.eta_dot),
+                "eta_dotdot": list(self.eta_dotdot), "t_current": self.t_current, "dof": self.dof}
+
+    def load_state_dict(self, d: dict) -> None:
+        """The chain of a checkpoint (same chain length); a state without one starts afresh."""
+        if d.get("name") != self.name or int(d.get("chain", -1)) != self.chain or d.get("t_current") is None:
+            return
+        self.eta = [float(x) for x in d["eta"]]
+        self.eta_dot = [float(x) for x in d["eta_dot"]]
+        self.eta_dotdot = [float(x) for x in d["eta_dotdot"]]
+        self.t_current = float(d["t_current"])
+        self.dof = int(d["dof"])
