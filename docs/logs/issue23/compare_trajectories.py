@@ -1,10 +1,11 @@
 """Bit-for-bit comparison of trajectories written by two versions of ShardMD (issue 23:
 the rebuild controller and the boundary changes must not change a single bit).
 
-    python docs/logs/issue23/compare_trajectories.py OLD_COMMIT
+    python docs/logs/issue23/compare_trajectories.py OLD_COMMIT [NEW_COMMIT]
 
-Checks out OLD_COMMIT into a temporary worktree, runs the same cases with both versions
-(the old one through a `shardmd` package view on PYTHONPATH) and compares every frame's
+Checks out OLD_COMMIT (and NEW_COMMIT; default: this working tree) into temporary worktrees,
+runs the same cases with both versions (through `shardmd` package views on PYTHONPATH) and
+compares every frame's
 positions, velocities, forces and every observable with np.array_equal.
 """
 import subprocess
@@ -79,13 +80,17 @@ def datasets(path: Path) -> dict:
 
 def main():
     old = sys.argv[1]
+    new = sys.argv[2] if len(sys.argv) > 2 else None
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(tmp / "old"), old],
-                       check=True, capture_output=True)
+        trees = {"old": old} | ({"new": new} if new else {})
+        for name, commit in trees.items():
+            subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(tmp / name), commit],
+                           check=True, capture_output=True)
         try:
-            views = {"old": view(tmp / "old", tmp / "view_old"), "new": view(ROOT, tmp / "view_new")}
-            print(f"old = {old}, new = working tree of {ROOT}")
+            views = {"old": view(tmp / "old", tmp / "view_old"),
+                     "new": view(tmp / "new" if new else ROOT, tmp / "view_new")}
+            print(f"old = {old}, new = {new or f'working tree of {ROOT}'}")
             print("| case | frames | datasets | bit-identical | old run | new run |\n|---|---|---|---|---|---|")
             bad = 0
             for name, (args, planner) in CASES.items():
@@ -103,8 +108,9 @@ def main():
                 verdict = "yes" if same else "NO"
                 print(f"| {name} | {frames} | {len(keys)} | {verdict} | {notes['old']} | {notes['new']} |")
         finally:
-            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tmp / "old")],
-                           capture_output=True)
+            for name in trees:
+                subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tmp / name)],
+                               capture_output=True)
     sys.exit(1 if bad else 0)
 
 
