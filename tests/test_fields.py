@@ -72,6 +72,22 @@ def test_engine_writes_per_atom_energies(run_dir, tmp_path, capsys, monkeypatch)
     assert np.ptp(ref) > 1e3 * 1e-10 * np.abs(ref).max()   # a permutation would fail
 
 
+def test_two_domains_write_the_same_energies(tmp_path, capsys, monkeypatch):
+    """Gathered from two ranks (each its owned atoms, in its own memory order), the energies come
+    out in id order, as one domain writes them."""
+    args = ["run", "model=lj", "system.repeat=[4,2,2]", "steps=10", "trajectory.every=5", "quiet=true",
+            "trajectory.fields=[position,energies]"]
+    for d in (1, 2):
+        code, lines = cli([*args, f"domains={d}", f"output=d{d}.h5"], tmp_path, capsys, monkeypatch)
+        assert code == 0, lines
+    with h5py.File(tmp_path / "d1.h5", "r") as a, h5py.File(tmp_path / "d2.h5", "r") as b:
+        e1, e2 = a["particles/all/energy/value"][()], b["particles/all/energy/value"][()]
+        epot = b["observables/potential_energy/value"][()]
+    assert e1.shape == e2.shape == (3, 64)
+    np.testing.assert_allclose(e2, e1, rtol=0, atol=1e-12 * np.abs(e1).max())
+    np.testing.assert_allclose(e2.sum(axis=1), epot, rtol=1e-12)
+
+
 def test_info_lists_the_energy_field(run_dir, capsys, monkeypatch):
     monkeypatch.chdir(run_dir)
     capsys.readouterr()
