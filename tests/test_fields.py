@@ -308,3 +308,55 @@ def test_info_into_a_closed_pipe_is_quiet(run_dir):
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 0 and p.stderr == "" and p.stdout.startswith("run.h5: H5MD")
     assert len(p.stdout.splitlines()) == 1
+
+
+# ---------------------------------------------------------------------- the writer: a real full disk
+_FILL = """
+import sys
+import numpy as np
+import shardmd.engine.h5md as h5md
+from shardmd.engine.errors import OutputError
+
+out, n, precheck = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1"
+if not precheck:  # reach HDF5's own ENOSPC instead of the free-space check
+    h5md.free_bytes = lambda fd: None
+w = h5md.H5MDWriter(out, species=[18] * n, masses=[39.948] * n, ids=np.arange(n), pbc=True,
+                    fields=("position", "energies"))
+for k in range(100000):
+    rng = np.random.default_rng(k)
+    try:
+        w.write_frame(k, float(k), np.eye(3) * 30, positions=rng.random((n, 3)) * 30,
+                      energies=rng.normal(-0.08, 0.01, n))
+    except OutputError as exc:
+        print(f"error: {exc}", flush=True)
+        break
+    print(f"wrote {k}", flush=True)
+w.close()
+"""
+
+
+@pytest.mark.parametrize("precheck", [False, True], ids=["hdf5-enospc", "free-space-check"])
+def test_energy_field_on_a_full_disk(tmp_path, precheck):
+    """The writer with the energy field fills a 1 MiB tmpfs: one error line, no crash at exit, and
+    every frame it reported is in the file with its energies, exact; nothing more is counted."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("write_faults", Path(__file__).parent / "test_write_faults.py")
+    faults = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(faults)
+    n = 2000
+    with faults.tmpfs(tmp_path / "mnt", "1m") as mnt:
+        out = mnt / "e.h5"
+        r = subprocess.run([sys.executable, "-c", _FILL, str(out), str(n), str(int(precheck))],
+                           capture_output=True, text=True, timeout=300, cwd=ROOT)
+        assert r.returncode == 0 and r.stderr == "", (r.returncode, r.stderr[-3000:])
+        printed = [int(x.split()[1]) for x in r.stdout.splitlines() if x.startswith("wrote")]
+        err = [x for x in r.stdout.splitlines() if x.startswith("error:")]
+        assert printed and len(err) == 1 and "No space left on device" in err[0], r.stdout[-2000:]
+        assert f"frames up to step {printed[-1]} are intact" in err[0]
+        frames = read_frames(out)
+        assert [a.info["step"] for a in frames] == printed
+        for a in frames:
+            rng = np.random.default_rng(a.info["step"])
+            rng.random((n, 3))
+            assert np.array_equal(a.get_potential_energies(), rng.normal(-0.08, 0.01, n))
