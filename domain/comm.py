@@ -26,9 +26,18 @@ LAUNCHER_ENV = ("PMI_RANK", "PMI_SIZE", "PMIX_RANK", "OMPI_COMM_WORLD_SIZE", "MP
                 "MV2_COMM_WORLD_SIZE", "I_MPI_HYDRA_HOST_FILE")
 
 
+#: what torchrun (torch.distributed.run) sets in every worker it starts
+TORCHRUN_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
+def under_torchrun() -> bool:
+    """True in a worker started by torchrun (its rendezvous, no MPI)."""
+    return "TORCHELASTIC_RUN_ID" in os.environ or all(v in os.environ for v in TORCHRUN_ENV)
+
+
 def under_launcher() -> bool:
-    """True when this process was started by mpirun/mpiexec/srun with MPI wiring."""
-    if any(v in os.environ for v in LAUNCHER_ENV):
+    """True when this process was started by mpirun/mpiexec/srun with MPI wiring, or by torchrun."""
+    if any(v in os.environ for v in LAUNCHER_ENV) or under_torchrun():
         return True
     return int(os.environ.get("SLURM_NTASKS", "1")) > 1 and "SLURM_PROCID" in os.environ
 
@@ -144,6 +153,8 @@ def init_comm(device: str = "cpu", timeout_s: float = 120.0) -> Comm:
     """The job's :class:`Comm`: a single-rank one without a launcher, else from MPI."""
     if not under_launcher():
         return Comm(device=_pick_device(device, 0))
+    if under_torchrun() and not any(v in os.environ for v in LAUNCHER_ENV):
+        return _init_torchrun(device, timeout_s)
     from mpi4py import MPI
 
     world = MPI.COMM_WORLD
@@ -190,6 +201,29 @@ def init_comm(device: str = "cpu", timeout_s: float = 120.0) -> Comm:
     _STORES.append(store)  # outlives the process group (see shutdown)
     return Comm(rank=rank, size=size, local_rank=local_rank, device=dev, backend=backend,
                 staged=staged, group=dist.group.WORLD, mpi=MPI)
+
+
+def _init_torchrun(device: str, timeout_s: float) -> Comm:
+    """The group from torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT);
+    objects travel through torch's collectives (no MPI here)."""
+    rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    local_size = int(os.environ.get("LOCAL_WORLD_SIZE", str(size)))
+    dev = _pick_device(device, local_rank)
+    if size == 1:
+        return Comm(device=dev)
+    backend, staged = "gloo", False
+    if dev.type == "cuda":
+        if local_size <= torch.cuda.device_count():
+            backend = "nccl"
+            torch.cuda.set_device(dev)
+        else:
+            staged = True
+    if not dist.is_initialized():
+        dist.init_process_group(backend=backend, init_method="env://", rank=rank, world_size=size,
+                                timeout=timedelta(seconds=timeout_s))
+    return Comm(rank=rank, size=size, local_rank=local_rank, device=dev, backend=backend, staged=staged,
+                group=dist.group.WORLD)
 
 
 def _pick_device(device: str, local_rank: int) -> torch.device:

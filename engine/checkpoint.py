@@ -65,6 +65,41 @@ def model_identity(model_cfg: dict) -> str:
     return h.hexdigest()
 
 
+def model_identity_of(origin: dict) -> str:
+    """sha256 naming a model by where it came from (``models.registry.model_origin`` or
+    :func:`api_model_origin`): route, factory, arguments and the hashes of its files.  A shipped
+    model built from the config keeps :func:`model_identity` of its config node."""
+    from shardmd.models.registry import MODELS
+
+    route = str(origin.get("route"))
+    if route in MODELS and "api" not in origin:
+        return model_identity({"name": route, **origin.get("arguments", {})})
+    return hashlib.sha256(json.dumps(origin, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def api_model_origin(model) -> dict:
+    """The origin of a model object given to ``Simulation(model=...)``: its class, cutoff and
+    the sha256 of its tensors (parameters, buffers and tensor attributes)."""
+    import torch
+
+    inner = getattr(model, "model", model) if type(model).__name__ == "DistributedModel" else model
+    h = hashlib.sha256()
+    tensors = dict(inner.state_dict()) if isinstance(inner, torch.nn.Module) else {}
+    for k, v in sorted(vars(inner).items()) if hasattr(inner, "__dict__") else ():
+        if isinstance(v, torch.Tensor):
+            tensors.setdefault(k, v)
+        elif isinstance(v, (list, tuple)) and v and all(isinstance(x, torch.Tensor) for x in v):
+            for i, x in enumerate(v):
+                tensors.setdefault(f"{k}.{i}", x)
+    for k in sorted(tensors):
+        h.update(k.encode())
+        h.update(tensors[k].detach().cpu().contiguous().numpy().tobytes())
+    cls = type(inner)
+    cutoff = getattr(inner, "cutoff", None)
+    return {"route": f"api:{cls.__module__}.{cls.__qualname__}", "api": True,
+            "cutoff": float(cutoff) if cutoff is not None else None, "tensors_sha256": h.hexdigest()}
+
+
 #: temporary files of write_checkpoint: ``.step-<step>.h5.<random>.tmp`` (hidden, unpredictable)
 _TMP_NAME = re.compile(r"^\.step-\d+\.h5\.[A-Za-z0-9_-]+\.tmp$")
 #: temporaries older than this process (a killed writer's) may be removed

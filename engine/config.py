@@ -35,6 +35,8 @@ from .errors import UserError
 #: the folder of the shipped primary config (config.yaml: the schema's defaults, nothing else)
 CONFIG_DIR = Path(_configs.__file__).resolve().parent
 GROUPS = tuple(schema.GROUPS)
+#: the fixed choices of each group (the open one, model=custom, is reached through a route)
+GROUPS_OF = {g: [c for c in opts if c != schema.OPEN_CHOICES.get(g)] for g, opts in schema.GROUPS.items()}
 
 
 def hydra_value(v: Any, spaced: bool = False) -> str:
@@ -107,7 +109,8 @@ SCHEMA: dict[str, KeyInfo] = _schema()
 
 
 def group_options(group: str) -> list[str]:
-    return sorted(schema.GROUPS[group])
+    """The choices a user names (the open one, model=custom, is reached by a route: docs/byo.md)."""
+    return sorted(GROUPS_OF[group])
 
 
 def _default_choices() -> dict[str, str | None]:
@@ -124,7 +127,8 @@ DEFAULT_CHOICES = _default_choices()
 
 def _group_help(group: str) -> str:
     text = f"{schema.GROUP_HELP[group]}: " + ", or ".join(
-        f"{name} ({cls.__doc__.strip()})" for name, cls in schema.GROUPS[group].items())
+        f"{name} ({cls.__doc__.strip()})" if name != schema.OPEN_CHOICES.get(group) else cls.__doc__.strip()
+        for name, cls in schema.GROUPS[group].items())
     for (g, choice), changes in schema.GROUP_DEFAULTS.items():
         if g == group:
             text += f"; {group}={choice} also sets " + " ".join(f"{k}={hydra_value(v)}" for k, v in _flat(changes))
@@ -200,6 +204,7 @@ def normalize_overrides(args: list[str]) -> list[str]:
 
     parser = OverridesParser.create()
     out: list[str] = []
+    open_groups = {g for g in schema.OPEN_CHOICES if _open_choice(g, args)}
     for arg in args:
         try:
             o = parser.parse_override(arg)
@@ -218,6 +223,9 @@ def normalize_overrides(args: list[str]) -> list[str]:
             key = "restart.file"
         if o.is_delete():
             out.append(_delete(arg, key))
+        elif key in schema.OPEN_CHOICES and o.is_sweep_override() is False and str(o.value()) not in GROUPS_OF[key]:
+            named = any(a.lstrip("+").startswith(f"{key}.name=") for a in args)   # as Hydra echoes it to ranks
+            out += [f"{key}={value}"] if named and value == schema.OPEN_CHOICES[key] else _open_route(key, value)
         elif key in GROUPS:
             options = group_options(key)
             choices = list(o.sweep_string_iterator()) if o.is_sweep_override() and o.is_discrete_sweep() else \
@@ -239,9 +247,32 @@ def normalize_overrides(args: list[str]) -> list[str]:
             out.append(f"++{key}={value}")   # a new species is a new key of the map
         elif key in SCHEMA:
             out.append(f"{key}={value}")
+        elif key.split(".")[0] in open_groups and "." in key:
+            out.append(f"++{key}={value}")   # an argument of the model's factory (model.<key>=...)
         else:
             raise UserError(f"unknown config key '{key}'{_closest(key)}")
     return out
+
+
+def _open_choice(group: str, args: list[str]) -> bool:
+    """Whether the last ``group=`` among ``args`` picks the open choice (a route or a registered name)."""
+    chosen = None
+    for a in args:
+        k, eq, v = a.lstrip("+").partition("=")
+        if eq and k == group:
+            chosen = v
+    return chosen is not None and (chosen == schema.OPEN_CHOICES[group] or chosen not in GROUPS_OF[group])
+
+
+def _open_route(group: str, value: str) -> list[str]:
+    """``model=py:module:factory`` or ``model=<registered name>`` as the open choice with its name."""
+    from shardmd.models.registry import is_route, registered_names
+
+    names = registered_names()
+    if value == schema.OPEN_CHOICES[group] or not (is_route(value) or value in names):
+        raise UserError(f"{group}={value!r} is not available; choose one of: {', '.join(names)}, or "
+                        f"{group}=py:module:factory for a model of yours (docs/byo.md)")
+    return [f"{group}={schema.OPEN_CHOICES[group]}", f"{group}.name={hydra_value(value)}"]
 
 
 def _delete(arg: str, key: str) -> str:
@@ -368,8 +399,14 @@ def _plain(v: Any) -> Any:
     return OmegaConf.to_container(v, resolve=True) if OmegaConf.is_config(v) else v
 
 
+def _choice(group: str, name: str) -> str:
+    """The group choice a node's ``name`` belongs to (a model route belongs to the open choice)."""
+    return name if name in schema.GROUPS[group] or group not in schema.OPEN_CHOICES else schema.OPEN_CHOICES[group]
+
+
 def _active(cfg: DictConfig) -> set[str]:
-    return {f"{g}={cfg[g].name}" for g in GROUPS if g in cfg and OmegaConf.is_dict(cfg[g]) and "name" in cfg[g]}
+    return {f"{g}={_choice(g, cfg[g].name)}" for g in GROUPS
+            if g in cfg and OmegaConf.is_dict(cfg[g]) and "name" in cfg[g]}
 
 
 def validate(cfg: DictConfig) -> None:
@@ -390,7 +427,9 @@ def validate(cfg: DictConfig) -> None:
         info = SCHEMA.get(path)
         if path in (f"{g}.name" for g in GROUPS) or info and (not info.owners or active.intersection(info.owners)):
             continue
-        raise UserError(_wrong_group(path, [f"{g}={cfg[g].name}" for g in GROUPS])
+        if any(path.startswith(f"{g}.") and f"{g}={c}" in active for g, c in schema.OPEN_CHOICES.items()):
+            continue   # an argument of the model's factory
+        raise UserError(_wrong_group(path, [f"{g}={_choice(g, cfg[g].name)}" for g in GROUPS])
                         or f"unknown config key '{path}'{_closest(path)}")
 
 

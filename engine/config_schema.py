@@ -276,6 +276,15 @@ class Mace:
 
 
 @dataclass
+class Custom:
+    """py:module:factory (a model of yours) or the name an installed package registers, model.<key>=... passed to its factory (docs/byo.md)"""  # noqa: E501 - one line: --help and README's table
+
+    name: str = "custom"
+    spec: Optional[str] = key(None, "a saved spec JSON (MLIPSpec.save) for the model's distribution; null: the "
+                              "model's own distribution_spec", _text("give a spec file path", null=True))
+
+
+@dataclass
 class Verlet:
     """velocity Verlet, NVE"""
 
@@ -311,7 +320,9 @@ class CSVR:
 
 
 #: group -> {choice: dataclass}; a new model or integrator is one more entry here
-MODELS: dict[str, type] = {"lj": LJ, "mace": Mace}
+MODELS: dict[str, type] = {"lj": LJ, "mace": Mace, "custom": Custom}
+#: the choice whose node takes free keys (the factory's arguments): model=py:... and registered names
+OPEN_CHOICES: dict[str, str] = {"model": "custom"}
 INTEGRATORS: dict[str, type] = {"verlet": Verlet, "langevin": Langevin, "nose-hoover": NoseHoover,
                                  "csvr": CSVR}
 GROUPS: dict[str, dict[str, type]] = {"model": MODELS, "integrator": INTEGRATORS}

@@ -60,7 +60,8 @@ def step_measure(velocities: torch.Tensor, dt: float, displacement: torch.Tensor
 
 def finite_thermo(obs: dict) -> bool:
     """Energies finite, and the pressure where there is a volume (an open cell has none)."""
-    keys = ("potential_energy", "kinetic_energy") + (("pressure",) if obs.get("volume", 0) > 1e-9 else ())
+    keys = ("potential_energy", "kinetic_energy") + (
+        ("pressure",) if obs.get("volume", 0) > 1e-9 and obs.get("pressure") is not None else ())
     return all(math.isfinite(float(obs[k])) for k in keys)
 
 

@@ -3,7 +3,7 @@
 kinetic energy  K = 1/2 sum m v^2                  (eV)
 temperature     T = 2 K / (dof kB)                 (K); dof from the integrator (3N-3 NVE, 3N Langevin)
 pressure tensor P = (sum m v (x) v + W) / V        (eV/Å^3), W = model virial = sum r_ij (x) f_ij
-pressure        p = tr(P) / 3                      (eV/Å^3; the thermo table shows bar)
+pressure        p = tr(P) / 3                      (eV/Å^3; the thermo table shows bar; None without a virial)
 stress          sigma = -P                         (ASE's sign convention: positive = tensile)
 """
 from __future__ import annotations
@@ -26,17 +26,22 @@ def thermo(velocities, masses, cell, potential_energy, virial, dof: int) -> dict
 
 
 def thermo_from(kt: torch.Tensor, cell, potential_energy, virial, dof: int) -> dict[str, object]:
-    """Observables from the (already reduced) kinetic tensor ``kt`` (3, 3) eV."""
+    """Observables from the (already reduced) kinetic tensor ``kt`` (3, 3) eV; ``virial`` None
+    (a model without one) gives ``pressure`` and ``stress`` None."""
     ke = 0.5 * float(torch.trace(kt))
     vol = float(volume(cell.double()))
-    ptensor = (kt + virial.double()) / vol
     pe = float(potential_energy)
+    if virial is None:   # a model without a virial: no pressure, no stress (absent, not zero)
+        pressure = stress = None
+    else:
+        ptensor = (kt + virial.to(kt.device).double()) / vol
+        pressure, stress = float(torch.trace(ptensor)) / 3.0, (-ptensor).cpu().numpy()
     return {
         "potential_energy": pe,
         "kinetic_energy": ke,
         "total_energy": pe + ke,
         "temperature": 2.0 * ke / (dof * KB) if dof > 0 else 0.0,
-        "pressure": float(torch.trace(ptensor)) / 3.0,
-        "stress": (-ptensor).cpu().numpy(),
+        "pressure": pressure,
+        "stress": stress,
         "volume": vol,
     }

@@ -1,6 +1,6 @@
 """Running under MPI: the launcher's ranks, or launching our own.
 
-- Under ``mpirun``/``mpiexec``/``srun`` (world size W) the engine uses those ranks;
+- Under ``mpirun``/``mpiexec``/``srun`` or ``torchrun`` (world size W) the engine uses those ranks;
   ``domains`` defaults to W and any other value is an error.
 - Started alone with ``domains=K > 1`` the engine starts K local ranks through the installed
   MPI's launcher (oversubscribing when needed), streams their output and returns their exit
@@ -16,7 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from shardmd.domain.comm import under_launcher
+from shardmd.domain.comm import under_launcher, under_torchrun
 
 RANK_ENV = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID", "MV2_COMM_WORLD_RANK")
 SIZE_ENV = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "SLURM_NTASKS", "MV2_COMM_WORLD_SIZE")
@@ -24,6 +24,8 @@ SIZE_ENV = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "SLURM_NTASKS", "MV2_COMM_WORLD_
 
 def env_rank() -> int:
     """This process's rank as the launcher announced it (0 without a launcher)."""
+    if under_torchrun():
+        return int(os.environ.get("RANK", "0"))
     for v in RANK_ENV:
         if v in os.environ:
             try:
@@ -34,6 +36,8 @@ def env_rank() -> int:
 
 
 def env_size() -> int:
+    if under_torchrun():
+        return int(os.environ.get("WORLD_SIZE", "1"))
     for v in SIZE_ENV:
         if v in os.environ:
             try:
@@ -179,4 +183,42 @@ def watch_parent() -> None:
     threading.Thread(target=watch, name="shardmd-parent-watch", daemon=True).start()
 
 
-__all__ = ["env_rank", "env_size", "find_mpiexec", "launch_self", "under_launcher"]
+def job_comm(device: str = "cpu"):
+    """The process's :class:`~shardmd.domain.comm.Comm` for Python API runs: the launcher's ranks
+    (mpiexec, srun, torchrun) joined into one process group on first use, then reused by every
+    Simulation of the process; a single rank without a launcher.  The group is ended when the
+    process exits normally; an uncaught exception on one rank ends every rank (as on the CLI)
+    instead of leaving the others waiting in a collective."""
+    global _JOB_COMM
+    if _JOB_COMM is not None:
+        return _JOB_COMM
+    from shardmd.domain.comm import init_comm
+
+    comm = init_comm(device)
+    _JOB_COMM = comm
+    if comm.size > 1:
+        import atexit
+
+        previous = sys.excepthook
+
+        def end_all(kind, value, tb):
+            previous(kind, value, tb)
+            sys.stderr.flush()
+            comm.abort(1)
+
+        sys.excepthook = end_all
+        atexit.register(_end_job_comm)
+    return comm
+
+
+_JOB_COMM = None
+
+
+def _end_job_comm() -> None:
+    from shardmd.domain.comm import shutdown
+
+    if _JOB_COMM is not None:
+        shutdown(_JOB_COMM)
+
+
+__all__ = ["env_rank", "env_size", "find_mpiexec", "job_comm", "launch_self", "under_launcher"]

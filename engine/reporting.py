@@ -85,10 +85,14 @@ class Reporter:
             self.line(" ".join(f"{name:>{len(fmt.format(0) if 'd' in fmt else fmt.format(0.0))}}"
                               for name, fmt, _ in COLUMNS))
             self._header_done = True
+        p = obs.get("pressure")
         vals = dict(obs, step=step, time_ps=time_fs / 1000.0,
-                    pressure_bar=obs["pressure"] * EV_PER_A3_TO_BAR)
-        # a space between columns: a wide value (PE of a 10 M-atom system) never joins its neighbour
-        self.line(" ".join(fmt.format(vals[key]) for _, fmt, key in COLUMNS))
+                    pressure_bar=None if p is None else p * EV_PER_A3_TO_BAR)
+        # a space between columns: a wide value (PE of a 10 M-atom system) never joins its neighbour;
+        # an absent value (no pressure without a virial) is '-'
+        self.line(" ".join(fmt.format(vals[key]) if vals[key] is not None else
+                           "-".rjust(len(fmt.format(0) if "d" in fmt else fmt.format(0.0)))
+                           for _, fmt, key in COLUMNS))
 
     def start(self, step: int) -> None:
         self._t0 = time.perf_counter()

@@ -27,8 +27,12 @@ from .errors import CollectiveError, UserError
 from .state import State
 
 
-def resolve(cfg) -> dict | None:
-    """The checkpoint to continue from (loaded), or None for a fresh start; checks overwrite."""
+def resolve(cfg, identity: str | None = None, label: str | None = None) -> dict | None:
+    """The checkpoint to continue from (loaded), or None for a fresh start; checks overwrite.
+
+    identity: the run's model identity (``checkpoint.model_identity_of``); default: that of
+    the config's model node.  Another model than the checkpoint's is refused unless
+    ``restart.allow_changes``."""
     out = Path(cfg.output)
     spec = cfg.restart.file
     ckpt = None
@@ -54,9 +58,11 @@ def resolve(cfg) -> dict | None:
         if changed:
             raise CollectiveError(f"restart would change {', '.join(changed)} from the checkpoint "
                                   f"{ckpt['path']}; add restart.allow_changes=true to accept that")
-        if ckpt["model_identity"] != model_identity(new["model"]):
-            raise CollectiveError(f"checkpoint {ckpt['path']} was written with another model "
-                                  f"({ckpt['model_name']}); use its model or restart.allow_changes=true")
+        if ckpt["model_identity"] != (identity or model_identity(new["model"])):
+            now = label or new["model"].get("name")
+            raise CollectiveError(f"checkpoint {ckpt['path']} was written with another model ({ckpt['model_name']}, "
+                                  f"this run: {now}, or the same name with other arguments or files); use its "
+                                  "model or add restart.allow_changes=true")
     if ckpt["step"] > int(cfg.steps):
         raise CollectiveError(f"checkpoint {ckpt['path']} is at step {ckpt['step']}, past steps={cfg.steps}; "
                               "steps is the total step to reach: raise it")

@@ -22,11 +22,13 @@ from omegaconf import DictConfig
 
 from shardmd.domain.comm import Comm
 from shardmd.domain.distributed_model import DistributedModel
-from shardmd.models import build_model
+from shardmd.domain.spec import SPEC_MPNN_HALO
+from shardmd.models import build_model, check_model, model_origin
+from shardmd.models.registry import origin_text
 
 from . import health
 from . import restart as restart_mod
-from .checkpoint import checkpoint_dir, model_identity, write_checkpoint
+from .checkpoint import api_model_origin, checkpoint_dir, model_identity_of, write_checkpoint
 from .config import compose_config, echo_line, to_container
 from .errors import CollectiveError, OutputError, UserError
 from .integrator_setup import make_integrator
@@ -36,7 +38,7 @@ from .rank_domain import RankDomain
 from .rebuild import Outcome, RebuildController
 from .reporting import Reporter
 from .skin_check import DeferredSkinCheck
-from .state import State
+from .state import State, atoms_from_arrays
 from .stop import EXIT_STOPPED, StopRequest
 from .system import initial_state
 
@@ -47,13 +49,25 @@ class Simulation:
     """One MD run.  ``cfg`` is a composed config (see :func:`engine.config.compose_config`).
 
     state: optional initial :class:`State` (else built from ``cfg.system``);
-    model: optional model object (else built from ``cfg.model``).
+    model: optional model object meeting :mod:`shardmd.models.contract`, bare or wrapped in a
+    ``DistributedModel`` (else built from ``cfg.model``: a registered name or ``py:`` route);
+    comm: the job's ranks; by default the launcher's (mpiexec, srun, torchrun: detected, the
+    process group built on first use, see :func:`engine.parallel.job_comm`), else one rank.
+    Under a launcher ``domains`` follows the rank count (``domains=1``, the default, is taken
+    as "not given"; another count than the launcher's is refused).
     """
 
     def __init__(self, cfg: DictConfig, state: State | None = None, model=None,
                  reporter: Reporter | None = None, comm: Comm | None = None):
         self.cfg = cfg
-        self.comm = comm or Comm()
+        if comm is None:
+            from .parallel import job_comm, under_launcher
+
+            comm = job_comm(str(cfg.device)) if under_launcher() else Comm()
+        self.comm = comm
+        if cfg.domains == 1 and self.comm.size > 1:   # the default under a launcher: its rank count
+            cfg = self.cfg = cfg.copy()
+            cfg.domains = self.comm.size
         if cfg.domains != self.comm.size:
             raise UserError(f"domains={cfg.domains} but this job has {self.comm.size} rank(s); "
                             f"start it with domains={cfg.domains} alone or under mpiexec -n {cfg.domains}")
@@ -72,10 +86,20 @@ class Simulation:
             try:
                 model = build_model(to_container(cfg.model), self.dtype, self.device)
             except (ValueError, KeyError, NotImplementedError) as exc:
+                raise UserError(str(exc).strip("'\"")) from None
+            self.model_origin = model_origin(to_container(cfg.model))
+        else:
+            try:
+                check_model(model, f"the model given to Simulation ({type(model).__name__})")
+            except ValueError as exc:
                 raise UserError(str(exc)) from None
-        self.model = model
-        self.dmodel = DistributedModel(model)
-        self.checkpoint_in = restart_mod.resolve(cfg) if state is None else None
+            self.model_origin = api_model_origin(model)
+        self.dmodel = model if isinstance(model, DistributedModel) else wrap_model(model)
+        self.model = model = self.dmodel.model
+        self._virial_missing_said = False
+        self.checkpoint_in = (restart_mod.resolve(cfg, identity=model_identity_of(self.model_origin),
+                                                  label=str(self.model_origin["route"]))
+                              if state is None else None)
         reference = None   # a restart's positions of the last rebuild (its lists are rebuilt from them)
         if self.checkpoint_in is not None:
             state, reference = restart_mod.state_from_checkpoint(self.checkpoint_in, self.dtype, self.device)
@@ -88,7 +112,7 @@ class Simulation:
                 model.check_species(state.numbers)
             except ValueError as exc:
                 raise UserError(str(exc)) from None
-        self.domain = RankDomain(self.comm, model.cutoff, float(cfg.neighbor.skin),
+        self.domain = RankDomain(self.comm, self.dmodel.cutoff, float(cfg.neighbor.skin),
                                     sort=str(cfg.neighbor.sort),
                                     grid=None if cfg.grid is None else [int(g) for g in cfg.grid])
         self.state = self.domain.distribute(state, reference=reference)
@@ -180,15 +204,35 @@ class Simulation:
         t = time.perf_counter()
         s, d = self.state, self.domain
         out = self.dmodel.compute(d.ctx, d.padded_positions, d.padded_numbers, d.nl.current)
+        if "forces" not in out or "energy" not in out:
+            raise UserError(f"the model returned {sorted(out)}, without {'energy' if 'energy' not in out else 'forces'}"
+                            "; return both, or declare model_config autograd_outputs={'forces': 'energy'} "
+                            "(docs/byo.md)")
         s.forces = out["forces"].to(s.dtype)
         self.neighbors.observe_fill(out)
         self.results = out
         self.timers["model"] += time.perf_counter() - t
 
     def observables(self) -> dict:
+        """Thermo observables of the current step; ``pressure`` and ``stress`` are None when the
+        model gives no virial."""
         s = self.state
-        return thermo_from(self.domain.kinetic(s), s.cell, self.results["energy"], self.results["virial"],
+        virial = self.results.get("virial")
+        if virial is None and not self._virial_missing_said:
+            self._virial_missing_said = True
+            self.reporter.line("Note: the model gives no virial: no pressure or stress in this run "
+                               "(shown as '-' in the thermo table, not written to the trajectory)")
+        return thermo_from(self.domain.kinetic(s), s.cell, self.results["energy"], virial,
                            self.integrator.degrees_of_freedom(self.n_global))
+
+    def atoms(self, unwrapped: bool = False):
+        """Every atom of the run as ``ase.Atoms`` in id order (velocities in ASE units, forces
+        attached), on rank 0; None on the other ranks.  Collective: every rank calls it.
+        (``sim.state.to_atoms()`` is this rank's atoms only.)"""
+        full = self.domain.gather(self.state, ("positions", "images", "velocities", "forces", "masses", "numbers"))
+        if full is None:
+            return None
+        return atoms_from_arrays(full, self.state.cell, self.state.pbc, unwrapped=unwrapped)
 
     # -- output ----------------------------------------------------------------------
     def _open_writer(self) -> None:
@@ -229,7 +273,8 @@ class Simulation:
                                 images=full["images"], velocities=full["velocities"], forces=full["forces"],
                                 **{k: full[k] for k in extra})
         self.writer.write_observables(s.step, s.time, {k: obs[k] for k in (
-            "potential_energy", "kinetic_energy", "total_energy", "temperature", "pressure", "stress")})
+            "potential_energy", "kinetic_energy", "total_energy", "temperature", "pressure", "stress")
+            if obs[k] is not None})
         self.timers["output"] += time.perf_counter() - t
 
     def _report(self, force_traj=False, force_thermo=False, traj=True) -> None:
@@ -278,7 +323,8 @@ class Simulation:
                 health.close_contacts(self.comm, self.domain.close_pairs(s, self._min_distance), self._min_distance)
         with self._output_step():
             self._open_writer()   # before the header: an output of another system is refused untouched
-        r.line(f"ShardMD: {self.n_global} atoms, model {self.cfg.model.name}, integrator {self.integrator.name}, "
+        r.line(f"ShardMD: {self.n_global} atoms, model {origin_text(self.model_origin)}, "
+               f"integrator {self.integrator.name}, "
                f"dt {self.integrator.dt} fs, {self.cfg.precision} on {self.device}, domains {self.comm.size} "
                f"(grid {'x'.join(map(str, self.domain.grid.shape))})")
         if restored:
@@ -409,8 +455,9 @@ class Simulation:
         cfg = to_container(self.cfg)
         return write_checkpoint(checkpoint_dir(self.output_path), s.step, s.time, full,
                                 s.cell.detach().cpu().numpy(), s.pbc.cpu().numpy(), cfg,
-                                self.integrator.state_dict(), cfg["model"]["name"],
-                                model_identity(cfg["model"]), __version__, keep=int(self.cfg.checkpoint.keep))
+                                self.integrator.state_dict(), str(self.model_origin["route"]),
+                                model_identity_of(self.model_origin), __version__,
+                                keep=int(self.cfg.checkpoint.keep))
 
     def close(self) -> None:
         self.stop.uninstall()
@@ -418,6 +465,14 @@ class Simulation:
             self.writer.close()
             self.writer = None
         self.reporter.close()
+
+
+def wrap_model(model) -> DistributedModel:
+    """``DistributedModel`` of a bare model: its own spec or output kinds, else the
+    message-passing halo preset (models/contract.py)."""
+    if getattr(model, "distribution_spec", None) is None and not getattr(model, "output_kinds", None):
+        return DistributedModel(model, spec=SPEC_MPNN_HALO)
+    return DistributedModel(model)
 
 
 class _NotRoot:

@@ -82,16 +82,29 @@ class State:
         )
 
     def to_atoms(self, unwrapped: bool = False):
-        """``ase.Atoms`` in id order with velocities in ASE units and forces attached."""
-        from ase import Atoms
-        from ase.calculators.singlepoint import SinglePointCalculator
+        """``ase.Atoms`` of the atoms this State holds, in id order, with velocities in ASE units
+        and forces attached.  Rank-local: under MPI a run's ``sim.state`` holds this rank's own
+        atoms only; ``Simulation.atoms()`` gathers every atom (on rank 0)."""
+        arrays = {k: getattr(self, k).detach().cpu().numpy()
+                  for k in ("positions", "images", "velocities", "forces", "masses", "numbers", "ids")}
+        return atoms_from_arrays(arrays, self.cell, self.pbc, unwrapped=unwrapped)
 
-        order = torch.argsort(self.ids)
-        pos = (self.unwrapped_positions() if unwrapped else self.positions)[order]
-        atoms = Atoms(numbers=self.numbers[order].cpu().numpy(), positions=pos.double().cpu().numpy(),
-                      cell=self.cell.double().cpu().numpy(), pbc=self.pbc.cpu().numpy(),
-                      masses=self.masses[order].double().cpu().numpy())
-        atoms.set_velocities(self.velocities[order].double().cpu().numpy() / ASE_VEL_TO_A_PER_FS)
-        atoms.arrays["image"] = self.images[order].cpu().numpy()
-        atoms.calc = SinglePointCalculator(atoms, forces=self.forces[order].double().cpu().numpy())
-        return atoms
+
+def atoms_from_arrays(a: dict, cell, pbc, unwrapped: bool = False):
+    """``ase.Atoms`` in id order from per-atom numpy arrays (positions, images, velocities,
+    forces, masses, numbers, ids; any order) and the cell (Å) and pbc."""
+    from ase import Atoms
+    from ase.calculators.singlepoint import SinglePointCalculator
+
+    order = np.argsort(a["ids"], kind="stable")
+    cellnp = np.asarray(cell.detach().cpu().numpy() if torch.is_tensor(cell) else cell, dtype=np.float64)
+    pos = np.asarray(a["positions"], dtype=np.float64)
+    if unwrapped:
+        pos = pos + np.asarray(a["images"], dtype=np.float64) @ cellnp
+    atoms = Atoms(numbers=np.asarray(a["numbers"])[order], positions=pos[order], cell=cellnp,
+                  pbc=np.asarray(pbc.cpu().numpy() if torch.is_tensor(pbc) else pbc, dtype=bool),
+                  masses=np.asarray(a["masses"], dtype=np.float64)[order])
+    atoms.set_velocities(np.asarray(a["velocities"], dtype=np.float64)[order] / ASE_VEL_TO_A_PER_FS)
+    atoms.arrays["image"] = np.asarray(a["images"])[order]
+    atoms.calc = SinglePointCalculator(atoms, forces=np.asarray(a["forces"], dtype=np.float64)[order])
+    return atoms

@@ -1,38 +1,203 @@
-"""Model registry: one entry per model family, built from its config node (the ``model`` group's
-dataclasses in engine/config_schema.py)."""
+"""Model registry: every model comes through one of two routes (docs/byo.md).
+
+- ``model=<name>``: a factory registered under the entry-point group ``shardmd.models`` by an
+  installed package (ShardMD's own ``lj`` and ``mace`` are registered the same way, in
+  pyproject.toml);
+- ``model=py:package.module:factory``: a factory importable from the working directory or
+  ``sys.path``.
+
+The factory is called with the ``model.<key>=...`` settings as keyword arguments, plus
+``device=`` (torch.device) and ``precision=`` (torch dtype of the run) when its signature
+names them.  It returns an object meeting :mod:`shardmd.models.contract`.  ``model.spec=FILE``
+(a saved ``MLIPSpec`` JSON) becomes the model's ``distribution_spec``.
+"""
 from __future__ import annotations
 
+import hashlib
+import importlib
+import inspect
+import json
+import sys
 from collections.abc import Callable, Mapping
+from pathlib import Path
 
 import torch
 
+from .contract import check_model
 
-def _build_lj(cfg: Mapping, dtype: torch.dtype, device: torch.device):
+ENTRY_POINT_GROUP = "shardmd.models"
+PY_PREFIX = "py:"
+#: keys of the model node the registry reads itself (not passed to the factory)
+RESERVED = ("name", "spec")
+
+
+# -- ShardMD's own factories (registered as entry points in pyproject.toml) ---------------------
+def lj(*, epsilon: Mapping, sigma: Mapping, cutoff: float, shift: bool = True,
+       mixing: str = "lorentz-berthelot", pairs: Mapping | None = None):
+    """Lennard-Jones (Warp kernel)."""
     from .lj import LennardJones
     from .lj_op import LennardJonesOp
 
-    return LennardJonesOp(LennardJones(epsilon=cfg["epsilon"], sigma=cfg["sigma"], cutoff=cfg["cutoff"],
-                        shift=cfg.get("shift", True), mixing=cfg.get("mixing", "lorentz-berthelot"),
-                        pairs=cfg.get("pairs") or {}))
+    return LennardJonesOp(LennardJones(epsilon=epsilon, sigma=sigma, cutoff=cutoff, shift=shift, mixing=mixing,
+                                       pairs=pairs or {}))
 
 
-def _build_mace(cfg: Mapping, dtype: torch.dtype, device: torch.device):
+def mace(*, checkpoint: str | None = None, dtype: str | None = None, cueq="auto", cuda_graph="auto",
+         trust_pickle: bool = False, precision: torch.dtype = torch.float64, device="cpu", head: str | None = None):
+    """MACE via mace-torch (the shipped Cu model without ``checkpoint``)."""
     from .mace import MaceModel
 
-    want = cfg.get("dtype")
-    dt = {"float32": torch.float32, "float64": torch.float64}[want] if want else dtype
-    return MaceModel(cfg.get("checkpoint"), dtype=dt, device=device, cueq=cfg.get("cueq", "auto"),
-                     cuda_graph=cfg.get("cuda_graph", "auto"),
-                     trust_pickle=cfg.get("trust_pickle", False) is True,  # only a real true opts in
-                     head=cfg.get("head"))
+    dt = {"float32": torch.float32, "float64": torch.float64}[dtype] if dtype else precision
+    return MaceModel(checkpoint, dtype=dt, device=device, cueq=cueq, cuda_graph=cuda_graph,
+                     trust_pickle=trust_pickle is True, head=head)   # only a real true opts in
 
 
-MODELS: dict[str, Callable] = {"lj": _build_lj, "mace": _build_mace}
+#: the shipped families (the entry points of pyproject.toml name these)
+MODELS: dict[str, Callable] = {"lj": lj, "mace": mace}
+
+
+# -- routes --------------------------------------------------------------------------------------
+def registered() -> dict:
+    """name -> entry point of every installed model (group ``shardmd.models``)."""
+    from importlib.metadata import entry_points
+
+    return {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
+
+
+def registered_names() -> list[str]:
+    return sorted(set(registered()) | set(MODELS))
+
+
+def is_route(name: str) -> bool:
+    return isinstance(name, str) and name.startswith(PY_PREFIX)
+
+
+def _import_factory(route: str) -> Callable:
+    target = route[len(PY_PREFIX):]
+    module, _, attr = target.partition(":")
+    if not module or not attr:
+        raise ValueError(f"model={route}: write model=py:package.module:factory (a module and a callable in it)")
+    if "" not in sys.path and str(Path.cwd()) not in sys.path:
+        sys.path.insert(0, str(Path.cwd()))   # the working directory is importable, as with `python -c`
+    try:
+        mod = importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        if exc.name and module.startswith(exc.name):
+            raise ValueError(f"model={route}: no module {module!r} in the working directory or on sys.path; "
+                             f"run from the folder holding {module.replace('.', '/')}.py or install its "
+                             "package") from None
+        raise ValueError(f"model={route}: importing {module} failed: {type(exc).__name__}: {exc}") from None
+    except Exception as exc:  # noqa: BLE001 - any error of the user's module becomes one line naming it
+        raise ValueError(f"model={route}: importing {module} failed: {type(exc).__name__}: {exc}; "
+                         f"fix {module}") from None
+    obj = mod
+    for part in attr.split("."):
+        obj = getattr(obj, part, None)
+        if obj is None:
+            raise ValueError(f"model={route}: {module} has no {attr!r}; give a factory defined in it") from None
+    if not callable(obj):
+        raise ValueError(f"model={route}: {module}.{attr} is a {type(obj).__name__}, not callable; give a "
+                         "function (or class) that returns the model")
+    return obj
+
+
+def resolve(name: str) -> Callable:
+    """The factory of a route or registered name; ``ValueError`` (one line) when there is none."""
+    if is_route(name):
+        return _import_factory(name)
+    eps = registered()
+    if name in eps:
+        try:
+            return eps[name].load()
+        except Exception as exc:  # noqa: BLE001 - an installed package's import error, in one line
+            raise ValueError(f"model={name}: loading entry point {eps[name].value} failed: "
+                             f"{type(exc).__name__}: {exc}") from None
+    if name in MODELS:   # the metadata of an editable install that predates the entry points
+        return MODELS[name]
+    raise ValueError(f"unknown model {name!r}; registered: {', '.join(registered_names())}; or give "
+                     "model=py:module:factory (docs/byo.md)")
+
+
+def factory_arguments(cfg: Mapping) -> dict:
+    return {k: v for k, v in cfg.items() if k not in RESERVED}
 
 
 def build_model(cfg: Mapping, dtype: torch.dtype = torch.float64, device="cpu"):
     """Model from a config mapping with a ``name`` key (the composed ``model`` node)."""
     name = cfg["name"]
-    if name not in MODELS:
-        raise KeyError(f"unknown model {name!r}; known: {', '.join(sorted(MODELS))}")
-    return MODELS[name](cfg, dtype, torch.device(device))
+    factory = resolve(name)
+    kwargs = factory_arguments(cfg)
+    try:
+        params = inspect.signature(factory).parameters
+    except (TypeError, ValueError):
+        params = {}
+    if "device" in params and "device" not in kwargs:
+        kwargs["device"] = torch.device(device)
+    if "precision" in params and "precision" not in kwargs:
+        kwargs["precision"] = dtype
+    label = f"model={name}"
+    if name in MODELS and not is_route(name):   # ours: their errors are one line already
+        model = factory(**kwargs)
+    else:
+        try:
+            model = factory(**kwargs)
+        except Exception as exc:  # noqa: BLE001 - a user's factory: its error in one line, naming it
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            raise ValueError(f"{label}: the factory raised {type(exc).__name__}: {first}; fix the factory or "
+                             "its model.<key> arguments") from None
+    model = check_model(model, label)
+    spec_file = cfg.get("spec")
+    if spec_file:
+        from shardmd.domain.api import MLIPSpec, SpecLoadError
+
+        try:
+            text = Path(spec_file).read_text()
+            spec = MLIPSpec.from_json(text)
+        except (OSError, ValueError, SpecLoadError) as exc:
+            raise ValueError(f"model.spec={spec_file}: cannot load the spec ({exc}); give a file written by "
+                             "MLIPSpec.save / report.spec.save") from None
+        model.distribution_spec = spec
+    return model
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def model_origin(cfg: Mapping) -> dict:
+    """Where a model comes from, for the log, the trajectory and the checkpoint: its route, the
+    factory (module:qualname and source file), its arguments, and the SHA-256 of every file
+    involved (the factory's source, the spec, any argument naming an existing file)."""
+    name = cfg["name"]
+    out: dict = {"route": name, "arguments": factory_arguments(cfg)}
+    files: dict[str, str] = {}
+    try:
+        factory = resolve(name)
+    except ValueError:
+        factory = None
+    if factory is not None:
+        out["factory"] = f"{getattr(factory, '__module__', '?')}:{getattr(factory, '__qualname__', '?')}"
+        if is_route(name):   # the user's own code is part of the model
+            src = inspect.getsourcefile(factory) if inspect.isfunction(factory) or inspect.isclass(factory) else None
+            if src and Path(src).is_file():
+                files[str(Path(src).resolve())] = _sha256(Path(src))
+    for v in [cfg.get("spec"), *out["arguments"].values()]:
+        if isinstance(v, str) and v and Path(v).is_file():
+            files[str(Path(v).resolve())] = _sha256(Path(v))
+    out["files"] = files
+    return out
+
+
+def origin_text(origin: Mapping) -> str:
+    """One line for the log header."""
+    parts = [str(origin["route"])]
+    if "factory" in origin and is_route(origin["route"]):
+        parts.append(f"factory {origin['factory']}")
+    if origin.get("arguments") and is_route(origin["route"]):
+        parts.append("arguments " + json.dumps(origin["arguments"], sort_keys=True, default=str))
+    parts += [f"{Path(p).name} sha256 {h[:12]}" for p, h in origin.get("files", {}).items()]
+    return ", ".join(parts)
