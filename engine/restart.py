@@ -27,12 +27,12 @@ from .errors import CollectiveError, UserError
 from .state import State
 
 
-def resolve(cfg, identity: str | None = None, label: str | None = None) -> dict | None:
+def resolve(cfg, identity: str | None = None, label: str | None = None, record: dict | None = None) -> dict | None:
     """The checkpoint to continue from (loaded), or None for a fresh start; checks overwrite.
 
     identity: the run's model identity (``checkpoint.model_identity_of``); default: that of
     the config's model node.  Another model than the checkpoint's is refused unless
-    ``restart.allow_changes``."""
+    ``restart.allow_changes``; record: the configuration as the run stores it (default: ``cfg``)."""
     out = Path(cfg.output)
     spec = cfg.restart.file
     ckpt = None
@@ -52,7 +52,7 @@ def resolve(cfg, identity: str | None = None, label: str | None = None) -> dict 
             raise CollectiveError(f"output {str(out)!r} exists; add overwrite=true to replace it, "
                                   "restart=auto to continue it, or choose another output=")
         return None
-    new = to_container(cfg)
+    new = record or to_container(cfg)   # record: the config as the run stores it (Simulation.record)
     if not cfg.restart.allow_changes:
         changed = physics_changes(ckpt["config"], new)
         if changed:

@@ -98,7 +98,7 @@ class Simulation:
         self.model = model = self.dmodel.model
         self._virial_missing_said = False
         self.checkpoint_in = (restart_mod.resolve(cfg, identity=model_identity_of(self.model_origin),
-                                                  label=str(self.model_origin["route"]))
+                                                  label=str(self.model_origin["route"]), record=self.record())
                               if state is None else None)
         reference = None   # a restart's positions of the last rebuild (its lists are rebuilt from them)
         if self.checkpoint_in is not None:
@@ -147,6 +147,20 @@ class Simulation:
         self.writer = None
         self.last_thermo: dict | None = None
         self.started = False
+
+    def record(self) -> dict:
+        """The configuration as the trajectory and checkpoint store it: the resolved config, its
+        ``model`` node naming a model given as an object (its route ``api:<class>``, cutoff and
+        tensor hash) instead of the config's, and ``model_identity``: the model's origin (route,
+        factory, arguments, file sha256) as JSON."""
+        import json
+
+        rec = to_container(self.cfg)
+        if self.model_origin.get("api"):
+            rec["model"] = {"name": self.model_origin["route"], "cutoff": self.model_origin["cutoff"],
+                            "tensors_sha256": self.model_origin["tensors_sha256"]}
+        rec["model_identity"] = json.dumps(self.model_origin, sort_keys=True, default=str)
+        return rec
 
     @property
     def nl(self):
@@ -250,7 +264,7 @@ class Simulation:
             self.writer = H5MDWriter(
                 self.output_path, species=static["numbers"], masses=static["masses"].astype("float64"),
                 ids=static["ids"], pbc=self.state.pbc.cpu().numpy(), dtype=self.cfg.precision,
-                config=to_container(self.cfg), fields=tuple(self.cfg.trajectory.fields),
+                config=self.record(), fields=tuple(self.cfg.trajectory.fields),
                 creator="ShardMD", creator_version=__version__, mode="a" if self.checkpoint_in else "w",
             )
         except ValueError as exc:   # a restart onto an output of another system
@@ -452,7 +466,7 @@ class Simulation:
     def _write_checkpoint(self, s, full: dict):
         from . import __version__
 
-        cfg = to_container(self.cfg)
+        cfg = self.record()
         return write_checkpoint(checkpoint_dir(self.output_path), s.step, s.time, full,
                                 s.cell.detach().cpu().numpy(), s.pbc.cpu().numpy(), cfg,
                                 self.integrator.state_dict(), str(self.model_origin["route"]),

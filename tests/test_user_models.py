@@ -183,6 +183,12 @@ def test_wrapped_model_is_accepted(user_dir):
                model=DistributedModel(mod.make(), spec=SPEC_MPNN_HALO))
     sim.run()
     assert sim.model_origin["route"].startswith("api:") and "TinyMPNN" in sim.model_origin["route"]
+    from shardmd.engine.checkpoint import newest_valid
+
+    _, ck = newest_valid(tmp / "w.ckpt")   # the checkpoint names the model given, not the config's lj
+    assert ck["config"]["model"]["name"] == sim.model_origin["route"] and ck["model_name"].startswith("api:")
+    with pytest.raises(UserError, match="another model|change model"):   # a restart with the config's lj
+        _sim(["model=lj", *SMALL, "steps=4", "restart=auto", "output=w.h5"])
 
 
 # -- no virial ------------------------------------------------------------------------------------
