@@ -3,8 +3,8 @@
 Integrators (integrators/) know nothing of configurations, domains or models; this is where
 the engine turns the composed configuration into one.  Thermostats that need the global
 kinetic energy (nose-hoover, csvr) get :func:`sum_fn`: a sum over the job's ranks of a small
-tensor (the identity on one rank).  A nose-hoover restart gets its chain back from the
-checkpoint's integrator state.
+tensor (the identity on one rank).  A restart loads the checkpoint's integrator state
+(engine/simulation.py), so a Nosé-Hoover chain continues.
 """
 from __future__ import annotations
 
@@ -39,17 +39,6 @@ def sum_fn(comm=None) -> Callable[[torch.Tensor], torch.Tensor]:
     return lambda t: comm.all_reduce(t, "sum")
 
 
-def _restore(integrator, cfg: DictConfig) -> None:
-    """A restart continues a stateful integrator from the checkpoint's state dict."""
-    if not hasattr(integrator, "load_state_dict") or not cfg.restart.file:
-        return
-    from . import restart as restart_mod
-
-    ckpt = restart_mod.resolve(cfg)
-    if ckpt is not None:
-        integrator.load_state_dict(ckpt["integrator"])
-
-
 def make_integrator(cfg: DictConfig, comm=None):
     """cfg: the composed run configuration; comm: the job's Comm (None: the process group in
     place, or one rank); returns an integrator of integrators/."""
@@ -72,7 +61,6 @@ def make_integrator(cfg: DictConfig, comm=None):
     except ValueError as exc:
         raise UserError(str(exc)) from None
     _refuse_rollbacks(cfg, icfg.name)
-    _restore(integrator, cfg)
     return integrator
 
 

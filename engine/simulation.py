@@ -81,7 +81,7 @@ class Simulation:
             raise UserError(f"device={cfg.device}: CUDA is not available on this machine; use device=cpu")
         default_threads = 1 if self.comm.size > 1 else max(os.cpu_count() or 1, 1)
         torch.set_num_threads(int(cfg.threads) or default_threads)
-        self.integrator = make_integrator(cfg)
+        self.integrator = make_integrator(cfg, comm=self.comm)
         if model is None:
             try:
                 model = build_model(to_container(cfg.model), self.dtype, self.device)
@@ -103,6 +103,8 @@ class Simulation:
         reference = None   # a restart's positions of the last rebuild (its lists are rebuilt from them)
         if self.checkpoint_in is not None:
             state, reference = restart_mod.state_from_checkpoint(self.checkpoint_in, self.dtype, self.device)
+            if hasattr(self.integrator, "load_state_dict"):   # a thermostat's chain continues
+                self.integrator.load_state_dict(self.checkpoint_in["integrator"])
         elif state is None:
             state = initial_state(cfg, self.dtype, self.device, self.integrator.degrees_of_freedom,
                                   zero_momentum=self.integrator.conserves_momentum)
