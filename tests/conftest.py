@@ -1,6 +1,7 @@
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,30 @@ def run_engine(args, cwd, timeout=300, env=None):
 @pytest.fixture
 def engine_cli():
     return run_engine
+
+
+def run_in_process(args, cwd, capfd, monkeypatch) -> tuple[int, list[str]]:
+    """``python -m engine <args>`` through ``cli.main`` in this process: (exit status, stderr
+    lines). The code a subprocess would run, without its start-up (torch, Warp: ~4 s of CPU
+    each). ``capfd`` takes stderr at the file descriptor, so native libraries' writes count
+    too; no traceback may appear. Python warnings, which a fresh interpreter would print to
+    stderr under its default filters, come back as lines too (pytest would otherwise keep them).
+    For one-rank runs and refusals decided before any rank starts; what needs a fresh process
+    (bit-exact restarts, signals, MPI, import-time behaviour) uses run_engine."""
+    from shardmd.engine.cli import main
+
+    monkeypatch.chdir(cwd)
+    capfd.readouterr()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.resetwarnings()             # the interpreter's default filters, not pytest's
+        for category in (DeprecationWarning, PendingDeprecationWarning, ImportWarning, ResourceWarning):
+            warnings.simplefilter("ignore", category)
+        warnings.simplefilter("default", append=True)
+        code = main(list(args))
+    err = capfd.readouterr().err
+    assert "Traceback" not in err, err
+    lines = [ln for ln in err.strip().splitlines() if not ln.startswith("Warp CUDA warning")]
+    return code, lines + [f"{w.category.__name__}: {w.message}" for w in caught]
 
 
 def pytest_collection_modifyitems(config, items):
