@@ -11,7 +11,7 @@ import time
 import h5py
 import numpy as np
 import pytest
-from conftest import run_engine
+from conftest import run_engine, run_in_process
 
 from shardmd.engine.h5md import read_frames
 
@@ -135,8 +135,11 @@ def _digest(path):
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def test_bad_restart_files_are_one_line_and_touch_nothing(tmp_path):
-    assert run_engine(["run", *BASE, "system.repeat=[3,3,3]", "steps=20"], cwd=tmp_path).returncode == 0
+def test_bad_restart_files_are_one_line_and_touch_nothing(tmp_path, capfd, monkeypatch):
+    """Refusals are decided before any step: run in this process (cli.main, stderr taken at the
+    file descriptor), not 10 fresh engines' start-up."""
+    code, lines = run_in_process(["run", *BASE, "system.repeat=[3,3,3]", "steps=20"], tmp_path, capfd, monkeypatch)
+    assert code == 0, lines
     ck = sorted((tmp_path / "run.ckpt").iterdir())[-1]
     (tmp_path / "trunc.h5").write_bytes(ck.read_bytes()[:2000])
     (tmp_path / "text.h5").write_text("not hdf5\n")
@@ -152,18 +155,19 @@ def test_bad_restart_files_are_one_line_and_touch_nothing(tmp_path):
         ([], "exists; add overwrite=true"),
     ]
     for extra, needle in cases:
-        r = run_engine(["run", *BASE, "system.repeat=[3,3,3]", "steps=40", *extra], cwd=tmp_path)
-        lines = r.stderr.strip().splitlines()
-        assert r.returncode == 2 and len(lines) == 1 and needle in lines[0], (extra, r.stderr)
+        code, lines = run_in_process(["run", *BASE, "system.repeat=[3,3,3]", "steps=40", *extra], tmp_path, capfd,
+                                     monkeypatch)
+        assert code == 2 and len(lines) == 1 and needle in lines[0], (extra, lines)
         assert _digest(tmp_path / "run.h5") == before
-    r = run_engine(["run", *BASE, "system.repeat=[3,3,3]", "steps=40", f"restart={ck}",
-                    "dt=1.0", "restart.allow_changes=true"], cwd=tmp_path)
-    assert r.returncode == 0, r.stderr
+    code, lines = run_in_process(["run", *BASE, "system.repeat=[3,3,3]", "steps=40", f"restart={ck}",
+                                  "dt=1.0", "restart.allow_changes=true"], tmp_path, capfd, monkeypatch)
+    assert code == 0, lines
 
 
-def test_checkpoint_contents(tmp_path):
-    assert run_engine(["run", *BASE, "system.repeat=[3,3,3]", "steps=30", "checkpoint.every=10",
-                       "checkpoint.keep=2"], cwd=tmp_path).returncode == 0
+def test_checkpoint_contents(tmp_path, capfd, monkeypatch):
+    code, lines = run_in_process(["run", *BASE, "system.repeat=[3,3,3]", "steps=30", "checkpoint.every=10",
+                                  "checkpoint.keep=2"], tmp_path, capfd, monkeypatch)
+    assert code == 0, lines
     files = sorted((tmp_path / "run.ckpt").iterdir())
     assert [f.name for f in files] == ["step-000000000020.h5", "step-000000000030.h5"]
     with h5py.File(files[-1], "r") as f:
