@@ -1,5 +1,6 @@
 """MACE through the engine on 1..8 domains against mace-torch's own calculator on the whole
 system (an independent, single-process reference)."""
+import hashlib
 import subprocess
 import warnings
 from pathlib import Path
@@ -9,7 +10,7 @@ import pytest
 from ase import Atoms
 from ase.build import bulk
 from ase.io import write
-from conftest import mpiexec_cmd, run_engine
+from conftest import mpiexec_cmd, run_engine, run_in_process
 
 from shardmd.models.mace_random import make_random_mace
 
@@ -32,15 +33,26 @@ def mace_setup(tmp_path_factory):
     return d, model
 
 
+_REFERENCES: dict = {}
+
+
 def _reference(model, numbers, positions, cell):
+    """mace-torch's calculator on the whole system. Memoised on the exact input bytes: the
+    step-0 configurations are the same file on every k (2 s each; 10 of the 21 calls repeat)."""
     from mace.calculators import MACECalculator
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        calc = MACECalculator(model_paths=str(model), device="cpu", default_dtype="float64")
-    a = Atoms(numbers=numbers, positions=positions, cell=cell, pbc=True)
-    a.calc = calc
-    return a.get_potential_energy(), a.get_forces(), -a.get_stress(voigt=False) * a.get_volume()
+    numbers, positions, cell = (np.ascontiguousarray(x) for x in (numbers, positions, cell))
+    key = (str(model), *(x.dtype.str + str(x.shape) + hashlib.sha256(x.tobytes()).hexdigest()
+                         for x in (numbers, positions, cell)))
+    if key not in _REFERENCES:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            calc = MACECalculator(model_paths=str(model), device="cpu", default_dtype="float64")
+        a = Atoms(numbers=numbers, positions=positions, cell=cell, pbc=True)
+        a.calc = calc
+        _REFERENCES[key] = (a.get_potential_energy(), a.get_forces(), -a.get_stress(voigt=False) * a.get_volume())
+    e, f, w = _REFERENCES[key]
+    return e, f.copy(), w.copy()
 
 
 # "::cueq": the same model converted by mace-torch to cuEquivariance (its torch fallback on CPU)
@@ -82,15 +94,15 @@ def test_mace_on_k_domains_equals_mace_calculator(k, mace_setup, tmp_path):
         assert abs(float(r32["e0"]) - e) <= 1e-5 * abs(e), c
 
 
-def test_mace_errors_are_one_line(tmp_path, mace_setup):
+def test_mace_errors_are_one_line(tmp_path, mace_setup, capfd, monkeypatch):
+    """Refused before any step: in this process (cli.main, stderr at the file descriptor)."""
     d, model = mace_setup
     (tmp_path / "junk.model").write_text("junk")
     for extra, needle in [(["model.checkpoint=missing.model"], "no such file"),
                           (["model.checkpoint=junk.model"], "not a loadable mace-torch model"),
                           ([f"model.checkpoint={model}", "system.element=Ar"], "does not know Ar")]:
-        r = run_engine(["run", "model=mace", "steps=1", *extra], cwd=tmp_path)
-        lines = r.stderr.strip().splitlines()
-        assert r.returncode == 2 and len(lines) == 1 and needle in lines[0], r.stderr
+        code, lines = run_in_process(["run", "model=mace", "steps=1", *extra], tmp_path, capfd, monkeypatch)
+        assert code == 2 and len(lines) == 1 and needle in lines[0], lines
 
 
 def test_mace_single_domain_engine_equals_mace_calculator(mace_setup, tmp_path):
