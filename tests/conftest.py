@@ -1,3 +1,4 @@
+import json
 import os
 import subprocess
 import sys
@@ -64,3 +65,122 @@ def mpiexec_cmd(n, args):
     cmd = launch_command(n, [])
     # launch_command ends with [python, -m, engine]: replace the tail by our own arguments
     return cmd[: cmd.index(sys.executable)] + [sys.executable, *args]
+
+
+class WorldTask:
+    """Work for a K-rank world: ``tests/mpi/<script>.py``'s ``run(comm, argv)``. ``argv`` items
+    may be callables of pytest's tmp_path_factory (inputs made just before the launch);
+    ``"{out}"`` stands for the task's own output folder."""
+
+    def __init__(self, k: int, key: str, script: str, argv, timeout: float = 600):
+        self.k, self.key, self.script, self.argv, self.timeout = k, key, script, list(argv), timeout
+
+
+class MPIWorlds:
+    """One MPI launch per world size for the tasks of every test pytest selected.
+
+    A test module declares ``world_tasks(item) -> [WorldTask, ...]``; the first test that asks
+    for a K-rank world starts it with the K-rank tasks of all selected tests (any module), so
+    each rank imports torch, Warp and the engine once, not once per test (~4 s of CPU a rank).
+    A deselected test's task is not run. Each task's output folder is returned when the task
+    finished (its ``.done`` marker), even if a later task in the same world failed."""
+
+    def __init__(self, session, factory):
+        self.session, self.factory = session, factory
+        self.launched: dict[int, subprocess.CompletedProcess] = {}
+        self.out: dict[str, Path] = {}
+
+    def _tasks(self, k: int) -> list[WorldTask]:
+        """The k-rank tasks of the selected tests, fast-tier ones first (a slow task that fails
+        cannot keep a fast one from finishing)."""
+        tasks: dict[str, tuple[bool, WorldTask]] = {}
+        for item in self.session.items:
+            hook = getattr(getattr(item, "module", None), "world_tasks", None)
+            if hook is None or item.get_closest_marker("skip") is not None:
+                continue
+            for t in hook(item):
+                if t.k == k:
+                    tasks.setdefault(t.key, ("slow" in item.keywords, t))
+        return [t for _, t in sorted(tasks.values(), key=lambda st: st[0])]
+
+    def _launch(self, k: int) -> None:
+        root = self.factory.mktemp(f"world{k}")
+        spec, tasks = [], self._tasks(k)
+        for t in tasks:
+            out = root / t.key
+            out.mkdir()
+            argv = [str(a(self.factory)) if callable(a) else str(a).replace("{out}", str(out)) for a in t.argv]
+            spec.append([t.script, argv, str(out / ".done")])
+            self.out[t.key] = out
+        (root / "tasks.json").write_text(json.dumps(spec, indent=1))
+        timeout = sum(t.timeout for t in tasks)
+        self.launched[k] = subprocess.run(mpiexec_cmd(k, [str(ROOT / "tests" / "mpi" / "world.py"),
+                                                          str(root / "tasks.json")]),
+                                          capture_output=True, text=True, timeout=timeout)
+
+    def __call__(self, k: int, key: str, clean: bool = False) -> Path:
+        """Output folder of task ``key``; ``clean``: the whole world must also have exited 0
+        (its shutdown check ran after the last task)."""
+        if k not in self.launched:
+            self._launch(k)
+        r = self.launched[k]
+        assert key in self.out, f"no task {key!r} in the {k}-rank world (a world_tasks hook must declare it)"
+        tail = f"{k}-rank world exited {r.returncode}:\n{r.stderr[-3000:]}"
+        assert (self.out[key] / ".done").exists(), f"task {key!r} did not finish; " + tail
+        if clean:
+            assert r.returncode == 0, tail
+        return self.out[key]
+
+
+@pytest.fixture(scope="session")
+def mpi_world(request, tmp_path_factory):
+    """``mpi_world(k, key)``: the output folder of task ``key`` run in the shared k-rank world."""
+    return MPIWorlds(request.session, tmp_path_factory)
+
+
+class ValidateBatches:
+    """One ``validate_many`` launch per world size for the trace_and_validate jobs of every test
+    pytest selected: a module declares ``validate_jobs(item) -> [(k, key, [job, ...]), ...]``
+    (jobs as validate_many takes them) and the test reads ``validated(k, key)``, its reports
+    in job order. validate_many already runs many jobs in one launch; this shares it across
+    tests and modules (each rank's start-up, ~4 s of CPU, once per world size)."""
+
+    def __init__(self, session):
+        self.session = session
+        self.reports: dict[int, dict[str, list]] = {}
+
+    def _batch(self, k: int) -> list[tuple[str, list]]:
+        batch: dict[str, tuple[bool, list]] = {}
+        for item in self.session.items:
+            hook = getattr(getattr(item, "module", None), "validate_jobs", None)
+            if hook is None or item.get_closest_marker("skip") is not None:
+                continue
+            for kk, key, jobs in hook(item):
+                if kk == k:
+                    batch.setdefault(key, ("slow" in item.keywords, jobs))
+        return [(key, jobs) for key, (_, jobs) in sorted(batch.items(), key=lambda kv: kv[1][0])]
+
+    def __call__(self, k: int, key: str) -> list:
+        if k not in self.reports:
+            from shardmd.domain.validate import validate_many
+
+            batch = self._batch(k)
+            try:
+                reps = validate_many([job for _, jobs in batch for job in jobs], k)
+            except RuntimeError as exc:     # the workers failed: every test of this batch says so
+                self.reports[k] = exc
+            else:
+                self.reports[k], i = {}, 0
+                for name, jobs in batch:
+                    self.reports[k][name] = reps[i:i + len(jobs)]
+                    i += len(jobs)
+        if isinstance(self.reports[k], Exception):
+            raise self.reports[k]
+        assert key in self.reports[k], f"no jobs {key!r} for {k} ranks (a validate_jobs hook must declare them)"
+        return self.reports[k][key]
+
+
+@pytest.fixture(scope="session")
+def validated(request):
+    """``validated(k, key)``: the TraceReports of jobs ``key``, validated in the shared k-rank launch."""
+    return ValidateBatches(request.session)

@@ -10,15 +10,30 @@ import pytest
 from ase import Atoms
 from ase.build import bulk
 from ase.io import write
-from conftest import mpiexec_cmd, run_engine, run_in_process
+from conftest import WorldTask, mpiexec_cmd, run_engine, run_in_process
 
 from shardmd.models.mace_random import make_random_mace
 
 HERE = Path(__file__).resolve().parent
 
 
+_INPUTS: dict = {}
+
+
+def _mace_inputs(tmp_path_factory):
+    """(folder, model file): a random two-species MACE and the ortho/tri structures, made once
+    per session (the shared MPI worlds need them before this module's tests run)."""
+    if "setup" not in _INPUTS:
+        _INPUTS["setup"] = _make_inputs(tmp_path_factory)
+    return _INPUTS["setup"]
+
+
 @pytest.fixture(scope="module")
 def mace_setup(tmp_path_factory):
+    return _mace_inputs(tmp_path_factory)
+
+
+def _make_inputs(tmp_path_factory):
     d = tmp_path_factory.mktemp("mace")
     model = make_random_mace(d / "rand.model", elements=(29, 28), r_max=4.5)
     rng = np.random.default_rng(3)
@@ -61,15 +76,27 @@ CASES = {2: ["ortho.extxyz:1x1x2", "tri.extxyz", "tri.extxyz::cueq"], 3: ["ortho
          8: ["ortho.extxyz"]}
 
 
+def _spec(c):
+    """mace_cases.py's argument for case ``c`` (file[:grid[:cueq]]), the file in the inputs folder."""
+    return lambda factory: str(_mace_inputs(factory)[0] / c.split(":")[0]) + (c[c.index(":"):] if ":" in c else "")
+
+
+def world_tasks(item):
+    """The k-domain MACE runs join the shared k-rank world (conftest.MPIWorlds)."""
+    if item.originalname == "test_mace_on_k_domains_equals_mace_calculator":
+        k = item.callspec.params["k"]
+        return [WorldTask(k, f"mace_cases{k}", "mace_cases",
+                          ["{out}", lambda factory: str(_mace_inputs(factory)[1]), *map(_spec, CASES[k])],
+                          timeout=1500)]
+    return []
+
+
 @pytest.mark.mpi
 @pytest.mark.slow
 @pytest.mark.parametrize("k", sorted(CASES))
-def test_mace_on_k_domains_equals_mace_calculator(k, mace_setup, tmp_path):
+def test_mace_on_k_domains_equals_mace_calculator(k, mace_setup, mpi_world):
     d, model = mace_setup
-    specs = [str(d / c.split(":")[0]) + (c[c.index(":"):] if ":" in c else "") for c in CASES[k]]
-    r = subprocess.run(mpiexec_cmd(k, [str(HERE / "mpi" / "mace_cases.py"), str(tmp_path), str(model), *specs]),
-                       capture_output=True, text=True, timeout=1500)
-    assert r.returncode == 0, r.stderr[-3000:]
+    tmp_path = mpi_world(k, f"mace_cases{k}")
     for c in CASES[k]:
         stem = Path(c.split(":")[0]).stem + ("_cueq" if c.endswith(":cueq") else "")
         res = np.load(tmp_path / f"{stem}_float64.npz")
@@ -141,21 +168,29 @@ def test_headline_command_and_mpiexec_agree(tmp_path):
         assert np.array_equal(fa.positions, fb.positions)
 
 
-@pytest.mark.mpi
-@pytest.mark.slow
-def test_trace_and_validate_mace_wrapper():
-    """The MACE wrapper with its spec passes the validator at 2 and 4 ranks (forces and
-    energies to 1e-10 relative against one process, halo complete)."""
+def validate_jobs(item):
+    """The wrapper's trace_and_validate at 2 and 4 ranks, in the shared validate_many launches
+    (conftest.ValidateBatches); trace_and_validate(f, atoms, world_size=k, ...) is this job."""
+    if item.originalname != "test_trace_and_validate_mace_wrapper":
+        return []
     import sys
 
     sys.path.insert(0, str(HERE))
     from mace_factory import shipped_mace
 
-    from shardmd.domain.api import trace_and_validate
-
     atoms = bulk("Cu", "fcc", a=3.61, cubic=True).repeat((4, 4, 3))
     atoms.rattle(0.08, seed=5)
+    job = dict(model_factory=shipped_mace, sample_system=atoms, atol=0.0, rtol=1e-10, spec=None, ghost_width=None,
+               skin=0.5, grid=None, auto_fix=True)
+    return [(k, "shipped_mace", [job]) for k in (2, 4)]
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+def test_trace_and_validate_mace_wrapper(validated):
+    """The MACE wrapper with its spec passes the validator at 2 and 4 ranks (forces and
+    energies to 1e-10 relative against one process, halo complete)."""
     for k in (2, 4):
-        rep = trace_and_validate(shipped_mace, atoms, world_size=k, atol=0.0, rtol=1e-10)
+        (rep,) = validated(k, "shipped_mace")
         assert rep.ok, rep.next_action
         assert rep.fix_applied is None

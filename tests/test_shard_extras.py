@@ -3,7 +3,6 @@
 and the strain virial, on one process and on 2 real ranks."""
 import dataclasses
 import json
-import subprocess
 import sys
 import warnings
 from pathlib import Path
@@ -11,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import mpiexec_cmd
+from conftest import WorldTask
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE / "mpi"))
@@ -346,31 +345,43 @@ def test_strain_virial_has_the_engine_sign_convention():
 
 
 # -- 2 real ranks ---------------------------------------------------------------------------------------------
-def _launch(k, args, timeout=600):
-    r = subprocess.run(mpiexec_cmd(k, args), capture_output=True, text=True, timeout=timeout)
-    assert r.returncode == 0, r.stderr[-3000:]
+def world_tasks(item):
+    """The 2-rank intent-helper checks join the shared 2-rank world (conftest.MPIWorlds)."""
+    if item.originalname == "test_intent_helpers_on_two_ranks":
+        return [WorldTask(2, "shard_extras", "shard_extras", ["{out}/res.json"])]
+    return []
 
 
 @pytest.mark.mpi
-def test_intent_helpers_on_two_ranks(tmp_path):
-    out = tmp_path / "res.json"
-    _launch(2, [str(HERE / "mpi" / "shard_extras.py"), str(out)])
-    res = json.loads(out.read_text())
+def test_intent_helpers_on_two_ranks(mpi_world):
+    res = json.loads((mpi_world(2, "shard_extras") / "res.json").read_text())
     assert len(res) == 7 and all(v["ok"] for v in res.values()), res
 
 
 TWO_RANKS = [X.charged, X.charged_sharded, X.self_forces, X.jit_declared, X.jit_declared_plain, X.jit_undeclared]
 
 
+COMPILED = [X.charged_compiled, X.charged_padded_eager]
+
+
+def validate_jobs(item):
+    """trace_and_validate jobs, run in the shared 2-rank validate_many launch (conftest.ValidateBatches)."""
+    names = {"test_charges_virial_self_forces_and_jit_helpers_on_two_ranks": ("two_ranks", TWO_RANKS),
+             "test_compiled_and_padded_forward_on_two_ranks": ("compiled", COMPILED)}
+    if item.originalname not in names:
+        return []
+    key, factories = names[item.originalname]
+    sample = X.triclinic_sample()
+    return [(2, key, [dict(model_factory=f, sample_system=sample, atol=0.0, rtol=1e-10, auto_fix=False)
+                      for f in factories])]
+
+
 @pytest.mark.mpi
-def test_charges_virial_self_forces_and_jit_helpers_on_two_ranks(sample):
+def test_charges_virial_self_forces_and_jit_helpers_on_two_ranks(validated):
     """Against the single-process reference (triclinic cell, float64): max error <= 1e-10
     relative for energy, forces, virial and stress; the undeclared jit helper is diagnosed."""
-    from shardmd.domain.validate import validate_many
-
-    reps = validate_many([dict(model_factory=f, sample_system=sample, atol=0.0, rtol=1e-10, auto_fix=False)
-                          for f in TWO_RANKS], 2)
-    for f, rep in zip(TWO_RANKS, reps):
+    reps = validated(2, "two_ranks")
+    for f, rep in zip(TWO_RANKS, reps, strict=True):
         a = rep.attempts[0]
         if f is X.jit_undeclared:
             assert not rep.ok and a.diagnosis[0]["code"] == "undeclared_helper"
@@ -387,13 +398,9 @@ def test_charges_virial_self_forces_and_jit_helpers_on_two_ranks(sample):
 
 @pytest.mark.mpi
 @pytest.mark.slow
-def test_compiled_and_padded_forward_on_two_ranks(sample):
-    from shardmd.domain.validate import validate_many
-
-    jobs = [X.charged_compiled, X.charged_padded_eager]
-    reps = validate_many([dict(model_factory=f, sample_system=sample, atol=0.0, rtol=1e-10, auto_fix=False)
-                          for f in jobs], 2)
-    for f, rep in zip(jobs, reps):
+def test_compiled_and_padded_forward_on_two_ranks(validated):
+    reps = validated(2, "compiled")
+    for f, rep in zip(COMPILED, reps, strict=True):
         assert rep.ok, (f.__name__, rep.attempts[0].error, rep.summary())
         assert rep.attempts[0].diffs["virial"]["max_abs_err"] <= 1e-10 * rep.attempts[0].diffs["virial"]["scale"]
 

@@ -2,13 +2,12 @@
 batteries, the two bring-your-own examples through trace_and_validate, every documented
 failure mode and auto-fix, and 50 MD steps with migrations against one domain."""
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import mpiexec_cmd
+from conftest import WorldTask
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE / "mpi"))
@@ -17,17 +16,21 @@ sys.path.insert(0, str(HERE.parent / "examples"))
 import shard_models  # noqa: E402
 
 
-def _launch(k, args, timeout=600):
-    r = subprocess.run(mpiexec_cmd(k, args), capture_output=True, text=True, timeout=timeout)
-    assert r.returncode == 0, r.stderr[-3000:]
+def world_tasks(item):
+    """The K-rank batteries and MD runs join the shared K-rank world (conftest.MPIWorlds)."""
+    if item.originalname == "test_handlers_transforms_adapters_on_k_ranks":
+        k = item.callspec.params["k"]
+        return [WorldTask(k, f"shard_cases{k}", "shard_cases", ["{out}/res.json"])]
+    if item.originalname == "test_fifty_md_steps_with_migrations_match_one_domain":
+        k = item.callspec.params["k"]
+        return [WorldTask(k, f"shard_md{k}", "shard_md", ["{out}", "50", "mpnn", "warp", "mpnn_sharded"])]
+    return []
 
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("k", [2, 3, 4])
-def test_handlers_transforms_adapters_on_k_ranks(k, tmp_path):
-    out = tmp_path / "res.json"
-    _launch(k, [str(HERE / "mpi" / "shard_cases.py"), str(out)])
-    res = json.loads(out.read_text())
+def test_handlers_transforms_adapters_on_k_ranks(k, mpi_world):
+    res = json.loads((mpi_world(k, f"shard_cases{k}") / "res.json").read_text())
     bad = {n: v for n, v in res.items() if not v["ok"]}
     assert len(res) > 100 and not bad, bad
     # without ScatterOutputs the halo partial sums are visibly missing
@@ -45,16 +48,25 @@ GOOD = {2: [(shard_models.mpnn, None), (shard_models.warp_pair, None), (shard_mo
             (shard_models.warp_pair, (1, 4, 1)), (shard_models.mpnn_sharded, None), (shard_models.lj_op, None)]}
 
 
+def validate_jobs(item):
+    """trace_and_validate jobs, run in the shared k-rank validate_many launch (conftest.ValidateBatches)."""
+    if item.originalname == "test_examples_pass_trace_and_validate":
+        k = item.callspec.params["k"]
+        sample = shard_models.sample()
+        return [(k, f"examples{k}", [dict(model_factory=f, sample_system=sample, atol=0.0, rtol=1e-10, grid=g)
+                                     for f, g in GOOD[k]])]
+    if item.originalname == "test_each_failure_mode_gets_its_diagnosis_and_only_its_fix":
+        sample = shard_models.sample()
+        return [(2, "failure_modes", [dict(model_factory=f, sample_system=sample, **kw) for f, kw, *_ in FAILURES])]
+    return []
+
+
 @pytest.mark.mpi
 @pytest.mark.slow
 @pytest.mark.parametrize("k", [2, 3, 4])
-def test_examples_pass_trace_and_validate(k):
-    from shardmd.domain.validate import validate_many
-
-    sample = shard_models.sample()
-    jobs = [dict(model_factory=f, sample_system=sample, atol=0.0, rtol=1e-10, grid=g) for f, g in GOOD[k]]
-    reps = validate_many(jobs, k)
-    for (f, g), rep in zip(GOOD[k], reps):
+def test_examples_pass_trace_and_validate(k, validated):
+    reps = validated(k, f"examples{k}")
+    for (f, g), rep in zip(GOOD[k], reps, strict=True):
         assert rep.ok, (f.__name__, g, rep.attempts[-1].diagnosis, _rtol_report(rep))
         assert rep.fix_applied is None and len(rep.attempts) == 1, f.__name__      # no fix where none is needed
         a = rep.attempts[0]
@@ -80,12 +92,9 @@ FAILURES = [
 
 
 @pytest.mark.mpi
-def test_each_failure_mode_gets_its_diagnosis_and_only_its_fix():
-    from shardmd.domain.validate import validate_many
-
-    sample = shard_models.sample()
-    reps = validate_many([dict(model_factory=f, sample_system=sample, **kw) for f, kw, *_ in FAILURES], 2)
-    for (f, _kw, code, fix, ok), rep in zip(FAILURES, reps):
+def test_each_failure_mode_gets_its_diagnosis_and_only_its_fix(validated):
+    reps = validated(2, "failure_modes")
+    for (f, _kw, code, fix, ok), rep in zip(FAILURES, reps, strict=True):
         first = rep.attempts[0]
         codes = [d["code"] for d in first.diagnosis]
         name = f.__name__
@@ -137,8 +146,8 @@ def _fresh_reference(model_name, d):
 @pytest.mark.mpi
 @pytest.mark.slow
 @pytest.mark.parametrize("k", [2, 3, 4])
-def test_fifty_md_steps_with_migrations_match_one_domain(k, tmp_path, md_reference):
-    _launch(k, [str(HERE / "mpi" / "shard_md.py"), str(tmp_path), "50", "mpnn", "warp", "mpnn_sharded"])
+def test_fifty_md_steps_with_migrations_match_one_domain(k, mpi_world, md_reference):
+    tmp_path = mpi_world(k, f"shard_md{k}")
     for name in ("mpnn", "warp", "mpnn_sharded"):
         d = dict(np.load(tmp_path / f"{name}.npz"))
         ref = md_reference["mpnn" if name == "mpnn_sharded" else name]

@@ -23,13 +23,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from systems import make_system
 
 
-def main():
-    out = Path(sys.argv[1])
-    device = os.environ.get("SHARDMD_TEST_DEVICE", "cpu")
-    comm = init_comm(device)
+def run(comm, argv):
+    """The cases ``argv = [OUT_DIR, case, ...]`` on ``comm`` (tests/mpi/world.py runs it too)."""
+    out = Path(argv[0])
     torch.set_num_threads(1)
     lj = LennardJones({"Ar": 0.0104, "Kr": 0.014}, {"Ar": 3.40, "Kr": 3.65}, cutoff=7.0, shift=True)
-    for spec in sys.argv[2:]:
+    for spec in argv[1:]:
         name, grid = spec.split(":")
         for prec in ("float64", "float32"):
             atoms = make_system(name)
@@ -47,6 +46,10 @@ def main():
                 np.savez(out / f"{name}_{grid}_{prec}.npz", ids=full["ids"], forces=full["forces"],
                          energy=float(res["energy"]), virial=res["virial"].double().cpu().numpy(),
                          grid=np.array(dec.grid.shape), ghosts=int(n_ghost[0]))
+
+
+def check_gloo_shutdown(comm):
+    """Shut the world down; under gloo, exit non-zero unless its worker threads were joined."""
     if comm.backend != "gloo":
         shutdown(comm)
         return
@@ -56,6 +59,12 @@ def main():
     # the count before shows the threads are recognised by name at all
     if workers == 0 or _gloo_workers():
         sys.exit(f"rank {comm.rank}: gloo worker threads {workers} before shutdown, {_gloo_workers()} after")
+
+
+def main():
+    comm = init_comm(os.environ.get("SHARDMD_TEST_DEVICE", "cpu"))
+    run(comm, sys.argv[1:])
+    check_gloo_shutdown(comm)
 
 
 def _gloo_workers() -> int:

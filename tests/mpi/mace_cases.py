@@ -24,11 +24,11 @@ def snapshot(sim):
     return full, float(res["energy"]), res["virial"].double().cpu().numpy()
 
 
-def main():
-    out, model = Path(sys.argv[1]), sys.argv[2]
+def run(comm, argv):
+    """``argv = [OUT_DIR, MODEL_FILE, case, ...]`` on ``comm`` (tests/mpi/world.py runs it too)."""
+    out, model = Path(argv[0]), argv[1]
     device = os.environ.get("SHARDMD_TEST_DEVICE", "cpu")
-    comm = init_comm(device)
-    for spec in sys.argv[3:]:
+    for spec in argv[2:]:
         path, _, rest = spec.partition(":")
         grid, _, opts = rest.partition(":")
         cueq = opts == "cueq"
@@ -51,6 +51,11 @@ def main():
                          pos1=b["positions"], f1=b["forces"], e1=eb, w1=wb, numbers=a["numbers"],
                          cell=sim.state.cell.double().cpu().numpy(), migrated=sim.summary["migrated"],
                          grid=np.array(sim.domain.grid.shape))
+
+
+def main():
+    comm = init_comm(os.environ.get("SHARDMD_TEST_DEVICE", "cpu"))
+    run(comm, sys.argv[1:])
     shutdown(comm)
 
 

@@ -264,13 +264,18 @@ def run_checks(comm) -> dict:
     return res
 
 
+def run(comm, argv):
+    """:func:`run_checks` on ``comm``; rank 0 writes ``argv[0]`` (JSON). tests/mpi/world.py runs it too."""
+    res = run_checks(comm)
+    if comm.is_root:
+        Path(argv[0]).write_text(json.dumps(res, indent=1))
+
+
 def main():
     from shardmd.domain.comm import init_comm, shutdown
 
     comm = init_comm("cpu")
-    res = run_checks(comm)
-    if comm.is_root:
-        Path(sys.argv[1]).write_text(json.dumps(res, indent=1))
+    run(comm, sys.argv[1:])
     shutdown(comm)
 
 

@@ -86,15 +86,20 @@ def run_md(comm, name: str, steps: int) -> dict | None:
             "numbers": initial_atoms().numbers}
 
 
-def main():
-    from shardmd.domain.comm import init_comm, shutdown
-
-    out, steps, names = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3:]
-    comm = init_comm("cpu")
+def run(comm, argv):
+    """``argv = [OUT_DIR, STEPS, model, ...]`` on ``comm`` (tests/mpi/world.py runs it too)."""
+    out, steps, names = Path(argv[0]), int(argv[1]), argv[2:]
     for name in names:
         res = run_md(comm, name, steps)
         if res is not None:
             np.savez(out / f"{name}.npz", **res)
+
+
+def main():
+    from shardmd.domain.comm import init_comm, shutdown
+
+    comm = init_comm("cpu")
+    run(comm, sys.argv[1:])
     shutdown(comm)
 
 
