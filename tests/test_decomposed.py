@@ -1,12 +1,13 @@
 """Domain decomposition on real MPI ranks (gloo, oversubscribed): N domains give the
 1-domain answer.  Several systems and grids run per launch to keep the suite fast."""
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import mpiexec_cmd, run_engine
+from conftest import WorldTask, mpiexec_cmd, run_engine, run_in_process
 from reference import lj_reference, mix_lorentz_berthelot
 from systems import make_system
 
@@ -32,12 +33,33 @@ def reference():
     return out
 
 
+def _vacuum_file(factory):
+    from ase.io import write
+
+    d = factory.mktemp("vacuum")
+    write(d / "vac.extxyz", make_system("vacuum"))
+    return d / "vac.extxyz"
+
+
+def world_tasks(item):
+    """The LJ cases of k ranks, and the empty-domains run on 4, join the shared k-rank worlds
+    (conftest.MPIWorlds)."""
+    if item.originalname == "test_lj_on_k_domains_equals_reference":
+        k = item.callspec.params["k"]
+        return [WorldTask(k, f"lj_cases{k}", "lj_cases", ["{out}", *CASES[k]])]
+    if item.originalname == "test_empty_domains_run":
+        return [WorldTask(4, "empty_domains", "engine_runs", [
+            "model=lj", lambda factory: f"system.file={_vacuum_file(factory)}", "grid=[1,1,4]", "steps=40",
+            "trajectory.every=20", "quiet=true", "model.epsilon.Kr=0.014", "model.sigma.Kr=3.65",
+            "output={out}/run.h5"])]
+    return []
+
+
 @pytest.mark.mpi
 @pytest.mark.parametrize("k", sorted(CASES))
-def test_lj_on_k_domains_equals_reference(k, tmp_path, reference):
-    cmd = mpiexec_cmd(k, [str(HERE / "mpi" / "lj_cases.py"), str(tmp_path), *CASES[k]])
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
+def test_lj_on_k_domains_equals_reference(k, mpi_world, reference):
+    # clean: the world (lj_cases.py's run here) exited 0 after its gloo shutdown check
+    tmp_path = mpi_world(k, f"lj_cases{k}", clean=True)
     for case in CASES[k]:
         name, grid = case.split(":")
         e_ref, f_ref, w_ref = reference[name]
@@ -65,13 +87,30 @@ COMMON = ["model=lj", "system.repeat=[6,6,6]", "steps=200", "trajectory.every=50
           "quiet=true", "temperature=90", "dt=2.0", "neighbor.skin=0.6"]
 
 
+_PAIRS: dict = {}
+
+
+@pytest.fixture(scope="module")
+def one_and_four(tmp_path_factory):
+    """``one_and_four(integrator)``: a folder with COMMON's run on 1 domain (d1.h5) and
+    self-launched on 4 (``+domains=4``, d4.h5). The verlet pair also serves
+    test_self_launch_equals_mpiexec (one 4-rank launch fewer)."""
+    def runs(integrator):
+        if integrator not in _PAIRS:
+            d = tmp_path_factory.mktemp(f"pair_{integrator}")
+            r1 = run_engine(["run", *COMMON, f"integrator={integrator}", "output=d1.h5"], cwd=d)
+            assert r1.returncode == 0, r1.stderr
+            r4 = run_engine(["run", *COMMON, f"integrator={integrator}", "+domains=4", "output=d4.h5"], cwd=d)
+            assert r4.returncode == 0, r4.stderr
+            _PAIRS[integrator] = d
+        return _PAIRS[integrator]
+    return runs
+
+
 @pytest.mark.mpi
 @pytest.mark.parametrize("integrator", ["verlet", "langevin"])
-def test_trajectories_1_vs_4_domains(integrator, tmp_path):
-    r1 = run_engine(["run", *COMMON, f"integrator={integrator}", "output=d1.h5"], cwd=tmp_path)
-    assert r1.returncode == 0, r1.stderr
-    r4 = run_engine(["run", *COMMON, f"integrator={integrator}", "+domains=4", "output=d4.h5"], cwd=tmp_path)
-    assert r4.returncode == 0, r4.stderr
+def test_trajectories_1_vs_4_domains(integrator, one_and_four):
+    tmp_path = one_and_four(integrator)
     a, b = read_frames(tmp_path / "d1.h5"), read_frames(tmp_path / "d4.h5")
     assert [f.info["step"] for f in a] == [f.info["step"] for f in b] == [0, 50, 100, 150, 200]
     for ua, ub in zip(_unwrapped(a), _unwrapped(b)):
@@ -80,15 +119,15 @@ def test_trajectories_1_vs_4_domains(integrator, tmp_path):
 
 
 @pytest.mark.mpi
-def test_self_launch_equals_mpiexec(tmp_path):
-    args = ["-m", "engine", "run", "+model=lj", "system.repeat=[5,5,5]", "steps=60", "trajectory.every=30",
-            "quiet=true", "output=m.h5"]
+def test_self_launch_equals_mpiexec(tmp_path, one_and_four):
+    """``mpiexec -n 4 python -m engine run ...`` and the self-launched ``+domains=4`` run of the
+    same job (test_trajectories_1_vs_4_domains' verlet run): the same bits."""
+    args = ["-m", "engine", "run", "+model=lj", *COMMON[1:], "integrator=verlet", "output=m.h5"]
     r = subprocess.run(mpiexec_cmd(4, args), cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
-    r2 = run_engine(["run", "+model=lj", "+domains=4", "system.repeat=[5,5,5]", "steps=60",
-                     "trajectory.every=30", "quiet=true", "output=s.h5"], cwd=tmp_path)
-    assert r2.returncode == 0, r2.stderr
-    for fa, fb in zip(read_frames(tmp_path / "m.h5"), read_frames(tmp_path / "s.h5")):
+    m, s = read_frames(tmp_path / "m.h5"), read_frames(one_and_four("verlet") / "d4.h5")
+    assert [f.info["step"] for f in m] == [f.info["step"] for f in s] == [0, 50, 100, 150, 200]
+    for fa, fb in zip(m, s):
         assert np.array_equal(fa.positions, fb.positions)
         assert np.array_equal(fa.get_velocities(), fb.get_velocities())
 
@@ -102,10 +141,12 @@ def test_hot_gas_migration_stress_on_8_domains(tmp_path):
     gas = ["model=lj", "system.a=11.0", "system.repeat=[4,4,4]", "temperature=2500", "dt=2.0",
            "steps=3000", "neighbor.skin=1.0", "trajectory.every=0", "thermo.every=100", "quiet=true",
            "model.cutoff=5.0"]
-    r8 = run_engine(["run", *gas, "domains=8", "grid=[2,2,2]", "output=g8.h5"], cwd=tmp_path, timeout=900)
-    assert r8.returncode == 0, r8.stderr
-    r1 = run_engine(["run", *gas, "output=g1.h5"], cwd=tmp_path, timeout=900)
-    assert r1.returncode == 0, r1.stderr
+    # side by side: the 8 ranks wait on each other much of the time, the 1-domain run fills it
+    p8, p1 = (subprocess.Popen([sys.executable, "-m", "engine", "run", *gas, *extra], cwd=tmp_path, text=True,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+              for extra in (["domains=8", "grid=[2,2,2]", "output=g8.h5"], ["output=g1.h5"]))
+    errs = [p.communicate(timeout=900)[1] for p in (p8, p1)]
+    assert p8.returncode == 0 and p1.returncode == 0, errs
     log = (tmp_path / "g8.log").read_text()
     migrations = int(log.split(" atom migrations")[0].split()[-1])
     assert migrations > 1000, log[-500:]
@@ -124,26 +165,22 @@ def test_hot_gas_migration_stress_on_8_domains(tmp_path):
 
 
 @pytest.mark.mpi
-def test_empty_domains_run(tmp_path):
-    """Atoms only in the lower part of the box: two of four z-slabs start empty."""
-    from ase.io import write
-
-    write(tmp_path / "vac.extxyz", make_system("vacuum"))
-    r = run_engine(["run", "model=lj", "system.file=vac.extxyz", "domains=4", "grid=[1,1,4]", "steps=40",
-                    "trajectory.every=20", "quiet=true", "model.epsilon.Kr=0.014", "model.sigma.Kr=3.65"],
-                   cwd=tmp_path)
-    assert r.returncode == 0, r.stderr
-    frames = read_frames(tmp_path / "run.h5")
+def test_empty_domains_run(mpi_world):
+    """Atoms only in the lower part of the box: two of four z-slabs start empty. The run is
+    the engine's on the shared 4-rank world (tests/mpi/engine_runs.py: the CLI's run without
+    its launch; launching is what test_self_launch_equals_mpiexec and the 1-vs-4 runs test)."""
+    frames = read_frames(mpi_world(4, "empty_domains") / "run.h5")
     assert len(frames) == 3 and len(frames[-1]) == len(make_system("vacuum"))
 
 
 @pytest.mark.mpi
 @pytest.mark.slow
-def test_thin_domains_error_names_largest_count(tmp_path):
-    r = run_engine(["run", "model=lj", "system.repeat=[3,3,3]", "domains=16", "steps=5"], cwd=tmp_path)
-    assert r.returncode == 2
-    lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error:") and "at most domains=" in lines[0], r.stderr
+def test_thin_domains_error_names_largest_count(tmp_path, capfd, monkeypatch):
+    """Refused before any rank starts: in this process (cli.main, stderr at the fd)."""
+    code, lines = run_in_process(["run", "model=lj", "system.repeat=[3,3,3]", "domains=16", "steps=5"], tmp_path,
+                                 capfd, monkeypatch)
+    assert code == 2
+    assert len(lines) == 1 and lines[0].startswith("error:") and "at most domains=" in lines[0], lines
 
 
 @pytest.mark.mpi

@@ -1,0 +1,30 @@
+"""Engine runs on the ranks of this MPI world: the CLI's ``run`` without its launch.
+
+Usage: mpiexec -n K python tests/mpi/engine_runs.py key=value ...   (domains is K)
+``run(comm, argv)`` composes the configuration from ``argv`` as ``python -m engine run`` does
+and runs it on ``comm`` (tests/mpi/world.py runs it beside other tests' work in one world);
+a non-zero exit status of the run is an error. Give paths (output=, system.file=) absolute.
+"""
+import sys
+
+from shardmd.engine.config import compose_config
+from shardmd.engine.simulation import Simulation
+
+
+def run(comm, argv):
+    sim = Simulation(compose_config([*argv, f"domains={comm.size}"]), comm=comm)
+    sim.run()
+    if sim.exit_code != 0:
+        raise SystemExit(f"rank {comm.rank}: run {' '.join(argv)} ended with exit status {sim.exit_code}")
+
+
+def main():
+    from shardmd.domain.comm import init_comm, shutdown
+
+    comm = init_comm("cpu")
+    run(comm, sys.argv[1:])
+    shutdown(comm)
+
+
+if __name__ == "__main__":
+    main()
