@@ -3,6 +3,7 @@ counts, SIGKILL at random moments, SIGTERM, bad restart files."""
 import hashlib
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -30,16 +31,44 @@ def _same_bits(a, b, steps):
         assert np.array_equal(a[s].arrays["image"], b[s].arrays["image"]), s
 
 
+def _side_by_side(jobs, cwd):
+    """Run several ``python -m engine`` commands at once (independent runs); their results."""
+    procs = [subprocess.Popen([sys.executable, "-m", "engine", *a], cwd=cwd, text=True, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE) for a in jobs]
+    outs = [p.communicate(timeout=600) for p in procs]
+    return [subprocess.CompletedProcess(p.args, p.returncode, *out) for p, out in zip(procs, outs)]
+
+
+_FIRST: dict = {}
+
+
+@pytest.fixture(scope="module")
+def first_runs(tmp_path_factory):
+    """``first_runs(integrator, domains)``: a folder holding the 200-step run (straight.h5) and
+    the first 100 steps (split.h5, its checkpoint at step 100), made once, side by side. The
+    langevin 4-domain pair is also test_restart_on_other_domain_counts' reference and start
+    (the same runs it made itself: BASE, langevin, 4 domains, 200 and 100 steps). Tests copy
+    the folder before they add to it."""
+    def get(integrator, domains):
+        if (integrator, domains) not in _FIRST:
+            d = tmp_path_factory.mktemp(f"first_{integrator}_{domains}")
+            args = [*BASE, f"integrator={integrator}", f"domains={domains}"]
+            for r in _side_by_side([["run", *args, "steps=200", "output=straight.h5"],
+                                    ["run", *args, "steps=100", "output=split.h5"]], d):
+                assert r.returncode == 0, r.stderr
+            _FIRST[integrator, domains] = d
+        return _FIRST[integrator, domains]
+    return get
+
+
 @pytest.mark.mpi
 # the 4-domain cases run in the full suite only (fast tier <= 10 min); 1 domain stays fast
 @pytest.mark.parametrize("domains", [1, pytest.param(4, marks=pytest.mark.slow)])
 @pytest.mark.parametrize("integrator", ["verlet", "langevin"])
-def test_bit_exact_continuation(tmp_path, domains, integrator):
+def test_bit_exact_continuation(tmp_path, domains, integrator, first_runs):
     """200 steps straight == 100 + restart + 100 (the checkpoint at 100 is not a rebuild step)."""
     args = [*BASE, f"integrator={integrator}", f"domains={domains}"]
-    assert run_engine(["run", *args, "steps=200", "output=straight.h5"], cwd=tmp_path).returncode == 0
-    r = run_engine(["run", *args, "steps=100", "output=split.h5"], cwd=tmp_path)
-    assert r.returncode == 0, r.stderr
+    shutil.copytree(first_runs(integrator, domains), tmp_path, dirs_exist_ok=True)
     r = run_engine(["run", *args, "steps=200", "output=split.h5", "restart=auto"], cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     a, b = _frames(tmp_path / "straight.h5"), _frames(tmp_path / "split.h5")
@@ -49,14 +78,14 @@ def test_bit_exact_continuation(tmp_path, domains, integrator):
 
 @pytest.mark.mpi
 @pytest.mark.slow
-def test_restart_on_other_domain_counts(tmp_path):
+def test_restart_on_other_domain_counts(tmp_path, first_runs):
     args = [*BASE, "integrator=langevin"]
-    assert run_engine(["run", *args, "domains=4", "steps=200", "output=ref.h5"], cwd=tmp_path).returncode == 0
-    assert run_engine(["run", *args, "domains=4", "steps=100", "output=a.h5"], cwd=tmp_path).returncode == 0
-    ck = tmp_path / "a.ckpt" / "step-000000000100.h5"
-    ref = _frames(tmp_path / "ref.h5")
-    for d in (2, 1):
-        r = run_engine(["run", *args, f"domains={d}", "steps=200", f"output=b{d}.h5", f"restart={ck}"], cwd=tmp_path)
+    shutil.copytree(first_runs("langevin", 4), tmp_path, dirs_exist_ok=True)
+    ck = tmp_path / "split.ckpt" / "step-000000000100.h5"
+    ref = _frames(tmp_path / "straight.h5")
+    results = _side_by_side([["run", *args, f"domains={d}", "steps=200", f"output=b{d}.h5", f"restart={ck}"]
+                             for d in (2, 1)], tmp_path)
+    for d, r in zip((2, 1), results):
         assert r.returncode == 0, r.stderr
         got = _frames(tmp_path / f"b{d}.h5")
         u = lambda f: f.positions + f.arrays["image"] @ f.cell.array  # noqa: E731
@@ -78,13 +107,11 @@ def _kill_trials(tmp_path, trials, seed):
             pass
         p.wait()
         time.sleep(0.3)
-    r = subprocess.run([sys.executable, *args], cwd=tmp_path, capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stderr
+    straight = [a if a != "restart=auto" else "output=straight.h5" for a in args]
+    for r in _side_by_side([args[2:], straight[2:]], tmp_path):     # the last restart, and the reference
+        assert r.returncode == 0, r.stderr
     steps = [f.info["step"] for f in read_frames(tmp_path / "run.h5")]
     assert steps == list(range(401)), (len(steps), len(set(steps)))
-    straight = [a if a != "restart=auto" else "output=straight.h5" for a in args]
-    r = subprocess.run([sys.executable, *straight], cwd=tmp_path, capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stderr
     _same_bits(_frames(tmp_path / "run.h5"), _frames(tmp_path / "straight.h5"), [400])
 
 
@@ -124,8 +151,9 @@ def test_sigterm_checkpoints_and_restarts_exactly(tmp_path, target):
     assert "Stopped by SIGTERM" in log.read_text()
     stop = int(sorted((tmp_path / "r.ckpt").iterdir())[-1].stem.split("-")[1])
     end = stop + 30
-    assert run_engine(["run", *args, f"steps={end}", "output=r.h5", "restart=auto"], cwd=tmp_path).returncode == 0
-    assert run_engine(["run", *args, f"steps={end}", "output=s.h5"], cwd=tmp_path).returncode == 0
+    for r in _side_by_side([["run", *args, f"steps={end}", "output=r.h5", "restart=auto"],
+                            ["run", *args, f"steps={end}", "output=s.h5"]], tmp_path):
+        assert r.returncode == 0, r.stderr
     a, b = _frames(tmp_path / "r.h5"), _frames(tmp_path / "s.h5")
     assert stop in a and len(a) == len(set(a))
     _same_bits(a, b, [s for s in b if s in a])
