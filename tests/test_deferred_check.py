@@ -12,7 +12,7 @@ from shardmd.engine.skin_check import DeferredSkinCheck
 # a hot Ar gas: ~1 rebuild every few steps, so windows cross skin/2 often
 HOT = ["model=lj", "system.element=Ar", "system.lattice=fcc", "system.a=5.8", "system.repeat=[4,4,4]",
        "temperature=900", "dt=4.0", "neighbor.skin=0.6", "thermo.every=0", "trajectory.every=0",
-       "checkpoint.every=0", "quiet=true", "overwrite=true", "model.cutoff=7.0"]
+       "checkpoint.every=0", "quiet=true", "overwrite=true", "model.cutoff=7.0", "threads=1"]
 
 
 def _run(tmp_path, name, extra, steps=200, planner=None, pipelined=False):

@@ -10,7 +10,7 @@ from shardmd.integrators.units import KB
 
 
 def _run(overrides, tmp_path, every=10):
-    cfg = compose_config(["model=lj", "system.repeat=[4,4,4]", "quiet=true", "trajectory.every=0",
+    cfg = compose_config(["model=lj", "system.repeat=[4,4,4]", "quiet=true", "threads=1", "trajectory.every=0",
                           f"thermo.every={every}", f"output={tmp_path / 'run.h5'}", *overrides])
     sim = Simulation(cfg)
     rows = []
@@ -84,7 +84,7 @@ def test_langevin_temperature_quick(tmp_path):
 
 
 def _trajectory(tmp_path, permute: bool, steps=60):
-    cfg = compose_config(["model=lj", "system.repeat=[3,3,3]", "quiet=true", "trajectory.every=0",
+    cfg = compose_config(["model=lj", "system.repeat=[3,3,3]", "quiet=true", "threads=1", "trajectory.every=0",
                           "thermo.every=0", f"output={tmp_path / 'p.h5'}", "integrator=langevin",
                           "temperature=120", "dt=4.0", "neighbor.skin=0.3", "neighbor.sort=none",
                           f"steps={steps}", "seed=11"])
@@ -128,7 +128,7 @@ def test_skin_rule_never_misses_a_pair(tmp_path):
     model cutoff found by a fresh search (positions fold through the boundary meanwhile)."""
     from shardmd.domain.neighbors import build_neighbor_list
 
-    cfg = compose_config(["model=lj", "system.repeat=[3,3,3]", "quiet=true", "trajectory.every=0",
+    cfg = compose_config(["model=lj", "system.repeat=[3,3,3]", "quiet=true", "threads=1", "trajectory.every=0",
                           "thermo.every=0", f"output={tmp_path / 's.h5'}", "integrator=langevin",
                           "temperature=300", "dt=5.0", "neighbor.skin=0.5", "steps=0"])
     sim = Simulation(cfg)

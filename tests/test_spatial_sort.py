@@ -63,7 +63,7 @@ def _shuffled_file(tmp_path, seed=4):
 
 
 def _sim(tmp_path, sort, steps, out="run.h5", extra=()):
-    cfg = compose_config(["model=lj", f"system.file={_shuffled_file(tmp_path)}", "quiet=true", "dt=4.0",
+    cfg = compose_config(["model=lj", f"system.file={_shuffled_file(tmp_path)}", "quiet=true", "threads=1", "dt=4.0",
                           "neighbor.skin=0.3", "integrator=langevin", "temperature=120", "seed=2",
                           "trajectory.every=0", "thermo.every=0", f"steps={steps}", f"neighbor.sort={sort}",
                           f"output={tmp_path / out}", *extra])
