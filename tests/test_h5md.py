@@ -390,18 +390,30 @@ def _check_after_kill(path: Path, printed: list[int], n_atoms: int) -> list[int]
     return steps
 
 
+def _one_kill_trial(path: Path, rnd: random.Random, n_atoms: int) -> None:
+    printed = _kill_trial(path, rnd, n_atoms)
+    assert printed, "no frame reported"
+    steps = _check_after_kill(path, printed, n_atoms)
+    # a restart appends after the last complete frame, without gaps or duplicates
+    printed2 = _kill_trial(path, rnd, n_atoms, mode="a")
+    assert printed2[0] == steps[-1] + loop.STRIDE
+    steps2 = _check_after_kill(path, steps + printed2, n_atoms)
+    assert np.all(np.diff(steps2) == loop.STRIDE)
+
+
 def _kill_trials(tmp_path: Path, trials: int, seed: int, n_atoms: int = 1000) -> None:
-    rnd = random.Random(seed)
-    for trial in range(trials):
-        path = tmp_path / f"kill{trial}.h5"
-        printed = _kill_trial(path, rnd, n_atoms)
-        assert printed, "no frame reported"
-        steps = _check_after_kill(path, printed, n_atoms)
-        # a restart appends after the last complete frame, without gaps or duplicates
-        printed2 = _kill_trial(path, rnd, n_atoms, mode="a")
-        assert printed2[0] == steps[-1] + loop.STRIDE
-        steps2 = _check_after_kill(path, steps + printed2, n_atoms)
-        assert np.all(np.diff(steps2) == loop.STRIDE)
+    """``trials`` independent kill-and-append trials on their own files, two at a time (each
+    is mostly a fresh writer process starting: the second core takes the next one). A trial's
+    random moments come from its own generator, (seed, trial): the same draws whatever the
+    order the two workers run them in."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def trial(k: int) -> None:
+        _one_kill_trial(tmp_path / f"kill{k}.h5", random.Random(f"{seed}-{k}"), n_atoms)
+
+    with ThreadPoolExecutor(2) as pool:
+        for f in [pool.submit(trial, k) for k in range(trials)]:
+            f.result()
 
 
 def test_sigkill_writer_keeps_reported_frames(tmp_path):
