@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import WorldTask, mpiexec_cmd, run_engine, run_in_process
+from conftest import WorldTask, mpiexec_cmd, run_in_process
 from reference import lj_reference, mix_lorentz_berthelot
 from systems import make_system
 
@@ -85,8 +85,9 @@ def _unwrapped(frames):
     return [f.positions + f.arrays["image"] @ f.cell.array for f in frames]
 
 
+# threads=1: the 1- and 4-domain runs go side by side (ranks of several domains use one thread)
 COMMON = ["model=lj", "system.repeat=[6,6,6]", "steps=200", "trajectory.every=50", "thermo.every=50",
-          "quiet=true", "temperature=90", "dt=2.0", "neighbor.skin=0.6"]
+          "quiet=true", "temperature=90", "dt=2.0", "neighbor.skin=0.6", "threads=1"]
 
 
 _PAIRS: dict = {}
@@ -95,15 +96,16 @@ _PAIRS: dict = {}
 @pytest.fixture(scope="module")
 def one_and_four(tmp_path_factory):
     """``one_and_four(integrator)``: a folder with COMMON's run on 1 domain (d1.h5) and
-    self-launched on 4 (``+domains=4``, d4.h5). The verlet pair also serves
+    self-launched on 4 (``+domains=4``, d4.h5), run side by side. The verlet pair also serves
     test_self_launch_equals_mpiexec (one 4-rank launch fewer)."""
     def runs(integrator):
         if integrator not in _PAIRS:
             d = tmp_path_factory.mktemp(f"pair_{integrator}")
-            r1 = run_engine(["run", *COMMON, f"integrator={integrator}", "output=d1.h5"], cwd=d)
-            assert r1.returncode == 0, r1.stderr
-            r4 = run_engine(["run", *COMMON, f"integrator={integrator}", "+domains=4", "output=d4.h5"], cwd=d)
-            assert r4.returncode == 0, r4.stderr
+            procs = [subprocess.Popen([sys.executable, "-m", "engine", "run", *COMMON, f"integrator={integrator}",
+                                       *extra], cwd=d, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                     for extra in (["output=d1.h5"], ["+domains=4", "output=d4.h5"])]    # side by side
+            errs = [p.communicate(timeout=300)[1] for p in procs]
+            assert [p.returncode for p in procs] == [0, 0], errs
             _PAIRS[integrator] = d
         return _PAIRS[integrator]
     return runs
@@ -144,7 +146,7 @@ def test_hot_gas_migration_stress_on_8_domains(tmp_path):
     NVE energy behaves as on one domain."""
     gas = ["model=lj", "system.a=11.0", "system.repeat=[4,4,4]", "temperature=2500", "dt=2.0",
            "steps=3000", "neighbor.skin=1.0", "trajectory.every=0", "thermo.every=100", "quiet=true",
-           "model.cutoff=5.0"]
+           "model.cutoff=5.0", "threads=1"]
     # side by side: the 8 ranks wait on each other much of the time, the 1-domain run fills it
     p8, p1 = (subprocess.Popen([sys.executable, "-m", "engine", "run", *gas, *extra], cwd=tmp_path, text=True,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)

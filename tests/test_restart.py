@@ -16,8 +16,10 @@ from conftest import run_engine, run_in_process
 
 from shardmd.engine.h5md import read_frames
 
+# threads=1: one-domain runs go side by side, and torch's default of all cores then has each
+# process's OpenMP workers wait on the other's (ranks of several domains use one thread anyway)
 BASE = ["model=lj", "system.repeat=[5,5,5]", "dt=2.0", "temperature=100", "trajectory.every=10",
-        "thermo.every=50", "quiet=true", "checkpoint.every=0"]
+        "thermo.every=50", "quiet=true", "checkpoint.every=0", "threads=1"]
 
 
 def _frames(path):

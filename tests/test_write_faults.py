@@ -29,7 +29,9 @@ _spec = importlib.util.spec_from_file_location("h5md_writer_loop", HERE / "helpe
 loop = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(loop)
 
-QUIET = ["quiet=true", "thermo.every=0"]
+# threads=1: engine runs go side by side here, and torch's default of all cores would have each
+# process's OpenMP workers wait on the other's
+QUIET = ["quiet=true", "thermo.every=0", "threads=1"]
 LJ = ["model=lj", "system.repeat=[6,6,6]"]  # 864 atoms
 
 
