@@ -190,6 +190,34 @@ class Thermo:
     progress: bool = key(True, "progress line with steps/s, ns/day and ETA", FLAG)
 
 
+def _id_list(v) -> bool | str:
+    if v is None or not all(_is_int(x) and x >= 0 for x in v):
+        return "give a list of atom ids >= 0 (0-based, the input's order), e.g. [0,1,2]"
+    dup = sorted({x for x in v if list(v).count(x) > 1})
+    return not dup or f"id {dup[0]} is given more than once; give each id once"
+
+
+@dataclass
+class Fix:
+    ids: List[int] = key(help="ids (0-based, the input's order) of atoms held fixed, besides the input's ASE "
+                         "FixAtoms (docs/minimize.md)",
+                         check=Check(_id_list, "give a list of atom ids"), factory=list)
+
+
+@dataclass
+class Minimize:
+    fmax: float = key(0.05, "eV/Å: `python -m engine minimize` stops when every atom's force is below this "
+                      "(ASE's FIRE criterion)", number("give a force > 0 in eV/Å", gt=0))
+    steps: int = key(1000, "most FIRE steps of `python -m engine minimize`", whole(0))
+    maxstep: float = key(0.2, "Å: longest FIRE step (ASE's maxstep, of all atoms' displacement together)",
+                         number("give a distance > 0 in Å", gt=0))
+    dt: float = key(0.1, "FIRE's initial time step (ASE's dt, ASE's time units)", number("give a dt > 0", gt=0))
+    dtmax: float = key(1.0, "FIRE's largest time step (ASE's dtmax)", number("give a dtmax > 0", gt=0))
+    structure: Optional[str] = key(None, "the relaxed structure (extxyz, or any ASE format by its suffix); null: "
+                                   "output with the suffix .extxyz", _text("give a file name", null=True))
+    cell: bool = key(False, "relax the cell too (not available yet: refused)", FLAG)
+
+
 @dataclass
 class ShardMD:
     """The run: top-level keys, sections, and the group choices (``model``, ``integrator``)."""
@@ -226,6 +254,8 @@ class ShardMD:
     health: Health = field(default_factory=Health)
     trajectory: Trajectory = field(default_factory=Trajectory)
     thermo: Thermo = field(default_factory=Thermo)
+    fix: Fix = field(default_factory=Fix)
+    minimize: Minimize = field(default_factory=Minimize)
 
 
 # -- group choices ----------------------------------------------------------------------------

@@ -30,6 +30,7 @@ from . import health
 from . import restart as restart_mod
 from .checkpoint import api_model_origin, checkpoint_dir, model_identity_of, write_checkpoint
 from .config import compose_config, echo_line, to_container
+from .constraints import constrain
 from .errors import CollectiveError, OutputError, UserError
 from .integrator_setup import make_integrator
 from .observables import thermo_from
@@ -40,7 +41,7 @@ from .reporting import Reporter
 from .skin_check import DeferredSkinCheck
 from .state import State, atoms_from_arrays
 from .stop import EXIT_STOPPED, StopRequest
-from .system import initial_state
+from .system import given_state_velocities, initial_state
 
 DTYPES = {"float64": torch.float64, "float32": torch.float32}
 
@@ -108,6 +109,11 @@ class Simulation:
         elif state is None:
             state = initial_state(cfg, self.dtype, self.device, self.integrator.degrees_of_freedom,
                                   zero_momentum=self.integrator.conserves_momentum)
+        else:   # a state given through the API: system.velocities / temperature as for a file
+            state = given_state_velocities(cfg, state, self.integrator.degrees_of_freedom,
+                                           zero_momentum=self.integrator.conserves_momentum)
+        # fixed atoms (input FixAtoms, fix.ids, a checkpoint's set): engine/constraints.py
+        self.integrator = constrain(self.integrator, cfg, state, self.checkpoint_in, lambda: self.state.ids)
         health.check_inputs(state)
         if hasattr(model, "check_species"):
             try:

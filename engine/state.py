@@ -4,6 +4,10 @@ Units: positions Å (wrapped into the cell on periodic axes at every neighbour r
 between), images int (so ``positions + images @ cell`` is the unwrapped position, always
 valid), velocities Å/fs, forces eV/Å, masses amu, numbers = atomic numbers, ids = global atom
 ids (0-based, unique, stable for the whole run), time fs.
+
+Constraints of the input travel with the State as a whole (not per atom): ``fixed_ids``, the
+global ids ASE ``FixAtoms`` hold fixed, and ``other_constraints``, the class names of any other
+ASE constraint (refused by the Simulation, engine/constraints.py).
 """
 from __future__ import annotations
 
@@ -33,6 +37,8 @@ class State:
     pbc: torch.Tensor          # (3,) bool
     step: int = 0
     time: float = 0.0          # fs
+    fixed_ids: torch.Tensor | None = None   # (k,) int64 global ids held fixed by the input's FixAtoms
+    other_constraints: tuple = ()           # class names of the input's other ASE constraints
 
     @property
     def n_atoms(self) -> int:
@@ -65,8 +71,14 @@ class State:
     # -- ASE interop ------------------------------------------------------------------
     @classmethod
     def from_atoms(cls, atoms, dtype=torch.float64, device="cpu", ids=None) -> "State":
-        """State from ``ase.Atoms`` (ASE velocities are converted to Å/fs)."""
+        """State from ``ase.Atoms`` (ASE velocities are converted to Å/fs).  Its ``FixAtoms`` become
+        ``fixed_ids`` (ids of the indexed atoms); other constraints are named in
+        ``other_constraints`` (a Simulation refuses them)."""
+        from .constraints import ase_constraints
+
         n = len(atoms)
+        fixed, other = ase_constraints(atoms)
+        id_arr = np.arange(n) if ids is None else np.asarray(ids)
         t = lambda a, dt=dtype: torch.as_tensor(np.asarray(a), dtype=dt, device=device).contiguous()  # noqa: E731
         cell = np.asarray(atoms.cell.array, dtype=np.float64)
         return cls(
@@ -75,10 +87,12 @@ class State:
             forces=torch.zeros(n, 3, dtype=dtype, device=device),
             masses=t(atoms.get_masses()),
             numbers=t(atoms.numbers, torch.int64),
-            ids=t(np.arange(n) if ids is None else ids, torch.int64),
+            ids=t(id_arr, torch.int64),
             images=torch.zeros(n, 3, dtype=torch.int32, device=device),
             cell=t(cell),
             pbc=torch.as_tensor(np.asarray(atoms.pbc, dtype=bool), device=device),
+            fixed_ids=torch.as_tensor(id_arr[fixed], dtype=torch.int64) if fixed.size else None,
+            other_constraints=other,
         )
 
     def to_atoms(self, unwrapped: bool = False):

@@ -104,10 +104,11 @@ def _checked(path: str, atoms):
 
 
 def thermal_velocities(state: State, temperature: float, seed: int, dof: int,
-                       zero_momentum: bool = True) -> torch.Tensor:
+                       zero_momentum: bool = True, fixed: torch.Tensor | None = None) -> torch.Tensor:
     """(n, 3) Å/fs Maxwell-Boltzmann velocities at exactly ``temperature`` for ``dof`` degrees
     of freedom.  Noise keyed by (seed, atom id); the momentum removal and the rescaling sum in
-    id order, so the result is independent of memory order."""
+    id order, so the result is independent of memory order.  fixed: (k,) global ids whose
+    velocities are 0.0 (zeroed before the momentum removal and the rescaling)."""
     n = state.n_atoms
     if n == 0 or temperature <= 0:
         return torch.zeros_like(state.positions)
@@ -115,6 +116,8 @@ def thermal_velocities(state: State, temperature: float, seed: int, dof: int,
     m = state.masses.double()[order]
     xi = gaussian_noise(seed, 0, STREAM_INIT_VELOCITY, state.ids[order], dtype=torch.float64)
     v = xi * torch.sqrt(KB * temperature / (m * MVV_TO_EV))[:, None]
+    if fixed is not None and fixed.numel():
+        v[torch.isin(state.ids[order].cpu(), fixed.cpu()).to(v.device)] = 0.0
     if zero_momentum and n > 1:
         v = v - (m[:, None] * v).sum(0) / m.sum()
     ke = 0.5 * float((m[:, None] * v * v).sum()) * MVV_TO_EV
@@ -137,13 +140,34 @@ def initial_state(cfg, dtype: torch.dtype, device, dof_of, zero_momentum: bool) 
     atoms = build_atoms(s)
     state = State.from_atoms(atoms, dtype=dtype, device=device)
     has_v = bool(np.any(atoms.get_velocities() != 0)) if atoms.has("momenta") else False
-    mode = s.velocities
+    return set_velocities(cfg, state, has_v, dof_of, zero_momentum, "the structure")
+
+
+def given_state_velocities(cfg, state: State, dof_of, zero_momentum: bool) -> State:
+    """Velocities of a State given through the Python API (``Simulation(cfg, state=...)``), per
+    ``system.velocities`` and ``temperature`` as for a structure file: auto (the default) keeps
+    the state's velocities if any is non-zero, else draws thermal ones at ``temperature`` (the
+    same seeded generator, keyed by atom id); thermal draws them anyway; zero zeroes them;
+    file refuses a state without velocities."""
+    has_v = bool(torch.any(state.velocities != 0)) if state.n_atoms else False
+    return set_velocities(cfg, state, has_v, dof_of, zero_momentum, "the state given to Simulation")
+
+
+def set_velocities(cfg, state: State, has_v: bool, dof_of, zero_momentum: bool, what: str) -> State:
+    """``state`` with velocities per ``system.velocities`` (in place); fixed atoms (the input's
+    FixAtoms and ``fix.ids``: engine/constraints.py) get 0.0 and their dof are not counted."""
+    from .constraints import fixed_dof, resolve_fixed
+
+    mode = cfg.system.velocities
     if mode == "file" and not has_v:
-        raise UserError("system.velocities=file but the structure has no velocities; "
-                        "use system.velocities=thermal")
+        raise UserError(f"system.velocities=file but {what} has no velocities; use system.velocities=thermal "
+                        "(or auto)")
     if mode == "zero":
         state.velocities.zero_()
     elif mode == "thermal" or (mode == "auto" and not has_v):
-        state.velocities = thermal_velocities(state, float(cfg.temperature), int(cfg.seed),
-                                              dof_of(state.n_atoms), zero_momentum).to(device)
+        fixed = resolve_fixed(cfg, state, None)
+        dof = fixed_dof(state.n_atoms, fixed.numel()) if fixed.numel() else dof_of(state.n_atoms)
+        state.velocities = thermal_velocities(state, float(cfg.temperature), int(cfg.seed), dof,
+                                              zero_momentum and not fixed.numel(), fixed=fixed
+                                              ).to(state.positions.device)
     return state
