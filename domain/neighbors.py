@@ -311,19 +311,34 @@ def _regularise_open_axes(cell: torch.Tensor, pbc, positions: torch.Tensor, cuto
     return cell
 
 
+#: the 8 corners of the unit cube: corner k of a cell is ``_CORNERS[k] @ cell``
+_CORNERS = torch.tensor([[i, j, k] for i in (0, 1) for j in (0, 1) for k in (0, 1)], dtype=torch.float64)
+
+
 class SkinNeighborList:
     """Verlet-skin bookkeeping around :func:`build_neighbor_list`.
 
     cutoff: model cutoff (Å); skin: extra radius (Å). The list radius is ``cutoff + skin``.
     ``needs_rebuild`` is true when any point moved more than ``skin / 2`` (on the positions
     the caller integrates, never wrapped between builds) or the cell changed.
+
+    box_check: a changing cell (a barostat) keeps the list as LAMMPS's Neighbor::check_distance
+    does with a changing box: the trigger becomes ``(skin - d1 - d2) / 2`` with d1, d2 the two
+    largest displacements of the cell's 8 corners since the build (the origin corner stays put).
+    An edge's vector ``x_j + S h - x_i`` changes by the two points' displacements (which
+    include the affine motion the barostat gives them) plus ``S (h - h0)``, a difference of two
+    corner displacements when every component of S is -1, 0 or 1, so it stays within the skin.
+    Lists with an image beyond the first (boxes under twice the list radius) keep the rule
+    "another cell: rebuild".
     """
 
-    def __init__(self, cutoff: float, skin: float):
+    def __init__(self, cutoff: float, skin: float, box_check: bool = False):
         if skin < 0:
             raise ValueError("neighbor.skin must be >= 0 Å")
         self.cutoff = float(cutoff)
         self.skin = float(skin)
+        self.box_check = bool(box_check)
+        self._unit_shifts = False   # every edge's image S has components in {-1, 0, 1}
         self.current: NeighborList | None = None
         self._x0: torch.Tensor | None = None
         self._cell0: torch.Tensor | None = None
@@ -339,6 +354,11 @@ class SkinNeighborList:
         """(n_query, 3) the query points' positions at the last build (what displacements are
         measured from); None before the first build."""
         return self._x0
+
+    @property
+    def build_cell(self) -> torch.Tensor | None:
+        """(3, 3) Å: the cell of the last build (None before it)."""
+        return self._cell0
 
     def max_displacement(self, positions: torch.Tensor) -> torch.Tensor:
         """0-d tensor: largest displacement (Å) of any point since the last build."""
@@ -360,16 +380,33 @@ class SkinNeighborList:
             return False
         return not torch.equal(cell, self._cell0)
 
+    def box_margin(self, cell: torch.Tensor) -> float:
+        """d1 + d2 (Å): the two largest displacements of the cell's corners since the build
+        (0 for the build's cell); inf where the box check does not apply (see the class)."""
+        if not self.cell_changed(cell):
+            return 0.0
+        if not (self.box_check and self._unit_shifts):
+            return math.inf
+        d = cell.double() - self._cell0.to(cell.device).double()
+        corners = torch.linalg.vector_norm(_CORNERS.to(d.device) @ d, dim=1)
+        top = torch.topk(corners, 2).values
+        return float(top.sum())
+
+    def trigger(self, cell: torch.Tensor) -> float:
+        """Largest displacement (Å) a point may have made since the build with the list still
+        complete: skin / 2, less half the cell's corner term (LAMMPS's boxcheck)."""
+        return 0.5 * (self.skin - self.box_margin(cell))
+
     def stale(self, positions: torch.Tensor, cell: torch.Tensor) -> bool:
         """True when the list cannot serve these points at all: none built, another number of
-        points, or another cell (no displacement is measured)."""
+        points, or another cell the box check cannot follow (no displacement is measured)."""
         return (self.current is None or self._x0 is None or self._x0.shape != positions.shape
-                or self.cell_changed(cell))
+                or (self.cell_changed(cell) and not (self.box_check and self._unit_shifts)))
 
     def needs_rebuild(self, positions: torch.Tensor, cell: torch.Tensor) -> bool:
         if self.stale(positions, cell):
             return True
-        return bool(self.max_displacement(positions) > 0.5 * self.skin)
+        return bool(self.max_displacement(positions) > self.trigger(cell))
 
     def build(self, positions, cell, pbc, ids=None, n_query=None) -> NeighborList:
         self.current = build_neighbor_list(positions, cell, pbc, self.radius, ids=ids, n_query=n_query)
@@ -377,5 +414,8 @@ class SkinNeighborList:
         self._x0 = positions[: self.current.n_query].detach().clone()
         self._cell0 = cell.detach().clone()
         self._cell_seen = (cell, cell._version)
+        if self.box_check:
+            sh = self.current.shifts
+            self._unit_shifts = sh.numel() == 0 or int(sh.abs().max()) <= 1
         self.n_builds += 1
         return self.current

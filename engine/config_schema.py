@@ -349,12 +349,31 @@ class CSVR:
                      number("give a tau >= 0 in fs", ge=0))
 
 
+@dataclass
+class NPT:
+    """MTK barostat with Nosé-Hoover chains as LAMMPS fix npt integrates them; temperature is the target"""
+
+    name: str = "npt"
+    pressure: float = key(1.01325, "target pressure, bar (LAMMPS metal units; hydrostatic for every coupling)",
+                          number("give a pressure in bar"))
+    pdamp: float = key(1000.0, "damping time of the barostat, fs (LAMMPS's Pdamp; about 1000 steps is typical)",
+                       number("give a pdamp > 0 in fs", gt=0))
+    couple: str = key("iso", "iso (one strain rate), aniso (three: x y z) or tri (six: a triclinic cell)",
+                      one_of("iso", "aniso", "tri"))
+    tdamp: float = key(100.0, "damping time of the chain, fs (LAMMPS's Tdamp; about 100 steps is typical)",
+                       number("give a tdamp > 0 in fs", gt=0))
+    chain: int = key(3, "number of thermostats in the chain (LAMMPS's tchain)",
+                     whole(1, "give a chain length >= 1"))
+    pchain: int = key(3, "number of thermostats in the barostat's chain (LAMMPS's pchain; 0: none)",
+                      whole(0, "give a chain length >= 0"))
+
+
 #: group -> {choice: dataclass}; a new model or integrator is one more entry here
 MODELS: dict[str, type] = {"lj": LJ, "mace": Mace, "custom": Custom}
 #: the choice whose node takes free keys (the factory's arguments): model=py:... and registered names
 OPEN_CHOICES: dict[str, str] = {"model": "custom"}
 INTEGRATORS: dict[str, type] = {"verlet": Verlet, "langevin": Langevin, "nose-hoover": NoseHoover,
-                                 "csvr": CSVR}
+                                 "csvr": CSVR, "npt": NPT}
 GROUPS: dict[str, dict[str, type]] = {"model": MODELS, "integrator": INTEGRATORS}
 #: what the group is for; each choice is described by its dataclass's docstring
 GROUP_HELP = {"model": "the interatomic model", "integrator": "the equations of motion"}

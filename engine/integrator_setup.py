@@ -2,9 +2,10 @@
 
 Integrators (integrators/) know nothing of configurations, domains or models; this is where
 the engine turns the composed configuration into one.  Thermostats that need the global
-kinetic energy (nose-hoover, csvr) get :func:`sum_fn`: a sum over the job's ranks of a small
+kinetic energy (nose-hoover, csvr, npt) get :func:`sum_fn`: a sum over the job's ranks of a small
 tensor (the identity on one rank).  A restart loads the checkpoint's integrator state
-(engine/simulation.py), so a Nosé-Hoover chain continues.
+(engine/simulation.py), so a Nosé-Hoover chain (and npt's barostat) continues.  npt's
+pressure is given in bar (as LAMMPS's metal units) and handed to the integrator in eV/Å^3.
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import torch.distributed as dist
 from omegaconf import DictConfig
 
 from shardmd.integrators import INTEGRATORS
+from shardmd.integrators.units import EV_PER_A3_TO_BAR
 
 from .errors import UserError
 
@@ -53,6 +55,11 @@ def make_integrator(cfg: DictConfig, comm=None):
         if icfg.name == "nose-hoover":
             integrator = INTEGRATORS["nose-hoover"](dt=dt, temperature=temperature, tdamp=float(icfg.tdamp),
                                                      chain=int(icfg.chain), sum_fn=sum_fn(comm))
+        elif icfg.name == "npt":
+            integrator = INTEGRATORS["npt"](
+                dt=dt, temperature=temperature, pressure=float(icfg.pressure) / EV_PER_A3_TO_BAR,
+                tdamp=float(icfg.tdamp), pdamp=float(icfg.pdamp), couple=str(icfg.couple), chain=int(icfg.chain),
+                pchain=int(icfg.pchain), sum_fn=sum_fn(comm))
         elif icfg.name == "csvr":
             integrator = INTEGRATORS["csvr"](dt=dt, temperature=temperature, tau=float(icfg.tau),
                                              seed=int(cfg.seed), sum_fn=sum_fn(comm))
@@ -70,6 +77,6 @@ def _refuse_rollbacks(cfg: DictConfig, name: str) -> None:
     counter is not), so a thermostat run asks for the per-step check instead."""
     n = cfg.neighbor
     deferred = n.deferred is True or (n.deferred == "auto" and str(cfg.device).startswith("cuda"))
-    if name == "nose-hoover" and deferred and int(n.every) == 1 and bool(n.check):
-        raise UserError("integrator=nose-hoover cannot yet run with the deferred skin check (its rollbacks do not "
-                        "restore the chain); add neighbor.deferred=false")
+    if name in ("nose-hoover", "npt") and deferred and int(n.every) == 1 and bool(n.check):
+        raise UserError(f"integrator={name} cannot yet run with the deferred skin check (its rollbacks do not "
+                        "restore the chain or the cell); add neighbor.deferred=false")

@@ -10,7 +10,7 @@ import time
 
 import torch
 
-from shardmd.domain.cell import to_fractional
+from shardmd.domain.cell import perpendicular_widths, to_fractional
 from shardmd.domain.comm import Comm
 from shardmd.domain.context import DomainContext
 from shardmd.domain.decomposition import DecompositionError, choose_grid
@@ -33,11 +33,12 @@ class RankDomain:
     """comm: the job's Comm; cutoff, skin: Å; sort: the atoms' memory order set at every
     rebuild (one of :data:`SORTS`); grid: [Px, Py, Pz] or None (chosen)."""
 
-    def __init__(self, comm: Comm, cutoff: float, skin: float, sort: str = "spatial", grid=None):
+    def __init__(self, comm: Comm, cutoff: float, skin: float, sort: str = "spatial", grid=None,
+                 box_check: bool = False):
         if sort not in SORTS:
             raise ValueError(f"neighbor.sort={sort!r}: use one of {', '.join(SORTS)}")
         self.comm = comm
-        self.nl = SkinNeighborList(cutoff, skin)
+        self.nl = SkinNeighborList(cutoff, skin, box_check=box_check)
         self.ghost_width = cutoff + skin
         self.sort = sort
         self.grid_shape = tuple(grid) if grid is not None else None
@@ -55,16 +56,22 @@ class RankDomain:
         #: (n_owned, 3) Å: a restart's positions of the last rebuild, kept from :meth:`distribute`
         #: until :meth:`restore` rebuilds the lists from them (None: a fresh start)
         self.restart_reference: torch.Tensor | None = None
+        #: (3, 3) Å: the cell of that rebuild when it differs from the state's (a barostat)
+        self.restart_cell: torch.Tensor | None = None
 
     # -- set-up ----------------------------------------------------------------------
-    def distribute(self, full: State, reference: torch.Tensor | None = None) -> State:
+    def distribute(self, full: State, reference: torch.Tensor | None = None,
+                   reference_cell: torch.Tensor | None = None) -> State:
         """Choose the grid and keep this rank's atoms of the (identical on all ranks) full state.
 
         reference: (n, 3) positions of the last rebuild (restarts): atoms go to the domain of
         their reference position and nothing is wrapped, as at that rebuild; this rank's rows
-        are kept in :attr:`restart_reference` for :meth:`restore`."""
+        are kept in :attr:`restart_reference` for :meth:`restore`.  reference_cell: (3, 3) Å,
+        the cell of that rebuild when the cell has changed since (a barostat; default: the
+        state's cell): the grid, the domains and the lists are those of that rebuild."""
+        cell0 = full.cell if reference_cell is None else reference_cell.to(full.cell)
         try:
-            self.grid = choose_grid(self.comm.size, full.cell, full.pbc.tolist(), self.ghost_width,
+            self.grid = choose_grid(self.comm.size, cell0, full.pbc.tolist(), self.ghost_width,
                                     shape=self.grid_shape)
         except DecompositionError as exc:
             raise CollectiveError(str(exc)) from None
@@ -76,17 +83,20 @@ class RankDomain:
         self.id_bound = hi + 1 if lo >= 0 else None
         if self.comm.size > 1:
             where = full.positions if reference is None else reference
-            mine = torch.nonzero(self.grid.owner(to_fractional(where, full.cell)) == self.comm.rank).flatten()
+            mine = torch.nonzero(self.grid.owner(to_fractional(where, cell0)) == self.comm.rank).flatten()
             full.permute(mine)
             if reference is not None:
                 reference = reference[mine].contiguous()
         self.restart_reference = reference
+        self.restart_cell = None if reference is None or reference_cell is None else cell0
         self.expected = id_checksum(self.comm, full.ids)
         return full
 
     # -- per rebuild -----------------------------------------------------------------
     def rebuild(self, s: State) -> None:
         t = time.perf_counter()
+        if self.nl.box_check and self.nl.cell_changed(s.cell):
+            self._check_grid(s.cell)
         s.wrap()
         pbc = s.pbc.tolist()
         if self.comm.size > 1:
@@ -110,34 +120,50 @@ class RankDomain:
         run's lists, exactly."""
         t = time.perf_counter()
         reference, self.restart_reference = self.restart_reference, None
-        order = self._order(s, reference)   # the order that rebuild gave these very positions
+        cell, self.restart_cell = self.restart_cell, None
+        order = self._order(s, reference, cell)   # the order that rebuild gave these very positions
         if order is not None:
             s.permute(order)
             reference = reference[order].contiguous()
-        self._build_lists(s, reference)
+        self._build_lists(s, reference, cell)
         self.timers["neighbor"] += time.perf_counter() - t
         self.refresh(s)
 
-    def _build_lists(self, s: State, points: torch.Tensor) -> torch.Tensor:
+    def _build_lists(self, s: State, points: torch.Tensor, cell: torch.Tensor | None = None) -> torch.Tensor:
         """Ghosts, domain context and neighbour list from the owned ``points`` (n, 3) Å (the
-        atoms' positions, or a restart's positions of the last rebuild); returns the padded
-        points (owned, then ghosts)."""
+        atoms' positions, or a restart's positions of the last rebuild, with that rebuild's
+        ``cell``: default the state's); returns the padded points (owned, then ghosts)."""
+        cell = s.cell if cell is None else cell
         labels = torch.stack([s.ids, s.numbers], dim=1)
         pbc = s.pbc.tolist()
-        self.plan, gpos, glab = build_halo(self.comm, self.grid, s.cell, pbc, points, labels, self.ghost_width)
+        self.plan, gpos, glab = build_halo(self.comm, self.grid, cell, pbc, points, labels, self.ghost_width)
         padded = torch.cat([points, gpos])
         self.padded_ids = torch.cat([s.ids, glab[:, 0]])
         self.padded_numbers = torch.cat([s.numbers, glab[:, 1]])
         lp = local_pbc(self.grid, pbc)
-        self.ctx = DomainContext(self.comm, self.grid, self.plan, s.cell, tuple(pbc), lp)
-        self.nl.build(padded, s.cell, torch.tensor(lp), ids=self.padded_ids, n_query=s.n_atoms)
+        self.ctx = DomainContext(self.comm, self.grid, self.plan, cell, tuple(pbc), lp)
+        self.nl.build(padded, cell, torch.tensor(lp), ids=self.padded_ids, n_query=s.n_atoms)
         return padded
 
-    def _order(self, s: State, where: torch.Tensor) -> torch.Tensor | None:
+    def _check_grid(self, cell: torch.Tensor) -> None:
+        """A cell that changed (a barostat): the grid must still fit it (every split domain at
+        least the ghost width thick); refused in one line, collectively, when the box shrank."""
+        widths = perpendicular_widths(cell).tolist()
+        shape = self.grid.shape
+        thin = [widths[k] / shape[k] for k in range(3) if shape[k] > 1]
+        if thin and min(thin) < self.ghost_width:
+            raise CollectiveError(
+                f"the cell shrank: domains are now {min(thin):.2f} Å thin, less than the ghost width "
+                f"{self.ghost_width:.2f} Å (cutoff + skin); restart from the last checkpoint with fewer domains "
+                f"(grid {list(shape)} no longer fits this cell)")
+
+    def _order(self, s: State, where: torch.Tensor, cell: torch.Tensor | None = None) -> torch.Tensor | None:
         """Permutation of ``s``'s atoms for the memory order ``self.sort`` asks, from the
-        positions ``where`` (n, 3) Å (wrapped, as at a rebuild); None when nothing moves."""
+        positions ``where`` (n, 3) Å (wrapped, as at a rebuild, in ``cell``: default the
+        state's); None when nothing moves."""
         if self.sort == "spatial":
-            return spatial_order(where, s.cell, s.pbc, self.nl.radius, ids=s.ids, id_bound=self.id_bound)
+            return spatial_order(where, s.cell if cell is None else cell, s.pbc, self.nl.radius, ids=s.ids,
+                                 id_bound=self.id_bound)
         if self.sort == "id" and s.n_atoms and not bool((s.ids[1:] > s.ids[:-1]).all()):
             return torch.argsort(s.ids)
         return None
@@ -168,7 +194,9 @@ class RankDomain:
         nl = self.nl
         d = None if not s.n_atoms or nl.stale(s.positions, s.cell) else nl.max_displacement(s.positions)
         h = step_measure(s.velocities, dt, d)   # 0-d float64 on the atoms' device
-        need = torch.full_like(h, float(bool(s.n_atoms))) if d is None else (d > 0.5 * nl.skin).to(h.dtype)
+        # skin / 2, or less with a changing cell (LAMMPS's boxcheck: domain/neighbors.py)
+        trigger = 0.5 * nl.skin if d is None or not nl.box_check else nl.trigger(s.cell)
+        need = torch.full_like(h, float(bool(s.n_atoms))) if d is None else (d > trigger).to(h.dtype)
         need, worst = self.comm.all_reduce(torch.stack([need, h]), "max").tolist()   # the one host read
         self.timers["neighbor"] += time.perf_counter() - t
         return bool(need), worst

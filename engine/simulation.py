@@ -120,10 +120,19 @@ class Simulation:
                 model.check_species(state.numbers)
             except ValueError as exc:
                 raise UserError(str(exc)) from None
+        # a barostat (npt) changes the cell every step: it gets the cell and the virial here
+        self._barostat = bool(getattr(self.integrator, "barostat", False))
+        if self._barostat and getattr(self.integrator, "inner", None) is not None:
+            raise UserError("integrator=npt cannot hold atoms fixed yet (the barostat moves every atom with the "
+                            "cell); drop fix.ids / the input's FixAtoms, or use integrator=nose-hoover")
         self.domain = RankDomain(self.comm, self.dmodel.cutoff, float(cfg.neighbor.skin),
                                     sort=str(cfg.neighbor.sort),
-                                    grid=None if cfg.grid is None else [int(g) for g in cfg.grid])
-        self.state = self.domain.distribute(state, reference=reference)
+                                    grid=None if cfg.grid is None else [int(g) for g in cfg.grid],
+                                    box_check=self._barostat)
+        ref_cell = None   # npt: the cell of the checkpoint's last rebuild (its lists are rebuilt in it)
+        if reference is not None and self._barostat and "reference_cell" in self.checkpoint_in["integrator"]:
+            ref_cell = torch.tensor(self.checkpoint_in["integrator"]["reference_cell"], dtype=torch.float64)
+        self.state = self.domain.distribute(state, reference=reference, reference_cell=ref_cell)
         self.n_global = self.domain.n_global
         self.reporter = reporter or Reporter(self.log_path if self.comm.is_root else None, quiet=cfg.quiet,
                                              progress=cfg.thermo.progress, enabled=self.comm.is_root,
@@ -231,6 +240,12 @@ class Simulation:
                             "; return both, or declare model_config autograd_outputs={'forces': 'energy'} "
                             "(docs/byo.md)")
         s.forces = out["forces"].to(s.dtype)
+        if self._barostat:   # npt's pressure: the global virial of these forces
+            if out.get("virial") is None:
+                raise UserError(f"integrator=npt needs the model's virial (the pressure) and model "
+                                f"{origin_text(self.model_origin)} returns none; use a model with a virial or "
+                                "integrator=nose-hoover")
+            self.integrator.virial = out["virial"]
         self.neighbors.observe_fill(out)
         self.results = out
         self.timers["model"] += time.perf_counter() - t
@@ -363,7 +378,11 @@ class Simulation:
         back to an earlier step (its forces recomputed): the loop replays from there."""
         s = self.state
         t = time.perf_counter()
+        if self._barostat:
+            self.integrator.cell = s.cell
         self.integrator.first_half(s.positions, s.velocities, s.forces, s.masses, s.ids, s.step)
+        if self._barostat:   # the barostat's new cell (positions moved with it)
+            s.cell = self.integrator.cell
         self.timers["integrate"] += time.perf_counter() - t
         s.step += 1
         s.time += self.integrator.dt
@@ -477,9 +496,17 @@ class Simulation:
         cfg = self.record()
         return write_checkpoint(checkpoint_dir(self.output_path), s.step, s.time, full,
                                 s.cell.detach().cpu().numpy(), s.pbc.cpu().numpy(), cfg,
-                                self.integrator.state_dict(), str(self.model_origin["route"]),
+                                self._integrator_state(), str(self.model_origin["route"]),
                                 model_identity_of(self.model_origin), __version__,
                                 keep=int(self.cfg.checkpoint.keep))
+
+    def _integrator_state(self) -> dict:
+        """The integrator's state for a checkpoint; with a barostat also the cell of the last
+        neighbour rebuild (a restart rebuilds the lists in it, as the uninterrupted run has them)."""
+        d = self.integrator.state_dict()
+        if self._barostat:
+            d["reference_cell"] = self.domain.nl.build_cell.double().cpu().tolist()
+        return d
 
     def close(self) -> None:
         self.stop.uninstall()

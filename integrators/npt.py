@@ -1,0 +1,399 @@
+"""NPT: Martyna-Tobias-Klein barostat with Nosé-Hoover chains, as LAMMPS's ``fix npt`` integrates
+them (src/fix_nh.cpp; Shinoda, Shiga & Mikami, PRB 69, 134103 (2004); Tuckerman et al., J. Phys.
+A 39, 5629 (2006)).  Defaults as fix npt's: tchain = pchain = 3, tloop = ploop = 1, mtk yes,
+drag 0, dilate all, no deviatoric (target stress hydrostatic), ``couple`` iso / aniso / tri.
+
+One step (fix_nh's initial_integrate / final_integrate, the same order):
+
+    initial:  NHC_p(dt/2)                barostat's chain, scales omega_dot
+              NHC_t(dt/2)                thermostat chain (integrators/nose_hoover.py), scales v
+              P = (K_ab + W_ab) / V      K of these velocities, W the virial of the current forces
+              omega_dot(dt/2)            nh_omega_dot
+              v: nh_v_press(dt/2)        v_a *= exp(-dt/4 (omega_dot_a + mtk2)) twice, tri coupling between
+              v += dt/2 F/m
+              remap(dt/2), x += dt v, remap(dt/2)     h_dot = omega_dot h; atoms move with h (x h^-1 kept)
+    -- forces and virial at the new positions and cell --
+    final:    v += dt/2 F/m,  nh_v_press(dt/2),  T and P measured,  omega_dot(dt/2),
+              NHC_t(dt/2), NHC_p(dt/2)
+
+Equations (Voigt order of fix_nh: xx yy zz yz xz xy; i < 3 the diagonal, i >= 3 the tilts):
+
+    omega_dot_i += dt/2 [ (P_i - P_hydro) V / W_i + mtk1 / W_i ]     (i < 3, barostatted)
+    omega_dot_i += dt/2 P_i V / W_i                                  (tri: i >= 3, target 0)
+    mtk1 = sum_a K_aa / (pdim N)        (iso: dof kB T_current / (pdim N), T carried by the chain)
+    mtk2 = sum_{i<3} omega_dot_i / (pdim N)
+    W_i  = (N + 1) kB T / pfreq^2,  pfreq = 1 / pdamp
+    Q_p[k] = kB T / pfreq^2 (the barostat's chain, pchain links; its target kinetic energy is kB T
+             for iso and (barostatted dof) kB T otherwise, as fix_nh's nhc_press_integrate)
+    h (upper-triangular in LAMMPS: xprd yprd zprd yz xz xy) advanced by exp(dt/2 omega_dot)
+    per diagonal element, the tilts by fix_nh's symmetric split (remap()).
+
+The pressure is the one fix npt computes with the thermostat's temperature: K_ab = sum m v_a v_b
+(eV) of the velocities at that moment (the global exact fixed-point sum of nose_hoover.py, the
+same bits on any decomposition), W_ab the model's virial (eV, global), V the cell volume.  iso
+takes tr(K + W) / 3V; aniso and tri the diagonal (and tri the off-diagonal) components.
+
+Cells (rows = lattice vectors, ``x = f @ cell``): LAMMPS's h in our row form is
+``[[xprd, 0, 0], [xy, yprd, 0], [xz, yz, zprd]]``.  iso scales any cell uniformly (what LAMMPS
+does to a triclinic box with its default tilt scaling); aniso and tri need the LAMMPS form
+(lower-triangular rows: a along x, b in the xy plane), refused otherwise.  The cell's origin is
+the fixed point of the dilation (LAMMPS dilates about the box centre: the same motion up to a
+translation of everything).  Positions are remapped as ``x' = x h_old^-1 h_new``, unwrapped or
+not (the images scale with the cell), so fractional coordinates are kept by the remap.
+
+Variables (units):
+
+    ============== ============ ===============================================
+    pressure       eV/Å^3       target (the config gives bar; the engine converts)
+    pdamp, tdamp   fs           LAMMPS's Pdamp, Tdamp
+    omega_dot      1/fs         strain rates (Voigt, 6)
+    omega          1            log-strain bookkeeping (not used by the dynamics)
+    W (omega_mass) eV fs^2      barostat masses
+    etap, etap_dot 1, 1/fs      barostat chain
+    cell           Å            (3, 3) rows; replaced (a new tensor) by each remap
+    virial         eV           (3, 3) global, set by the engine after every force call
+    ============== ============ ===============================================
+
+The engine hands the integrator the cell (``cell``) and the virial (``virial``) before each
+half step and takes the new cell back after :meth:`first_half`.  All barostat variables are
+Python floats, identical on every rank (they depend only on exact global sums and the global
+virial).  :meth:`state_dict` / :meth:`load_state_dict` carry them (and the chain's) for bit-exact
+restarts.  Units: Å, Å/fs, eV/Å, amu, fs, K.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+
+from .nose_hoover import _HI, _LO, NoseHoover, _identity, exact_mv2_sum
+from .units import FORCE_TO_ACCEL, KB, MVV_TO_EV
+
+COUPLINGS = ("iso", "aniso", "tri")
+
+
+def exact_kinetic_tensor(velocities: torch.Tensor, masses: torch.Tensor, sum_fn: Callable) -> list[float]:
+    """Global sum m v_a v_b in eV, Voigt order as LAMMPS's temperature vector (xx yy zz xy xz yz),
+    as exact integer fixed-point words (2^-32 and 2^-63 eV), the same bits on any decomposition."""
+    v = velocities.double()
+    m = masses.double() * (MVV_TO_EV * _HI)
+    comps = torch.stack([v[:, 0] * v[:, 0], v[:, 1] * v[:, 1], v[:, 2] * v[:, 2],
+                         v[:, 0] * v[:, 1], v[:, 0] * v[:, 2], v[:, 1] * v[:, 2]], 1) * m[:, None]
+    hi = torch.floor(comps)
+    lo = torch.round((comps - hi) * _LO)
+    local = torch.cat([hi.to(torch.int64).sum(0), lo.to(torch.int64).sum(0)])
+    tot = sum_fn(local).cpu().tolist()
+    return [(tot[k] + tot[6 + k] / _LO) / _HI for k in range(6)]
+
+
+class NPT:
+    name = "npt"
+    conserves_momentum = True
+    barostat = True   # the engine hands over the cell and the virial
+
+    def __init__(self, dt: float, temperature: float, pressure: float, tdamp: float, pdamp: float,
+                 couple: str = "iso", chain: int = 3, pchain: int = 3,
+                 sum_fn: Callable[[torch.Tensor], torch.Tensor] | None = None):
+        """pressure: eV/Å^3; tdamp, pdamp: fs; temperature: K."""
+        if couple not in COUPLINGS:
+            raise ValueError(f"integrator.couple={couple!r}: use iso, aniso or tri")
+        if not pdamp > 0:
+            raise ValueError(f"integrator.pdamp must be > 0 fs, got {pdamp}")
+        if int(pchain) < 0:
+            raise ValueError(f"integrator.pchain must be >= 0, got {pchain}")
+        if not math.isfinite(pressure):
+            raise ValueError(f"integrator.pressure must be a finite number, got {pressure}")
+        self.thermostat = NoseHoover(dt, temperature, tdamp, chain, sum_fn)
+        self.dt = float(dt)
+        self.temperature = float(temperature)
+        self.pressure = float(pressure)
+        self.tdamp, self.pdamp = float(tdamp), float(pdamp)
+        self.couple = couple
+        self.pchain = int(pchain)
+        self.sum_fn = sum_fn or _identity
+        self.pstyle = couple
+        self.p_flag = [1, 1, 1] + ([1, 1, 1] if couple == "tri" else [0, 0, 0])
+        self.pdim = 3
+        self.p_freq = [1.0 / self.pdamp if f else 0.0 for f in self.p_flag]
+        self.p_freq_max = max(self.p_freq)
+        self.p_target = [self.pressure] * 3 + [0.0] * 3
+        self.p_hydro = self.pressure
+        self.omega = [0.0] * 6
+        self.omega_dot = [0.0] * 6
+        self.omega_mass = [0.0] * 6
+        m = self.pchain
+        self.etap = [0.0] * m
+        self.etap_dot = [0.0] * (m + 1)
+        self.etap_dotdot = [0.0] * m
+        self.etap_mass = [0.0] * m
+        self.mtk_term1 = self.mtk_term2 = 0.0
+        self.p_current = [0.0] * 6
+        self.n_atoms: int | None = None   # global; set at the first step
+        self.vol0: float | None = None
+        self.cell: torch.Tensor | None = None     # (3, 3) Å, set by the engine
+        self.virial: torch.Tensor | None = None   # (3, 3) eV global, set by the engine
+        self._mvv: list[float] | None = None      # the kinetic tensor last measured (eV)
+
+    def degrees_of_freedom(self, n_atoms: int) -> int:
+        return max(3 * n_atoms - 3, 1)
+
+    # -- pressure -----------------------------------------------------------------------
+    def _volume(self) -> float:
+        return abs(float(torch.det(self.cell.double())))
+
+    def _pressure(self, velocities, masses, scalar_mv2: float | None = None) -> None:
+        """fix_nh's compute pressure (scalar for iso, vector otherwise) and couple()."""
+        if self.virial is None:
+            raise ValueError("integrator=npt needs the model's virial")
+        w = self.virial.detach().double().cpu().tolist()
+        vol = self._volume()
+        if self.pstyle == "iso":
+            mv2 = scalar_mv2
+            if mv2 is None:
+                mv2 = sum(exact_kinetic_tensor(velocities, masses, self.sum_fn)[:3])
+            p = (mv2 + w[0][0] + w[1][1] + w[2][2]) / 3.0 / vol
+            self.p_current[0] = self.p_current[1] = self.p_current[2] = p
+            return
+        k = exact_kinetic_tensor(velocities, masses, self.sum_fn)
+        self._mvv = k
+        t = [(k[0] + w[0][0]) / vol, (k[1] + w[1][1]) / vol, (k[2] + w[2][2]) / vol,
+             (k[3] + w[0][1]) / vol, (k[4] + w[0][2]) / vol, (k[5] + w[1][2]) / vol]
+        self.p_current[0], self.p_current[1], self.p_current[2] = t[0], t[1], t[2]
+        if self.pstyle == "tri":   # LAMMPS's xy xz yz -> Voigt yz xz xy
+            self.p_current[3], self.p_current[4], self.p_current[5] = t[5], t[4], t[3]
+        if not all(math.isfinite(x) for x in self.p_current):
+            raise ValueError("non-numeric pressure: the run is unstable (reduce dt or raise pdamp)")
+
+    # -- set-up -------------------------------------------------------------------------------
+    def _setup(self, velocities, masses) -> None:
+        """fix_nh's setup(): T, the masses, the chains' initial forces."""
+        th = self.thermostat
+        th._setup(velocities, masses)
+        self.n_atoms = (th.dof + 3) // 3   # dof = 3N - 3 (1 for a single atom)
+        self._check_cell()
+        if self.vol0 is None:
+            self.vol0 = self._volume()
+        kt = KB * self.temperature
+        nkt = (self.n_atoms + 1) * kt
+        for i in range(6):
+            if self.p_flag[i]:
+                self.omega_mass[i] = nkt / (self.p_freq[i] * self.p_freq[i])
+        if self.pchain:
+            q = kt / (self.p_freq_max * self.p_freq_max)
+            self.etap_mass = [q] * self.pchain
+            for i in range(1, self.pchain):
+                self.etap_dotdot[i] = (self.etap_mass[i - 1] * self.etap_dot[i - 1] ** 2 - kt) / self.etap_mass[i]
+
+    def _check_cell(self) -> None:
+        c = self.cell
+        if self.pstyle != "iso" and bool((c[0, 1] != 0) | (c[0, 2] != 0) | (c[1, 2] != 0)):
+            raise ValueError(f"integrator.couple={self.pstyle} needs a cell in LAMMPS's form (a along x, b in "
+                             "the xy plane: cell[0,1] = cell[0,2] = cell[1,2] = 0); rotate the cell or use couple=iso")
+        if self.pstyle == "iso" and not math.isfinite(self._volume()):
+            raise ValueError("the cell is not finite")
+
+    # -- the barostat's pieces (fix_nh, line for line) -------------------------------------------
+    def _nhc_press(self) -> None:
+        """nhc_press_integrate() (nc_pchain = 1, drag 0)."""
+        if not self.pchain:
+            return
+        m, dt = self.pchain, self.dt
+        dthalf, dt4, dt8 = 0.5 * dt, 0.25 * dt, 0.125 * dt
+        kt = KB * self.temperature
+        w, od = self.omega_mass, self.omega_dot
+        ed, edd, eta, q = self.etap_dot, self.etap_dotdot, self.etap, self.etap_mass
+        flagged = [i for i in range(6) if self.p_flag[i]]
+        kecurrent = sum(w[i] * od[i] * od[i] for i in flagged)
+        lkt_press = kt if self.pstyle == "iso" else len(flagged) * kt
+        edd[0] = (kecurrent - lkt_press) / q[0]
+        for i in range(m - 1, 0, -1):
+            expfac = math.exp(-dt8 * ed[i + 1])
+            ed[i] *= expfac
+            ed[i] += edd[i] * dt4
+            ed[i] *= expfac
+        expfac = math.exp(-dt8 * ed[1])
+        ed[0] *= expfac
+        ed[0] += edd[0] * dt4
+        ed[0] *= expfac
+        for i in range(m):
+            eta[i] += dthalf * ed[i]
+        factor = math.exp(-dthalf * ed[0])
+        for i in flagged:
+            od[i] *= factor
+        kecurrent = sum(w[i] * od[i] * od[i] for i in flagged)
+        edd[0] = (kecurrent - lkt_press) / q[0]
+        ed[0] *= expfac
+        ed[0] += edd[0] * dt4
+        ed[0] *= expfac
+        for i in range(1, m):
+            expfac = math.exp(-dt8 * ed[i + 1])
+            ed[i] *= expfac
+            edd[i] = (q[i - 1] * ed[i - 1] * ed[i - 1] - kt) / q[i]
+            ed[i] += edd[i] * dt4
+            ed[i] *= expfac
+
+    def _omega_dot(self) -> None:
+        """nh_omega_dot() (no deviatoric target, drag 0)."""
+        vol = self._volume()
+        n, pdim = self.n_atoms, self.pdim
+        th = self.thermostat
+        if self.pstyle == "iso":
+            mtk1 = th.dof * KB * th.t_current / (pdim * n)
+        else:
+            mtk1 = (self._mvv[0] + self._mvv[1] + self._mvv[2]) / (pdim * n)
+        self.mtk_term1 = mtk1
+        dthalf = 0.5 * self.dt
+        od, w = self.omega_dot, self.omega_mass
+        for i in range(3):
+            if self.p_flag[i]:
+                f = (self.p_current[i] - self.p_hydro) * vol / w[i] + mtk1 / w[i]
+                od[i] += f * dthalf
+        self.mtk_term2 = sum(od[i] for i in range(3) if self.p_flag[i]) / (pdim * n)
+        if self.pstyle == "tri":
+            for i in range(3, 6):
+                if self.p_flag[i]:
+                    od[i] += self.p_current[i] * vol / w[i] * dthalf
+
+    def _v_press(self, velocities: torch.Tensor) -> None:
+        """nh_v_press(): the barostat's half-step scaling of the velocities, in place."""
+        dt4, dthalf = 0.25 * self.dt, 0.5 * self.dt
+        od = self.omega_dot
+        f = torch.tensor([math.exp(-dt4 * (od[i] + self.mtk_term2)) for i in range(3)],
+                         dtype=velocities.dtype, device=velocities.device)
+        velocities.mul_(f)
+        if self.pstyle == "tri":
+            velocities[:, 0] += -dthalf * (velocities[:, 1] * od[5] + velocities[:, 2] * od[4])
+            velocities[:, 1] += -dthalf * velocities[:, 2] * od[3]
+        velocities.mul_(f)
+
+    def _remap(self, positions: torch.Tensor) -> None:
+        """remap(): the cell by half a step (dto = dt/2), the atoms with it (fractions kept)."""
+        dto = 0.5 * self.dt
+        for i in range(6):
+            self.omega[i] += dto * self.omega_dot[i]
+        old = self.cell
+        od = self.omega_dot
+        if self.pstyle == "iso":
+            new = old.double() * math.exp(dto * od[0])
+        else:
+            c = old.double().cpu().tolist()
+            # LAMMPS's h: 0 xprd, 1 yprd, 2 zprd, 3 yz, 4 xz, 5 xy (our rows: c[1][0] = xy ...)
+            h = [c[0][0], c[1][1], c[2][2], c[2][1], c[2][0], c[1][0]]
+            dto2, dto4, dto8 = dto / 2.0, dto / 4.0, dto / 8.0
+            tri = self.pstyle == "tri"
+
+            def tilts():
+                if not tri:
+                    return
+                e = math.exp(dto8 * od[0])
+                h[4] = (h[4] * e + dto4 * (od[5] * h[3] + od[4] * h[2])) * e
+                e = math.exp(dto4 * od[1])
+                h[3] = (h[3] * e + dto2 * (od[3] * h[2])) * e
+                e = math.exp(dto4 * od[0])
+                h[5] = (h[5] * e + dto2 * (od[5] * h[1])) * e
+                e = math.exp(dto8 * od[0])
+                h[4] = (h[4] * e + dto4 * (od[5] * h[3] + od[4] * h[2])) * e
+
+            # both tilt passes see the old diagonal: fix_nh scales boxlo/boxhi, and h[0..2] follow
+            # only at set_global_box(), after the second pass
+            tilts()
+            e0, e1, e2 = (math.exp(dto * od[i]) for i in range(3))
+            if not tri:   # fix_nh's default tilt scaling (scalexy, scalexz, scaleyz) for aniso
+                h[5] *= e1
+                h[4] *= e2
+                h[3] *= e2
+            tilts()
+            h[0] *= e0
+            h[1] *= e1
+            h[2] *= e2
+            new = torch.tensor([[h[0], 0.0, 0.0], [h[5], h[1], 0.0], [h[4], h[3], h[2]]], dtype=torch.float64)
+        new = new.to(dtype=old.dtype, device=old.device)
+        m = torch.linalg.inv(old.double().to(positions.device)) @ new.double().to(positions.device)
+        positions.copy_((positions.double() @ m).to(positions.dtype))
+        self.cell = new
+
+    # -- the step ------------------------------------------------------------------------------
+    def first_half(self, positions: torch.Tensor, velocities: torch.Tensor, forces: torch.Tensor,
+                   masses: torch.Tensor, ids: torch.Tensor, step: int) -> None:
+        """fix_nh's initial_integrate: chains, pressure, omega_dot, velocity scaling, kick,
+        remap / drift / remap; in place (``self.cell`` becomes the new cell)."""
+        th = self.thermostat
+        if th.t_current is None or self.n_atoms is None:
+            self._setup(velocities, masses)
+        self._nhc_press()
+        th._nhc(velocities)
+        mv2 = None
+        if self.pstyle == "iso":
+            mv2, _ = exact_mv2_sum(velocities, masses, self.sum_fn)
+        self._pressure(velocities, masses, mv2)
+        self._omega_dot()
+        self._v_press(velocities)
+        velocities.add_(forces / masses[:, None], alpha=0.5 * self.dt * FORCE_TO_ACCEL)
+        self._remap(positions)
+        positions.add_(velocities, alpha=self.dt)
+        self._remap(positions)
+
+    def second_half(self, velocities: torch.Tensor, forces: torch.Tensor, masses: torch.Tensor) -> None:
+        """fix_nh's final_integrate (``self.virial`` is the new forces' virial)."""
+        th = self.thermostat
+        velocities.add_(forces / masses[:, None], alpha=0.5 * self.dt * FORCE_TO_ACCEL)
+        self._v_press(velocities)
+        th._measure(velocities, masses)
+        mv2 = th.dof * KB * th.t_current if self.pstyle == "iso" else None
+        self._pressure(velocities, masses, mv2)
+        self._omega_dot()
+        th._nhc(velocities)
+        self._nhc_press()
+
+    def conserved_energy(self) -> float:
+        """fix_nh's compute_scalar (eV): the chains' and the barostat's energy, P (V - V0) included;
+        add K + U for the conserved quantity."""
+        th = self.thermostat
+        e = th.conserved_energy()
+        if self.n_atoms is None:
+            return e
+        kt = KB * self.temperature
+        vol = self._volume()
+        lkt_press = 0.0
+        for i in range(6):
+            if self.p_flag[i]:
+                e += 0.5 * self.omega_dot[i] ** 2 * self.omega_mass[i]
+                if i < 3:
+                    e += self.p_hydro * (vol - self.vol0) / self.pdim
+                lkt_press += kt
+        if self.pchain:
+            e += lkt_press * self.etap[0] + 0.5 * self.etap_mass[0] * self.etap_dot[0] ** 2
+            for i in range(1, self.pchain):
+                e += kt * self.etap[i] + 0.5 * self.etap_mass[i] * self.etap_dot[i] ** 2
+        return e
+
+    def state_dict(self) -> dict:
+        return {"name": self.name, "dt": self.dt, "temperature": self.temperature, "pressure": self.pressure,
+                "tdamp": self.tdamp, "pdamp": self.pdamp, "couple": self.couple, "pchain": self.pchain,
+                "thermostat": self.thermostat.state_dict(), "omega": list(self.omega),
+                "omega_dot": list(self.omega_dot), "etap": list(self.etap), "etap_dot": list(self.etap_dot),
+                "etap_dotdot": list(self.etap_dotdot), "n_atoms": self.n_atoms, "vol0": self.vol0}
+
+    def load_state_dict(self, d: dict) -> None:
+        """The barostat and chains of a checkpoint (same coupling and chain lengths); else a fresh start."""
+        if (d.get("name") != self.name or d.get("couple") != self.couple or int(d.get("pchain", -1)) != self.pchain
+                or d.get("n_atoms") is None):
+            return
+        self.thermostat.load_state_dict(d["thermostat"])
+        if self.thermostat.t_current is None:
+            return
+        self.omega = [float(x) for x in d["omega"]]
+        self.omega_dot = [float(x) for x in d["omega_dot"]]
+        self.etap = [float(x) for x in d["etap"]]
+        self.etap_dot = [float(x) for x in d["etap_dot"]]
+        self.etap_dotdot = [float(x) for x in d["etap_dotdot"]]
+        self.vol0 = float(d["vol0"])
+        self.n_atoms = int(d["n_atoms"])
+        kt = KB * self.temperature
+        nkt = (self.n_atoms + 1) * kt
+        for i in range(6):
+            if self.p_flag[i]:
+                self.omega_mass[i] = nkt / (self.p_freq[i] * self.p_freq[i])
+        if self.pchain:
+            self.etap_mass = [kt / (self.p_freq_max * self.p_freq_max)] * self.pchain
