@@ -125,13 +125,16 @@ class Simulation:
         if self._barostat and getattr(self.integrator, "inner", None) is not None:
             raise UserError("integrator=npt cannot hold atoms fixed yet (the barostat moves every atom with the "
                             "cell); drop fix.ids / the input's FixAtoms, or use integrator=nose-hoover")
-        self.domain = RankDomain(self.comm, self.dmodel.cutoff, float(cfg.neighbor.skin),
-                                    sort=str(cfg.neighbor.sort),
-                                    grid=None if cfg.grid is None else [int(g) for g in cfg.grid],
-                                    box_check=self._barostat)
+        grid = None if cfg.grid is None else [int(g) for g in cfg.grid]
         ref_cell = None   # npt: the cell of the checkpoint's last rebuild (its lists are rebuilt in it)
         if reference is not None and self._barostat and "reference_cell" in self.checkpoint_in["integrator"]:
-            ref_cell = torch.tensor(self.checkpoint_in["integrator"]["reference_cell"], dtype=torch.float64)
+            saved = self.checkpoint_in["integrator"]
+            ref_cell = torch.tensor(saved["reference_cell"], dtype=torch.float64)
+            g = saved.get("grid")   # the run's grid (chosen for the first cell), on the same domain count
+            if grid is None and g is not None and g[0] * g[1] * g[2] == self.comm.size:
+                grid = [int(x) for x in g]
+        self.domain = RankDomain(self.comm, self.dmodel.cutoff, float(cfg.neighbor.skin),
+                                    sort=str(cfg.neighbor.sort), grid=grid, box_check=self._barostat)
         self.state = self.domain.distribute(state, reference=reference, reference_cell=ref_cell)
         self.n_global = self.domain.n_global
         self.reporter = reporter or Reporter(self.log_path if self.comm.is_root else None, quiet=cfg.quiet,
@@ -502,10 +505,12 @@ class Simulation:
 
     def _integrator_state(self) -> dict:
         """The integrator's state for a checkpoint; with a barostat also the cell of the last
-        neighbour rebuild (a restart rebuilds the lists in it, as the uninterrupted run has them)."""
+        neighbour rebuild (a restart rebuilds the lists in it, as the uninterrupted run has them)
+        and the domain grid (chosen for the first cell: the cell's shape changes since)."""
         d = self.integrator.state_dict()
         if self._barostat:
             d["reference_cell"] = self.domain.nl.build_cell.double().cpu().tolist()
+            d["grid"] = list(self.domain.grid.shape)
         return d
 
     def close(self) -> None:

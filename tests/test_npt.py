@@ -5,14 +5,18 @@ bit-exact restarts mid-NPT, and the one-line refusals.
 The LAMMPS states come from scripts/lammps_reference_npt.py (tests/data/lammps_npt_lj4000.npz:
 in.lj argon, 4000 atoms, 100 steps of ``fix npt temp 1.44 1.44 0.1 <couple> 1.0 1.0 0.5`` in
 reduced units)."""
+import json
 import sys
 from pathlib import Path
 
+import h5py
 import numpy as np
 import pytest
 import torch
+from conftest import WorldTask
 
 from shardmd.engine.config import compose_config
+from shardmd.engine.h5md import read_frames
 from shardmd.engine.simulation import Simulation
 from shardmd.engine.state import State
 
@@ -67,3 +71,112 @@ def test_npt_matches_lammps_fix_npt(couple, tmp_path):
     assert de <= 1e-6 * max(1.0, abs(float(ref[f"{couple}_fix_energy"]))), de
     # the barostat did act: the box changed by far more than the tolerance
     assert np.abs(ref[f"{couple}_cell"] - box * np.eye(3)).max() > 0.3
+
+
+# ---------------------------------------------------------------- decomposition and restarts
+
+# a 500-atom argon box under 1000 bar, triclinic coupling (tilts grow from zero: the cell changes
+# shape as well as size), fast barostat; 2 x 2 x 2 domains fit it (13 Å > cutoff + skin)
+ARGS = ["model=lj", "system.repeat=[5,5,5]", "dt=2.0", "temperature=100", "integrator=npt",
+        "integrator.couple=tri", "integrator.pressure=1000", "integrator.pdamp=200", "integrator.tdamp=100",
+        "trajectory.every=50", "thermo.every=0", "quiet=true", "checkpoint.every=0", "threads=1"]
+# the fast tier runs 4 domains (2 x 2 x 1); 2 and 8 (2 x 2 x 2) in the full suite (~70 s of wall each
+# on the shared 2-core machine)
+DOMAINS = [pytest.param(2, marks=pytest.mark.slow), 4, pytest.param(8, marks=pytest.mark.slow)]
+
+
+def world_tasks(item):
+    """The k-domain runs (and the 2-domain split run and its restart) join the shared k-rank
+    worlds (conftest.MPIWorlds)."""
+    if item.originalname == "test_npt_same_trajectory_on_k_domains":
+        k = item.callspec.params["k"]
+        return [WorldTask(k, f"npt_run{k}", "engine_runs", [*ARGS, "steps=500", "output={out}/run.h5"])]
+    if item.originalname == "test_restart_mid_npt_on_two_domains_and_onto_one":
+        return [WorldTask(2, "npt_run2", "engine_runs", [*ARGS, "steps=500", "output={out}/run.h5"]),
+                WorldTask(2, "npt_split2", "engine_runs", [*ARGS, "steps=250", "output={out}/split.h5"]),
+                WorldTask(2, "npt_restart2", "engine_runs", [*ARGS, "steps=500", "restart=auto",
+                                                             "output={out}/../npt_split2/split.h5"])]
+    return []
+
+
+def _frames(path):
+    return {f.info["step"]: f for f in read_frames(path)}
+
+
+def _unwrapped(f):
+    return f.positions + f.arrays["image"] @ f.cell.array
+
+
+def _run_here(args, tmp_path, name):
+    sim = Simulation(compose_config([*args, f"output={tmp_path / name}"]))
+    sim.run()
+    return sim
+
+
+@pytest.fixture(scope="module")
+def one_domain(tmp_path_factory):
+    """The 1-domain reference: 500 steps straight, and 250 + a restart to 500, in this process."""
+    d = tmp_path_factory.mktemp("npt1")
+    _run_here([*ARGS, "steps=500"], d, "run.h5")
+    _run_here([*ARGS, "steps=250"], d, "split.h5")
+    _run_here([*ARGS, "steps=500", "restart=auto"], d, "split.h5")
+    return d
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("k", DOMAINS)
+def test_npt_same_trajectory_on_k_domains(k, mpi_world, one_domain):
+    """k domains give the 1-domain NPT trajectory (positions and cell) to <= 1e-10 Å over 500
+    steps, while the cell changes size and shape (the domains are fractional slabs of it)."""
+    a = _frames(one_domain / "run.h5")
+    b = _frames(mpi_world(k, f"npt_run{k}") / "run.h5")
+    assert sorted(a) == sorted(b) == list(range(0, 501, 50))
+    dx = max(np.abs(_unwrapped(a[s]) - _unwrapped(b[s])).max() for s in a)
+    dc = max(np.abs(a[s].cell.array - b[s].cell.array).max() for s in a)
+    change = np.abs(a[500].cell.array - a[0].cell.array).max()
+    tilt = np.abs(np.tril(a[500].cell.array, -1)).max()
+    print(f"{k} domains vs 1: max |dx| {dx:.2e} Å, max |dcell| {dc:.2e} Å over 500 steps "
+          f"(cell changed by {change:.2f} Å, tilts up to {tilt:.2f} Å)")
+    assert dx <= 1e-10 and dc <= 1e-10, (dx, dc)
+    assert change > 0.5 and tilt > 0.05
+
+
+def test_restart_mid_npt_is_bit_exact_on_one_domain(one_domain):
+    """500 steps straight == 250 + restart + 250 (barostat, chains, cell and the list's build cell
+    come back from the checkpoint), bit for bit."""
+    a, b = _frames(one_domain / "run.h5"), _frames(one_domain / "split.h5")
+    assert sorted(a) == sorted(b) == list(range(0, 501, 50))
+    for s in sorted(a):
+        assert np.array_equal(a[s].positions, b[s].positions), s
+        assert np.array_equal(a[s].get_velocities(), b[s].get_velocities()), s
+        assert np.array_equal(a[s].cell.array, b[s].cell.array), s
+
+
+@pytest.mark.mpi
+@pytest.mark.slow   # ~60 s of CPU: two more 2-rank runs and a 1-domain continuation
+def test_restart_mid_npt_on_two_domains_and_onto_one(mpi_world, one_domain, tmp_path):
+    """On 2 domains: 250 + restart + 250 == 500 straight, bit for bit.  The 2-domain checkpoint
+    restarted on 1 domain: the barostat's state comes back to the bit and the run continues the
+    2-domain trajectory to <= 1e-10 Å (the decomposition changes the summation order only)."""
+    straight = _frames(mpi_world(2, "npt_run2") / "run.h5")
+    split_dir = mpi_world(2, "npt_split2")
+    mpi_world(2, "npt_restart2")
+    split = _frames(split_dir / "split.h5")
+    assert sorted(split) == sorted(straight) == list(range(0, 501, 50))
+    for s in sorted(straight):
+        assert np.array_equal(straight[s].positions, split[s].positions), s
+        assert np.array_equal(straight[s].get_velocities(), split[s].get_velocities()), s
+        assert np.array_equal(straight[s].cell.array, split[s].cell.array), s
+    # the step-250 checkpoint onto one domain
+    ck = sorted((split_dir / "split.ckpt").glob("step-*250.h5"))[0]
+    sim = Simulation(compose_config([*ARGS, "steps=500", f"restart={ck}", f"output={tmp_path / 'b1.h5'}"]))
+    with h5py.File(ck) as f:
+        stored = json.loads(f.attrs["integrator"])
+    stored.pop("reference_cell"), stored.pop("grid")
+    assert sim.integrator.state_dict() == stored
+    sim.run()
+    got = _frames(tmp_path / "b1.h5")
+    dx = np.abs(_unwrapped(got[500]) - _unwrapped(straight[500])).max()
+    dc = np.abs(got[500].cell.array - straight[500].cell.array).max()
+    print(f"2-domain checkpoint at 250 continued on 1 domain: max |dx| {dx:.2e} Å, |dcell| {dc:.2e} Å at 500")
+    assert dx <= 1e-10 and dc <= 1e-10, (dx, dc)
