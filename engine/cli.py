@@ -17,6 +17,7 @@ import sys
 
 USAGE = """\
 usage: python -m engine run [key=value ...] [-m] [--cfg job] [--config-path DIR --config-name NAME]
+       python -m engine minimize [key=value ...]  FIRE relaxation (minimize.fmax, minimize.steps; docs/minimize.md)
        python -m engine info FILE.h5          what a trajectory or checkpoint holds
        python -m engine plot FILE.h5 OUT.png  energies, energy drift per atom, temperature, pressure vs time
        python -m engine convert RUN.h5 OUT    frames to extxyz, .traj or any ASE format
@@ -71,8 +72,8 @@ def main(argv: list[str] | None = None) -> int:
     from .errors import UserError
 
     try:
-        if cmd == "run":
-            return _run(args)
+        if cmd in ("run", "minimize"):
+            return _run(args, command=cmd)
         if cmd == "convert":
             if len(args) != 2:
                 raise UserError("usage: python -m engine convert RUN.h5 OUT.extxyz|OUT.traj|any ASE format")
@@ -159,7 +160,7 @@ def _parser():
     return parser
 
 
-def _run(args: list[str]) -> int:
+def _run(args: list[str], command: str = "run") -> int:
     from pathlib import Path
 
     from hydra._internal.hydra import Hydra
@@ -213,7 +214,7 @@ def _run(args: list[str]) -> int:
         if ns.resolve:
             raise UserError("--resolve goes with --cfg")
         mode = load(hydra.config_loader, name, overrides, multirun=True).hydra.mode
-        task = functools.partial(_job, flags=flags)
+        task = functools.partial(_job, flags=flags, command=command)
         if ns.multirun or mode == RunMode.MULTIRUN:
             return _sweep(hydra, name, overrides + ([] if mode == RunMode.MULTIRUN else ["hydra.mode=MULTIRUN"]),
                           task)
@@ -277,7 +278,7 @@ def job_output(output: str, output_dir: str) -> str:
     return output if os.path.isabs(output) or rel == os.curdir else os.path.join(rel, output)
 
 
-def _job(cfg, flags: list[str]) -> int | None:
+def _job(cfg, flags: list[str], command: str = "run") -> int | None:
     """Hydra's task function: one job (a run, or one of a sweep's)."""
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
@@ -298,14 +299,14 @@ def _job(cfg, flags: list[str]) -> int | None:
     if not sweep:
         try:
             validate(cfg)
-            return _run_config(cfg, rank_args, explicit_domains)
+            return _run_config(cfg, rank_args, explicit_domains, command)
         except Exception as exc:  # noqa: BLE001 - raised again by _run, outside Hydra
             return _Raised(exc)
     if env_rank() == 0 and not cfg.quiet:
         print(f"job {hc.job.num}: {' '.join(overrides)} -> {cfg.output}", flush=True)
     try:
         validate(cfg)
-        code = _run_config(cfg, rank_args, explicit_domains)
+        code = _run_config(cfg, rank_args, explicit_domains, command)
     except UserError as exc:
         if env_rank() == 0:
             sys.stderr.write(f"error: job {hc.job.num}: {exc.one_line()}\n")
@@ -317,17 +318,22 @@ def _job(cfg, flags: list[str]) -> int | None:
     return code
 
 
-def _run_config(cfg, rank_args: list[str], explicit_domains: bool) -> int:
-    """One run: here, on ranks this process starts (``domains`` > 1), or on the launcher's."""
+def _run_config(cfg, rank_args: list[str], explicit_domains: bool, command: str = "run") -> int:
+    """One run (``command`` run or minimize): here, on ranks this process starts (``domains`` > 1),
+    or on the launcher's."""
     from .parallel import env_size, launch_self, under_launcher
     from .preflight import check_domains, check_outputs
 
     check_outputs(cfg)
+    if command == "minimize":
+        from .minimize import minimize_cfg
+
+        minimize_cfg(cfg)   # its refusals before any rank starts
     if not under_launcher():
         if cfg.domains > 1:
             check_domains(cfg, local=True)   # before starting any rank
-            return launch_self(int(cfg.domains), ["run", *rank_args])
-        return _run_ranks(cfg)
+            return launch_self(int(cfg.domains), [command, *rank_args])
+        return _run_ranks(cfg, command)
     size = env_size()
     if explicit_domains and cfg.domains != size:
         from .errors import UserError
@@ -335,10 +341,10 @@ def _run_config(cfg, rank_args: list[str], explicit_domains: bool) -> int:
         raise UserError(f"domains={cfg.domains} but the launcher started {size} ranks; "
                         f"drop domains= or use mpiexec -n {cfg.domains}")
     cfg.domains = size
-    return _run_ranks(cfg)
+    return _run_ranks(cfg, command)
 
 
-def _run_ranks(cfg) -> int:
+def _run_ranks(cfg, command: str = "run") -> int:
     """Run on this process's rank; an error here ends every rank."""
     import traceback
 
@@ -354,9 +360,14 @@ def _run_ranks(cfg) -> int:
     comm = init_comm(cfg.device) if cfg.domains > 1 else None
     code = 0
     try:
-        sim = Simulation(cfg, comm=comm)
-        sim.run()
-        code = sim.exit_code
+        if command == "minimize":
+            from .minimize import minimize_run
+
+            code = minimize_run(cfg, comm=comm)
+        else:
+            sim = Simulation(cfg, comm=comm)
+            sim.run()
+            code = sim.exit_code
     except UserError as exc:
         if comm is None or comm.size == 1:
             raise
