@@ -136,6 +136,11 @@ class Simulation:
         self.domain = RankDomain(self.comm, self.dmodel.cutoff, float(cfg.neighbor.skin),
                                     sort=str(cfg.neighbor.sort), grid=grid, box_check=self._barostat)
         self.state = self.domain.distribute(state, reference=reference, reference_cell=ref_cell)
+        if self._barostat:
+            try:
+                self.integrator.check_cell(self.state.cell)
+            except ValueError as exc:
+                raise UserError(str(exc)) from None
         self.n_global = self.domain.n_global
         self.reporter = reporter or Reporter(self.log_path if self.comm.is_root else None, quiet=cfg.quiet,
                                              progress=cfg.thermo.progress, enabled=self.comm.is_root,

@@ -171,7 +171,7 @@ class NPT:
         th = self.thermostat
         th._setup(velocities, masses)
         self.n_atoms = (th.dof + 3) // 3   # dof = 3N - 3 (1 for a single atom)
-        self._check_cell()
+        self.check_cell(self.cell)
         if self.vol0 is None:
             self.vol0 = self._volume()
         kt = KB * self.temperature
@@ -185,12 +185,14 @@ class NPT:
             for i in range(1, self.pchain):
                 self.etap_dotdot[i] = (self.etap_mass[i - 1] * self.etap_dot[i - 1] ** 2 - kt) / self.etap_mass[i]
 
-    def _check_cell(self) -> None:
-        c = self.cell
+    def check_cell(self, cell: torch.Tensor) -> None:
+        """ValueError (one line) for a cell this coupling cannot drive: aniso and tri need
+        LAMMPS's form (rows a along x, b in the xy plane)."""
+        c = cell
         if self.pstyle != "iso" and bool((c[0, 1] != 0) | (c[0, 2] != 0) | (c[1, 2] != 0)):
             raise ValueError(f"integrator.couple={self.pstyle} needs a cell in LAMMPS's form (a along x, b in "
                              "the xy plane: cell[0,1] = cell[0,2] = cell[1,2] = 0); rotate the cell or use couple=iso")
-        if self.pstyle == "iso" and not math.isfinite(self._volume()):
+        if not math.isfinite(abs(float(torch.det(c.double())))):
             raise ValueError("the cell is not finite")
 
     # -- the barostat's pieces (fix_nh, line for line) -------------------------------------------

@@ -220,3 +220,80 @@ def test_npt_mean_density_matches_lammps(tmp_path):
           f"(10-block standard errors, {rho.size} samples each): {100 * rel:+.3f} % "
           f"+- {100 * np.hypot(sem, lsem) / lmean:.3f} %")
     assert abs(rel) < 0.005, rel
+
+
+# ---------------------------------------------------------------- pieces and refusals
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_box_check_keeps_the_list_complete(seed):
+    """domain/neighbors.py's box check (LAMMPS's boxcheck): after a random strain of a triclinic
+    cell (atoms remapped with it) and displacements up to the trigger (skin - d1 - d2) / 2, every
+    pair within the cutoff (brute force) is still an edge of the list built before; past it, the
+    list asks for a rebuild."""
+    from reference import brute_force_pairs, random_cell, random_positions
+
+    from shardmd.domain.neighbors import SkinNeighborList
+
+    rng = np.random.default_rng(seed)
+    cell = random_cell(rng, lengths=(12.0, 15.0), max_tilt=0.3)
+    pbc = np.array([True, True, True])
+    x0 = random_positions(rng, 250, cell, pbc)
+    cutoff, skin = 3.5, 1.0
+    nl = SkinNeighborList(cutoff, skin, box_check=True)
+    built = nl.build(torch.tensor(x0), torch.tensor(cell), torch.tensor(pbc))
+    edges = {(int(i), int(j), tuple(int(a) for a in s)) for i, j, s in
+             zip(built.centers().tolist(), built.neighbors.tolist(), built.shifts.tolist())}
+    for trial in range(6):
+        strain = rng.normal(scale=0.003, size=(3, 3))
+        new = cell @ (np.eye(3) + strain)
+        x = x0 @ np.linalg.inv(cell) @ new          # the remap: fractions kept
+        trig = nl.trigger(torch.tensor(new))
+        affine = np.linalg.norm(x - x0, axis=1)
+        assert 0 < affine.max() < trig < 0.5 * skin
+        # each atom's total displacement from the build (affine + its own) up to 0.999 trigger
+        u = rng.normal(size=x.shape)
+        u /= np.linalg.norm(u, axis=1)[:, None]
+        xt = x + u * (0.999 * trig - affine)[:, None]
+        assert np.linalg.norm(xt - x0, axis=1).max() <= trig
+        assert not nl.needs_rebuild(torch.tensor(xt), torch.tensor(new))
+        missing = brute_force_pairs(xt, new, pbc, cutoff) - edges
+        assert not missing, (trial, sorted(missing)[:5])
+        far = x0 + (xt - x0) * (1.01 * trig / np.linalg.norm(xt - x0, axis=1).max())
+        assert nl.needs_rebuild(torch.tensor(far), torch.tensor(new))
+    assert nl.trigger(torch.tensor(cell * 1.1)) < 0   # a large change: rebuild whatever the atoms did
+
+
+def _byo_model(tmp_path, monkeypatch):
+    """The tutorial's model file (docs/byo.md: energy and forces, no virial) as a module here."""
+    import re
+
+    text = (HERE.parent / "docs" / "byo.md").read_text()
+    src = next(b for lang, b in re.findall(r"```(\w+)\n(.*?)\n```", text, re.S)
+               if lang == "python" and b.startswith("# mymodel.py"))
+    name = f"npt_novirial_{abs(hash(str(tmp_path))) % 10**8}"
+    (tmp_path / f"{name}.py").write_text(src)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return name
+
+
+def test_npt_refusals_are_one_line(tmp_path, capfd, monkeypatch):
+    from ase.build import bulk
+    from ase.io import write
+    from conftest import run_in_process
+
+    small = ["run", "system.repeat=[3,3,3]", "steps=2", "quiet=true", "threads=1", "integrator=npt"]
+    cases = [
+        (["model=lj", "neighbor.deferred=true"], "neighbor.deferred=false"),
+        (["model=lj", "fix.ids=[0,1]"], "cannot hold atoms fixed"),
+        (["model=lj", "integrator.couple=xyz"], "integrator.couple"),
+        (["model=lj", "integrator.pdamp=0"], "pdamp"),
+        ([f"model=py:{_byo_model(tmp_path, monkeypatch)}:make"], "needs the model's virial"),
+    ]
+    # aniso / tri need LAMMPS's cell form: the fcc primitive cell is not in it
+    write(tmp_path / "prim.extxyz", bulk("Ar", "fcc", a=5.26).repeat((4, 4, 4)))
+    cases.append((["model=lj", "system.file=prim.extxyz", "integrator.couple=tri"], "LAMMPS's form"))
+    for extra, needle in cases:
+        code, lines = run_in_process([*small, *extra, f"output={tmp_path / 'r.h5'}", "overwrite=true"],
+                                     tmp_path, capfd, monkeypatch)
+        assert code == 2 and len(lines) == 1 and needle in lines[0], (extra, code, lines)
