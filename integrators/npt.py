@@ -140,7 +140,7 @@ class NPT:
 
     # -- pressure -----------------------------------------------------------------------
     def _volume(self) -> float:
-        return abs(float(torch.det(self.cell.double())))
+        return abs(_det3(self.cell.double().cpu().tolist()))
 
     def _pressure(self, velocities, masses, scalar_mv2: float | None = None) -> None:
         """fix_nh's compute pressure (scalar for iso, vector otherwise) and couple()."""
@@ -192,7 +192,7 @@ class NPT:
         if self.pstyle != "iso" and bool((c[0, 1] != 0) | (c[0, 2] != 0) | (c[1, 2] != 0)):
             raise ValueError(f"integrator.couple={self.pstyle} needs a cell in LAMMPS's form (a along x, b in "
                              "the xy plane: cell[0,1] = cell[0,2] = cell[1,2] = 0); rotate the cell or use couple=iso")
-        if not math.isfinite(abs(float(torch.det(c.double())))):
+        if not math.isfinite(_det3(c.double().cpu().tolist())):
             raise ValueError("the cell is not finite")
 
     # -- the barostat's pieces (fix_nh, line for line) -------------------------------------------
@@ -270,16 +270,19 @@ class NPT:
         velocities.mul_(f)
 
     def _remap(self, positions: torch.Tensor) -> None:
-        """remap(): the cell by half a step (dto = dt/2), the atoms with it (fractions kept)."""
+        """remap(): the cell by half a step (dto = dt/2), the atoms with it (fractions kept).
+        The 3 x 3 algebra is done in Python floats and applied to the atoms by broadcasting:
+        no LAPACK/BLAS call on tiny matrices (with several threads those wait on their workers)."""
         dto = 0.5 * self.dt
         for i in range(6):
             self.omega[i] += dto * self.omega_dot[i]
         old = self.cell
+        c = old.double().cpu().tolist()
         od = self.omega_dot
         if self.pstyle == "iso":
-            new = old.double() * math.exp(dto * od[0])
+            e = math.exp(dto * od[0])
+            new = [[x * e for x in row] for row in c]
         else:
-            c = old.double().cpu().tolist()
             # LAMMPS's h: 0 xprd, 1 yprd, 2 zprd, 3 yz, 4 xz, 5 xy (our rows: c[1][0] = xy ...)
             h = [c[0][0], c[1][1], c[2][2], c[2][1], c[2][0], c[1][0]]
             dto2, dto4, dto8 = dto / 2.0, dto / 4.0, dto / 8.0
@@ -309,11 +312,13 @@ class NPT:
             h[0] *= e0
             h[1] *= e1
             h[2] *= e2
-            new = torch.tensor([[h[0], 0.0, 0.0], [h[5], h[1], 0.0], [h[4], h[3], h[2]]], dtype=torch.float64)
-        new = new.to(dtype=old.dtype, device=old.device)
-        m = torch.linalg.inv(old.double().to(positions.device)) @ new.double().to(positions.device)
-        positions.copy_((positions.double() @ m).to(positions.dtype))
-        self.cell = new
+            new = [[h[0], 0.0, 0.0], [h[5], h[1], 0.0], [h[4], h[3], h[2]]]
+        m = _matmul3(_inv3(c), new)   # x' = x c^-1 new
+        rows = torch.tensor(m, dtype=torch.float64, device=positions.device)
+        x = positions.double()
+        out = x[:, 0:1] * rows[0] + x[:, 1:2] * rows[1] + x[:, 2:3] * rows[2]
+        positions.copy_(out.to(positions.dtype))
+        self.cell = torch.tensor(new, dtype=old.dtype, device=old.device)
 
     # -- the step ------------------------------------------------------------------------------
     def first_half(self, positions: torch.Tensor, velocities: torch.Tensor, forces: torch.Tensor,
@@ -399,3 +404,23 @@ class NPT:
                 self.omega_mass[i] = nkt / (self.p_freq[i] * self.p_freq[i])
         if self.pchain:
             self.etap_mass = [kt / (self.p_freq_max * self.p_freq_max)] * self.pchain
+
+
+def _det3(a) -> float:
+    return (a[0][0] * (a[1][1] * a[2][2] - a[1][2] * a[2][1]) - a[0][1] * (a[1][0] * a[2][2] - a[1][2] * a[2][0])
+            + a[0][2] * (a[1][0] * a[2][1] - a[1][1] * a[2][0]))
+
+
+def _inv3(a) -> list[list[float]]:
+    """Inverse of a 3 x 3 matrix (lists of floats) by its adjugate."""
+    d = _det3(a)
+    return [[(a[1][1] * a[2][2] - a[1][2] * a[2][1]) / d, (a[0][2] * a[2][1] - a[0][1] * a[2][2]) / d,
+             (a[0][1] * a[1][2] - a[0][2] * a[1][1]) / d],
+            [(a[1][2] * a[2][0] - a[1][0] * a[2][2]) / d, (a[0][0] * a[2][2] - a[0][2] * a[2][0]) / d,
+             (a[0][2] * a[1][0] - a[0][0] * a[1][2]) / d],
+            [(a[1][0] * a[2][1] - a[1][1] * a[2][0]) / d, (a[0][1] * a[2][0] - a[0][0] * a[2][1]) / d,
+             (a[0][0] * a[1][1] - a[0][1] * a[1][0]) / d]]
+
+
+def _matmul3(a, b) -> list[list[float]]:
+    return [[sum(a[i][k] * b[k][j] for k in range(3)) for j in range(3)] for i in range(3)]
