@@ -63,6 +63,46 @@ def _fixed_jit_executor():
         torch._C._jit_set_profiling_executor(previous)
 
 
+class _Recompute:
+    """``forward`` of one of mace-torch's radial MLPs (``conv_tp_weights``: edge features (E, b)
+    -> tensor-product weights (E, w)) that keeps only its input for the backward pass and
+    recomputes the hidden activations there (``torch.utils.checkpoint``, non-reentrant).
+
+    The radial MLP's hidden activations (3 hidden layers of 64: ~390 floats per edge per
+    interaction, pre- and post-activation) were most of a MACE call's memory: with
+    cuEquivariance's fused convolution nothing else per edge comes close (docs/benchmarks.md,
+    "Peers, capacity, foundation size"). Recomputing them gives the same numbers (the same
+    kernels run again on the same input) for one more MLP forward per call. Installed as an
+    instance attribute, so the module's class, parameters and state_dict keys are unchanged.
+    ``flag.on`` (shared by the model's MLPs) switches it at call time."""
+
+    def __init__(self, module: torch.nn.Module, flag):
+        self._plain = type(module).forward.__get__(module)
+        self._flag = flag
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self._flag.on and torch.is_grad_enabled() and x.requires_grad:
+            from torch.utils.checkpoint import checkpoint
+
+            return checkpoint(self._plain, x, use_reentrant=False, preserve_rng_state=False)
+        return self._plain(x)
+
+
+class _Flag:
+    on = True
+
+
+def _install_recompute(model: torch.nn.Module) -> "_Flag":
+    """Recompute the radial MLPs' activations in the backward pass (:class:`_Recompute`) of every
+    interaction block that has one; returns the switch (``.on``)."""
+    flag = _Flag()
+    for block in getattr(model, "interactions", []):
+        mlp = getattr(block, "conv_tp_weights", None)
+        if isinstance(mlp, torch.nn.Module) and "forward" not in vars(mlp):
+            mlp.forward = _Recompute(mlp, flag)
+    return flag
+
+
 class _Exchange:
     """The object mace's interaction blocks call between layers (its ``lammps_class``)."""
 
@@ -334,6 +374,9 @@ class MaceModel:
             self.model = to_cueq(self.model, self.device)
         for p in self.model.parameters():
             p.requires_grad_(False)
+        #: the radial MLPs' activations are recomputed in the backward pass instead of kept
+        #: (:class:`_Recompute`); ``recompute_radial = False`` keeps them (an A/B switch)
+        self._recompute = _install_recompute(self.model)
         self.cutoff = float(self.model.r_max)
         #: select edges without a host read; then the caller must read ``capacity_fill`` (the
         #: engine does in its deferred skin check) and discard results where it is nonzero
@@ -347,6 +390,14 @@ class MaceModel:
         lut = torch.full((max(self.atomic_numbers) + 1,), -1, dtype=torch.int64)
         lut[torch.tensor(self.atomic_numbers)] = torch.arange(len(self.atomic_numbers))
         self._lut = lut.to(self.device)
+
+    @property
+    def recompute_radial(self) -> bool:
+        return self._recompute.on
+
+    @recompute_radial.setter
+    def recompute_radial(self, on: bool) -> None:
+        self._recompute.on = bool(on)
 
     def identity(self) -> str:
         return file_sha256(self.path)

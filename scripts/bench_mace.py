@@ -49,6 +49,28 @@ def _peak_gib(device: str) -> float:
     return torch.cuda.max_memory_allocated() / 2**30 if device.startswith("cuda") else float("nan")
 
 
+def pool_high_bytes(device: str) -> int:
+    """High-water mark of the device's stream-ordered memory pool (``cudaMallocAsync``): what
+    Warp and cuEquivariance's kernels allocate outside torch's caching allocator, which
+    ``torch.cuda.max_memory_allocated`` does not see. Process lifetime; 0 when not on CUDA or
+    Warp cannot tell."""
+    if not device.startswith("cuda"):
+        return 0
+    try:
+        import warp as wp
+
+        return int(wp.get_mempool_used_mem_high(device if ":" in device else "cuda:0"))
+    except Exception:  # noqa: BLE001 - no Warp, an old Warp, pools off
+        return 0
+
+
+def peak_bytes_per_atom(device: str, atoms: int) -> float:
+    """The capacity figure: (torch allocator peak + stream-ordered pool high) / atoms, bytes."""
+    if not device.startswith("cuda") or not atoms:
+        return float("nan")
+    return (torch.cuda.max_memory_allocated() + pool_high_bytes(device)) / atoms
+
+
 def atoms_for(n: int, seed: int = 0):
     from ase.build import bulk
     from ase.md.velocitydistribution import MaxwellBoltzmannDistribution
@@ -82,6 +104,8 @@ def run_engine(n: int, a) -> dict:
 
     _reset_peak(a.device)
     sim = Simulation(compose_config(engine_overrides(n, a)))
+    if hasattr(sim.model, "recompute_radial"):
+        sim.model.recompute_radial = not a.keep_activations
     sim.setup()
     sim.started = True
     for _ in range(a.warmup):
@@ -107,7 +131,7 @@ def run_engine(n: int, a) -> dict:
     final = sim.domain.gather(sim.state, ("positions",))["positions"]   # id order, Å
     sim.close()
     return {"atoms": natoms, "rate": natoms * a.steps / wall, "peak_gib": _peak_gib(a.device),
-            "positions": final}
+            "bytes_per_atom": peak_bytes_per_atom(a.device, natoms), "positions": final}
 
 
 def _calculator(a):
@@ -189,7 +213,8 @@ def make_bench_mace(path: Path, channels: int, max_ell: int = 3, correlation: in
 
 def capacity(a) -> None:
     print(f"\ncapacity: fcc Cu, shipped model, {a.dtype}, {a.device}, 5 steps per size; peak = max over ranks")
-    print(f"{'GPUs':>4} {'repeat':>6} {'atoms':>10} {'result':>8} {'peak GiB/rank':>14} {'atom-steps/s':>13}")
+    print(f"{'GPUs':>4} {'repeat':>6} {'atoms':>10} {'result':>8} {'peak GiB/rank':>14} {'B/atom':>8} "
+          f"{'atom-steps/s':>13}   (B/atom: torch allocator peak per atom of a rank)")
     first = 0  # more GPUs start from the largest size the previous count fitted
     for r in a.ranks:
         for i, n in enumerate(a.sizes[first:], start=first):
@@ -211,7 +236,9 @@ def capacity(a) -> None:
             mem = re.search(r"Memory: peak GPU ([\d.]+) GiB", log)
             rate = re.search(r"([\d.e+]+) atom-steps/s", log)
             print(f"{r:>4} {n:>6} {4 * n**3:>10} {'ok' if ok else 'FAILED':>8} "
-                  f"{(mem.group(1) if mem else '-'):>14} {(rate.group(1) if rate else '-'):>13}", flush=True)
+                  f"{(mem.group(1) if mem else '-'):>14} "
+                  f"{(f'{float(mem.group(1)) * 2**30 * r / (4 * n**3):.0f}' if mem else '-'):>8} "
+                  f"{(rate.group(1) if rate else '-'):>13}", flush=True)
             if not ok:
                 print(f"     ({err[:200]})", flush=True)
                 break
@@ -235,6 +262,9 @@ def main(argv=None) -> int:
                     help="neighbor.pipelined=false: every scheduled skin-check read blocks (for an A/B)")
     ap.add_argument("--no-cuda-graph", action="store_true",
                     help="model.cuda_graph=false: the engine runs its MACE call eagerly (default: auto)")
+    ap.add_argument("--keep-activations", action="store_true",
+                    help="keep the radial MLPs' activations for the backward pass instead of recomputing "
+                         "them (MaceModel.recompute_radial=False; the memory/speed A/B)")
     ap.add_argument("--capacity", action="store_true")
     ap.add_argument("--ranks", type=int, nargs="+", default=[1])
     ap.add_argument("--timeout", type=float, default=240)
@@ -251,7 +281,7 @@ def main(argv=None) -> int:
     print(f"\nMACE ({name}{', cuEquivariance' if a.cueq else ''}), {a.dtype}, {a.device}; "
           f"{a.steps} timed steps after {a.warmup} warm-up")
     print(f"{'atoms':>9} {'engine':>12} {'ASE+calc':>12} {'bare f+b':>12} {'eng/ASE':>8} {'eng/bare':>9} "
-          f"{'engine GiB':>10} {'bare GiB':>9}")
+          f"{'engine GiB':>10} {'B/atom':>8} {'bare GiB':>9}")
     for n in a.sizes:
         e = run_engine(n, a)
         s = run_ase(n, a, calc) if a.vs_ase else None
@@ -262,9 +292,11 @@ def main(argv=None) -> int:
         print(f"{e['atoms']:>9} {f(e):>12} {f(s):>12} {f(b):>12} "
               f"{(e['rate'] / s['rate'] if s else float('nan')):>8.2f} "
               f"{(e['rate'] / b['rate'] if b else float('nan')):>9.2f} {e['peak_gib']:>10.2f} "
+              f"{e['bytes_per_atom']:>8.0f} "
               f"{(b['peak_gib'] if b else float('nan')):>9.2f}", flush=True)
     print("(atom-steps/s; engine and ASE include the integrator and neighbour lists, bare is one "
-          "forward+backward on the engine's last configuration)")
+          "forward+backward on the engine's last configuration; B/atom: the engine's peak bytes per atom, "
+          "torch allocator peak + stream-ordered pool high (Warp, cuEquivariance), the capacity figure)")
     return 0
 
 
