@@ -4,6 +4,8 @@
     atoms.calc = ShardMDCalculator(model="lj")                    # defaults of configs/model/lj.yaml
     atoms.calc = ShardMDCalculator(model="mace", checkpoint="my.model", precision="float32")
     atoms.calc = ShardMDCalculator(model="lj", epsilon={"Ar": 0.0104}, cutoff=8.0, skin=1.0)
+    atoms.calc = ShardMDCalculator(model="py:mymodel:make", features=16)   # the CLI's routes (docs/byo.md)
+    atoms.calc = ShardMDCalculator(model="nequip", species=["Cu", "Ni"], seed=7)
 
 Properties: energy and free_energy (eV), forces (eV/Å), stress (eV/Å^3, Voigt xx yy zz yz xz
 xy, ASE's sign: positive = tensile; only with all axes periodic), energies (per atom, eV).
@@ -12,12 +14,15 @@ positions, cell, pbc, atom count or species trigger a new evaluation.
 
 Parameters (``calc.parameters``, ``calc.todict()``; what ``ase.io.Trajectory`` and ``ase.db``
 store) record the model completely, so ``ShardMDCalculator(**calc.todict())`` makes the same
-calculator: model (lj | mace), every model key of configs/model/<model>.yaml after the
-keyword arguments were applied (a dict adds to the default one, as ``model.epsilon.Kr=...``
-does on the command line: ``epsilon={"Kr": ...}`` keeps Ar's), for MACE the model file as an
-absolute path and ``checkpoint_sha256`` (given back, the file must have that hash),
-precision, device, skin (Å) and domains (the rank count the results came from: a record
-only, ignored on input; the ranks are the launcher's). ``calc.set(key=value)`` rebuilds the model and resets.
+calculator: model (lj | mace, a registered name such as nequip, or ``py:module:factory`` as on
+the command line: the keyword arguments are then the factory's), every model key of
+configs/model/<model>.yaml after the keyword arguments were applied (a dict adds to the
+default one, as ``model.epsilon.Kr=...`` does on the command line: ``epsilon={"Kr": ...}``
+keeps Ar's), for MACE the model file as an absolute path and ``checkpoint_sha256`` (given
+back, the file must have that hash) and the readout ``head`` used (a multi-head model's
+choice: its only or default head when none was given), precision, device, skin (Å) and
+domains (the rank count the results came from: a record only, ignored on input; the ranks
+are the launcher's). ``calc.set(key=value)`` rebuilds the model and resets.
 
 Neighbour lists: the decomposition, the atoms' ghosts and the neighbour list (cutoff + skin)
 are kept between calls and rebuilt, as in the engine's MD loop, when an atom moved more than
@@ -116,6 +121,8 @@ def _model_config(model: str, precision: str, device: str, checkpoint, model_kwa
         given = dict(model_kwargs)
         if checkpoint is not None:
             given["checkpoint"] = str(checkpoint)
+        if _open(cfg):   # the factory's own arguments (as model.<key>=... on the command line)
+            return {**to_container(cfg.model), **given}
         keys = [k for k in cfg.model.keys() if k != "name"]
         unknown = sorted(set(given) - set(keys))
         if unknown:
@@ -129,6 +136,14 @@ def _model_config(model: str, precision: str, device: str, checkpoint, model_kwa
     except OmegaConfBaseException as exc:   # a value of the wrong type
         raise ValueError(f"ShardMDCalculator: {' '.join(str(exc).split())}") from None
     return to_container(cfg.model)
+
+
+def _open(cfg) -> bool:
+    """Whether the composed model is the open choice (``py:module:factory`` or a registered name
+    beside ShardMD's own): its keyword arguments are the factory's, checked by the factory."""
+    from .config_schema import GROUPS
+
+    return str(cfg.model.name) not in GROUPS["model"]
 
 
 class ShardMDCalculator(Calculator):
@@ -160,17 +175,22 @@ class ShardMDCalculator(Calculator):
         dev = self.comm.device if self.comm.size > 1 else torch.device(device)
         built = build_model(mcfg, dtype, dev)
         record = {"model": mcfg["name"], **{k: v for k, v in mcfg.items() if k != "name"}}
-        if hasattr(built, "identity"):   # a model file: where it is and what it holds
+        if hasattr(built, "identity") and hasattr(built, "path"):   # a model file: where it is and what it holds
             sha = built.identity()
             if checkpoint_sha256 is not None and checkpoint_sha256 != sha:
                 raise ValueError(f"ShardMDCalculator: {built.path} has SHA-256 {sha}, not the "
                                  f"checkpoint_sha256={checkpoint_sha256} given; give the file that was used")
             record["checkpoint"] = str(built.path.resolve())
             record["checkpoint_sha256"] = sha
+        if isinstance(getattr(built, "head", None), str):   # the readout head used (a multi-head model's choice)
+            record["head"] = built.head
         record.update(precision=precision, device=str(dev), skin=float(skin), domains=self.comm.size)
         # nothing is changed before everything above succeeded (a failed set() leaves the old model)
-        self.dtype, self.device, self.model, self.model_config, self.skin = dtype, dev, built, mcfg, float(skin)
-        self.dmodel = DistributedModel(built)
+        from .simulation import wrap_model  # the engine's rule: a model's own spec, else the MPNN preset
+
+        dmodel = built if isinstance(built, DistributedModel) else wrap_model(built)
+        self.dtype, self.device, self.model, self.model_config, self.skin = dtype, dev, dmodel.model, mcfg, float(skin)
+        self.dmodel = dmodel
         self.parameters = Parameters(record)
         self.reset()
 
@@ -277,17 +297,22 @@ class ShardMDCalculator(Calculator):
     def _evaluate(self, cell, pbc) -> None:
         dec, state = self._dec, self._state
         out = self.dmodel.compute(dec.ctx, dec.padded_positions, dec.padded_numbers, dec.nl.current)
+        # energies and virial are optional (models/contract.py): without them no per-atom
+        # energies, and no stress (ASE then says the property is not available)
         local = {k: v.detach().cpu() for k, v in (("ids", state.ids), ("forces", out["forces"]),
-                                                   ("energies", out["energies"]))}
+                                                   ("energies", out.get("energies"))) if v is not None}
         parts = self.comm.all_gather_object(local) if self.comm.size > 1 else [local]
         ids = torch.cat([p["ids"] for p in parts]).numpy()
-        forces, energies = np.empty((dec.n_global, 3)), np.empty(dec.n_global)
+        forces = np.empty((dec.n_global, 3))
         forces[ids] = torch.cat([p["forces"] for p in parts]).double().numpy()     # ids = ASE's indices
-        energies[ids] = torch.cat([p["energies"] for p in parts]).double().numpy()
-        virial = out["virial"].double().cpu().numpy()
         self.results["energy"] = self.results["free_energy"] = float(out["energy"])
-        self.results["forces"], self.results["energies"] = forces, energies
-        if np.all(pbc):
+        self.results["forces"] = forces
+        if "energies" in local:
+            energies = np.empty(dec.n_global)
+            energies[ids] = torch.cat([p["energies"] for p in parts]).double().numpy()
+            self.results["energies"] = energies
+        if np.all(pbc) and out.get("virial") is not None:
+            virial = out["virial"].double().cpu().numpy()
             stress = -virial / abs(np.linalg.det(cell))
             self.results["stress"] = np.array([stress[0, 0], stress[1, 1], stress[2, 2],
                                                stress[1, 2], stress[0, 2], stress[0, 1]])

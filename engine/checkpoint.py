@@ -67,13 +67,22 @@ def model_identity(model_cfg: dict) -> str:
 
 def model_identity_of(origin: dict) -> str:
     """sha256 naming a model by where it came from (``models.registry.model_origin`` or
-    :func:`api_model_origin`): route, factory, arguments and the hashes of its files.  A shipped
-    model built from the config keeps :func:`model_identity` of its config node."""
+    :func:`api_model_origin`): route, factory, arguments, the hashes of its files and the head a
+    multi-head model runs (so a restart with another head is refused).  A shipped model built
+    from the config keeps :func:`model_identity` of its config node (the head resolved in it)."""
     from shardmd.models.registry import MODELS
 
     route = str(origin.get("route"))
     if route in MODELS and "api" not in origin:
-        return model_identity({"name": route, **origin.get("arguments", {})})
+        args = dict(origin.get("arguments", {}))
+        if origin.get("head") is not None:   # a multi-head model: the head it resolved to, given or not
+            args["head"] = origin["head"]
+        ck = args.get("checkpoint")   # model_identity hashes this file itself; any other file (nequip's
+        ck = str(Path(str(ck)).resolve()) if ck and Path(str(ck)).is_file() else None   # config, weights)
+        others = {p: h for p, h in origin.get("files", {}).items() if p != ck}
+        if others:
+            args["files_sha256"] = others
+        return model_identity({"name": route, **args})
     return hashlib.sha256(json.dumps(origin, sort_keys=True, default=str).encode()).hexdigest()
 
 

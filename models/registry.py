@@ -52,8 +52,21 @@ def mace(*, checkpoint: str | None = None, dtype: str | None = None, cueq="auto"
                      trust_pickle=trust_pickle is True, head=head)   # only a real true opts in
 
 
+def nequip(*, config: str | None = None, weights: str | None = None, species=("Cu", "Ni"), r_max: float = 4.0,
+           num_layers: int = 2, l_max: int = 1, num_features: int = 8, seed: int = 0,
+           precision: torch.dtype = torch.float64, device="cpu"):
+    """NequIP via the nequip package (models/nequip.py): a nequip YAML ``config`` with its saved
+    ``weights``, or a small model with random weights (``species``, ``r_max``, ... ``seed``)."""
+    from .nequip import NequipModel
+
+    if config is not None:
+        return NequipModel(config, weights, dtype=precision, device=device)
+    return NequipModel(None, weights, dtype=precision, device=device, species=tuple(species), r_max=r_max,
+                       num_layers=num_layers, l_max=l_max, num_features=num_features, seed=seed)
+
+
 #: the shipped families (the entry points of pyproject.toml name these)
-MODELS: dict[str, Callable] = {"lj": lj, "mace": mace}
+MODELS: dict[str, Callable] = {"lj": lj, "mace": mace, "nequip": nequip}
 
 
 # -- routes --------------------------------------------------------------------------------------
@@ -136,6 +149,12 @@ def build_model(cfg: Mapping, dtype: torch.dtype = torch.float64, device="cpu"):
     if "precision" in params and "precision" not in kwargs:
         kwargs["precision"] = dtype
     label = f"model={name}"
+    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    unknown = sorted(set(kwargs) - set(params)) if params and not takes_any else []
+    if unknown:
+        known = ", ".join(k for k, p in params.items() if k not in ("device", "precision")
+                          and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
+        raise ValueError(f"{label}: the factory has no parameter {', '.join(unknown)}; its parameters: {known}")
     if name in MODELS and not is_route(name):   # ours: their errors are one line already
         model = factory(**kwargs)
     else:
@@ -146,6 +165,9 @@ def build_model(cfg: Mapping, dtype: torch.dtype = torch.float64, device="cpu"):
             raise ValueError(f"{label}: the factory raised {type(exc).__name__}: {first}; fix the factory or "
                              "its model.<key> arguments") from None
     model = check_model(model, label)
+    heads = getattr(model, "heads", None)
+    if isinstance(getattr(model, "head", None), str) and isinstance(heads, (list, tuple)) and len(heads) > 1:
+        _RESOLVED_HEADS[_key(cfg)] = model.head   # model_origin records the head a multi-head model runs
     spec_file = cfg.get("spec")
     if spec_file:
         from shardmd.domain.api import MLIPSpec, SpecLoadError
@@ -160,6 +182,15 @@ def build_model(cfg: Mapping, dtype: torch.dtype = torch.float64, device="cpu"):
     return model
 
 
+#: config node (as JSON) -> the readout head its multi-head model resolved to (``model.head`` or,
+#: without it, the model's only or default head): what ``model_origin`` records
+_RESOLVED_HEADS: dict[str, str] = {}
+
+
+def _key(cfg: Mapping) -> str:
+    return json.dumps(dict(cfg), sort_keys=True, default=str)
+
+
 def _sha256(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -170,8 +201,9 @@ def _sha256(path: Path) -> str:
 
 def model_origin(cfg: Mapping) -> dict:
     """Where a model comes from, for the log, the trajectory and the checkpoint: its route, the
-    factory (module:qualname and source file), its arguments, and the SHA-256 of every file
-    involved (the factory's source, the spec, any argument naming an existing file)."""
+    factory (module:qualname and source file), its arguments, the SHA-256 of every file
+    involved (the factory's source, the spec, any argument naming an existing file) and, for a
+    multi-head model built from ``cfg`` by :func:`build_model`, the ``head`` it runs."""
     name = cfg["name"]
     out: dict = {"route": name, "arguments": factory_arguments(cfg)}
     files: dict[str, str] = {}
@@ -189,6 +221,9 @@ def model_origin(cfg: Mapping) -> dict:
         if isinstance(v, str) and v and Path(v).is_file():
             files[str(Path(v).resolve())] = _sha256(Path(v))
     out["files"] = files
+    head = _RESOLVED_HEADS.get(_key(cfg))
+    if head is not None:   # a multi-head model: the head it runs is part of what it is
+        out["head"] = head
     return out
 
 
@@ -199,5 +234,7 @@ def origin_text(origin: Mapping) -> str:
         parts.append(f"factory {origin['factory']}")
     if origin.get("arguments") and is_route(origin["route"]):
         parts.append("arguments " + json.dumps(origin["arguments"], sort_keys=True, default=str))
+    if origin.get("head") is not None:
+        parts.append(f"head {origin['head']}")
     parts += [f"{Path(p).name} sha256 {h[:12]}" for p, h in origin.get("files", {}).items()]
     return ", ".join(parts)

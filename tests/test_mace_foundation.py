@@ -131,6 +131,42 @@ def test_named_multihead_model_on_one_domain_equals_mace_calculator(xdg, tmp_pat
     assert abs(energies["pbe"] - energies["r2scan"]) > 1.0        # the head is really used
 
 
+@pytest.mark.slow
+def test_head_is_part_of_the_model_identity(tmp_path, monkeypatch):
+    """model.head is in the model's identity: the head a multi-head model resolved to (given, or
+    its default) is in the log header and the checkpoint, and a restart with another head is
+    refused in one line unless restart.allow_changes=true."""
+    from shardmd.engine.checkpoint import model_identity_of, newest_valid
+    from shardmd.engine.config import compose_config
+    from shardmd.engine.errors import UserError
+    from shardmd.engine.simulation import Simulation
+
+    path = make_random_mace(tmp_path / "heads.model", elements=(29,), heads=("Default", "pbe"), seed=6)
+    monkeypatch.chdir(tmp_path)
+    common = ["model=mace", f"model.checkpoint={path}", "system.repeat=[3,3,3]", "quiet=true", "threads=1",
+              "trajectory.every=2", "checkpoint.every=2", "output=h.h5"]
+    sim = Simulation(compose_config([*common, "steps=2"]))
+    sim.run()
+    assert sim.model_origin["head"] == "Default" and "head Default" in (tmp_path / "h.log").read_text()
+    _, ck = newest_valid(tmp_path / "h.ckpt")
+    assert ck["model_identity"] == model_identity_of(sim.model_origin)
+    assert ck["model_identity"] != model_identity_of({**sim.model_origin, "head": "pbe"})
+    with pytest.raises(UserError) as exc:
+        Simulation(compose_config([*common, "model.head=pbe", "steps=4", "restart=auto"]))
+    msg = str(exc.value)
+    assert "\n" not in msg and "restart.allow_changes=true" in msg, msg
+    sim = Simulation(compose_config([*common, "model.head=pbe", "steps=4", "restart=auto",
+                                     "restart.allow_changes=true"]))
+    sim.run()
+    assert sim.model_origin["head"] == "pbe" and newest_valid(tmp_path / "h.ckpt")[1]["step"] == 4
+    # the ASE calculator records the head it uses, and its record makes the same calculator
+    from shardmd.engine.ase_calculator import ShardMDCalculator
+
+    calc = ShardMDCalculator(model="mace", checkpoint=str(path), head="pbe")
+    assert calc.todict()["head"] == "pbe" and ShardMDCalculator(**calc.todict()).model.head == "pbe"
+    assert ShardMDCalculator(model="mace", checkpoint=str(path)).todict()["head"] == "Default"
+
+
 @pytest.mark.mpi
 @pytest.mark.slow
 def test_named_multihead_model_on_four_domains_equals_mace_calculator(xdg, tmp_path):
