@@ -96,20 +96,30 @@ def _sim(args, **kw):
 @pytest.mark.slow
 @pytest.mark.mpi
 def test_py_route_self_launched_and_mpiexec_match_one_domain(tmp_path):
+    """The acceptance run of issue 20: the user's mymodel.py (make()) in a working directory of
+    its own, outside the repository, `python -m engine run model=py:mymodel:make domains=4` and
+    the same under `mpiexec -n 4` (the venv's), against domains=1: final positions after 30
+    steps (float64) to 1e-10 Å, migrations included. One launch each (the tutorial's test runs
+    the 2-domain pair)."""
     (tmp_path / "mymodel.py").write_text(MODEL_SRC)
-    args = ["model=py:mymodel:make", *SMALL, "steps=30", "trajectory.every=30", "checkpoint.every=0"]
+    args = ["model=py:mymodel:make", *SMALL, "steps=30", "trajectory.every=30", "checkpoint.every=0",
+            "temperature=300", "neighbor.skin=0.3"]   # a thin skin: rebuilds, so atoms migrate
     r1 = _engine([*args, "output=d1.h5"], tmp_path)
     assert r1.returncode == 0, r1.stderr
-    r2 = _engine([*args, "output=d2.h5", "domains=2"], tmp_path)
-    assert r2.returncode == 0, r2.stderr
-    rm = _run(mpiexec_cmd(2, ["-m", "engine", "run", *args, "output=m2.h5"]), tmp_path)
+    r4 = _engine([*args, "output=d4.h5", "domains=4"], tmp_path)
+    assert r4.returncode == 0, r4.stderr
+    mpiexec = Path(sys.executable).parent / "mpiexec"
+    assert mpiexec.exists(), "mpiexec of the venv (pip install mpich) is missing"
+    rm = _run([str(mpiexec), "-n", "4", sys.executable, "-m", "engine", "run", *args, "output=m4.h5"], tmp_path)
     assert rm.returncode == 0, rm.stderr
     one = _final_positions(tmp_path / "d1.h5")
-    for name in ("d2.h5", "m2.h5"):
+    for name in ("d4.h5", "m4.h5"):
         assert np.abs(_final_positions(tmp_path / name) - one).max() <= 1e-10, name
-    log = (tmp_path / "d2.log").read_text()
+    log = (tmp_path / "d4.log").read_text()
     assert "model py:mymodel:make, factory mymodel:make" in log and "mymodel.py sha256" in log
-    assert "domains 2" in log and "domains 2" in (tmp_path / "m2.log").read_text()
+    assert "domains 4" in log and "domains 4" in (tmp_path / "m4.log").read_text()
+    moved = [int(m) for m in re.findall(r"(\d+) atom migrations", log)]
+    assert moved and moved[-1] > 0, "the 30 steps moved no atom between domains: the test would not cover it"
 
 
 @pytest.mark.slow
@@ -189,6 +199,41 @@ def test_wrapped_model_is_accepted(user_dir):
     assert ck["config"]["model"]["name"] == sim.model_origin["route"] and ck["model_name"].startswith("api:")
     with pytest.raises(UserError, match="another model|change model"):   # a restart with the config's lj
         _sim(["model=lj", *SMALL, "steps=4", "restart=auto", "output=w.h5"])
+
+
+def test_ase_calculator_takes_the_cli_routes(user_dir):
+    """ShardMDCalculator(model="py:module:factory", **factory arguments): the engine's own model,
+    the same energy and forces as the engine's step 0; its record makes the same calculator; a
+    wrong argument is one line."""
+    from ase.build import bulk
+    from ase.io import read
+
+    from shardmd.engine.ase_calculator import ShardMDCalculator
+
+    tmp, name = user_dir
+    rattled = bulk("Ar", "fcc", a=5.26, cubic=True).repeat((3, 3, 3))
+    rattled.rattle(0.1, seed=4)
+    rattled.write(tmp / "ar.extxyz")
+    sim = _sim([f"model=py:{name}:make", "model.features=4", "system.file=ar.extxyz", "quiet=true", "steps=0",
+                "trajectory.every=0", "checkpoint.every=0", "output=c.h5"])
+    sim.run(0)
+    ref = sim.atoms()
+    forces = sim.domain.gather(sim.state, ("forces",))["forces"]
+    atoms = ref.copy()
+    atoms.calc = calc = ShardMDCalculator(model=f"py:{name}:make", features=4, skin=0.5)
+    assert abs(atoms.get_potential_energy() - float(sim.results["energy"])) <= 1e-12 * abs(float(sim.results["energy"]))
+    assert np.abs(atoms.get_forces() - forces).max() <= 1e-12 * np.abs(forces).max()
+    p = calc.todict()
+    assert p["model"] == f"py:{name}:make" and p["features"] == 4 and "stress" not in calc.results
+    again = ref.copy()
+    again.calc = ShardMDCalculator(**p)
+    assert again.get_potential_energy() == atoms.get_potential_energy()
+    write_path = tmp / "t.traj"
+    atoms.write(write_path)
+    assert read(write_path).calc.parameters == p
+    with pytest.raises(ValueError) as exc:
+        ShardMDCalculator(model=f"py:{name}:make", width=3)
+    assert "no parameter width" in str(exc.value) and "features" in str(exc.value) and "\n" not in str(exc.value)
 
 
 # -- no virial ------------------------------------------------------------------------------------
