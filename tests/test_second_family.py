@@ -183,3 +183,20 @@ def test_nequip_config_and_weights_files(tmp_path):
     before = model_identity_of(model_origin(cfg))
     torch.save({k: v + 1e-3 for k, v in trained.graph_model.state_dict().items()}, tmp_path / "best_model.pth")
     assert model_identity_of(model_origin(cfg)) != before   # other weights: another model for a restart
+
+
+def test_nequip_spec_saves_and_loads(tmp_path):
+    """SPEC_NEQUIP is a plain, saveable spec (its JitAdapters name an importable replacement):
+    the JSON round trip gives the same spec, and model.spec=FILE gives a nequip model that spec."""
+    from shardmd.domain.api import MLIPSpec
+    from shardmd.models.nequip import SPEC_NEQUIP
+    from shardmd.models.registry import build_model
+
+    SPEC_NEQUIP.save(tmp_path / "nequip_spec.json")
+    back = MLIPSpec.load(tmp_path / "nequip_spec.json")
+    assert back == SPEC_NEQUIP
+    helpers = back.distribution.third_party_helpers
+    assert [h.target for h in helpers] == ["nequip.nn._interaction_block:scatter", "nequip.nn._atomwise:scatter"]
+    assert all(h.replacement == "shardmd.models.nequip:scatter" and h.factory for h in helpers)
+    model = build_model({"name": "nequip", **KWARGS, "spec": str(tmp_path / "nequip_spec.json")})
+    assert model.distribution_spec == SPEC_NEQUIP
