@@ -7,7 +7,7 @@ One step (fix_nh's initial_integrate / final_integrate, the same order):
 
     initial:  NHC_p(dt/2)                barostat's chain, scales omega_dot
               NHC_t(dt/2)                thermostat chain (integrators/nose_hoover.py), scales v
-              P = (K_ab + W_ab) / V      K of these velocities, W the virial of the current forces
+              P = (K_ab + W_ab) / V      K of these velocities (*), W the virial of the current forces
               omega_dot(dt/2)            nh_omega_dot
               v: nh_v_press(dt/2)        v_a *= exp(-dt/4 (omega_dot_a + mtk2)) twice, tri coupling between
               v += dt/2 F/m
@@ -15,6 +15,10 @@ One step (fix_nh's initial_integrate / final_integrate, the same order):
     -- forces and virial at the new positions and cell --
     final:    v += dt/2 F/m,  nh_v_press(dt/2),  T and P measured,  omega_dot(dt/2),
               NHC_t(dt/2), NHC_p(dt/2)
+
+(*) fix_nh sums the kinetic energy again after the chain's scaling; we scale the carried sum by
+the chain's factor squared instead (equal to round-off: 1e-12 Å against LAMMPS after 100 steps),
+so a step has one global sum of the kinetic energy, as NVT, not two.
 
 Equations (Voigt order of fix_nh: xx yy zz yz xz xy; i < 3 the diagonal, i >= 3 the tilts):
 
@@ -67,7 +71,7 @@ from collections.abc import Callable
 
 import torch
 
-from .nose_hoover import _HI, _LO, NoseHoover, _identity, exact_mv2_sum
+from .nose_hoover import _HI, _LO, NoseHoover, _identity
 from .units import FORCE_TO_ACCEL, KB, MVV_TO_EV
 
 COUPLINGS = ("iso", "aniso", "tri")
@@ -133,7 +137,7 @@ class NPT:
         self.vol0: float | None = None
         self.cell: torch.Tensor | None = None     # (3, 3) Å, set by the engine
         self.virial: torch.Tensor | None = None   # (3, 3) eV global, set by the engine
-        self._mvv: list[float] | None = None      # the kinetic tensor last measured (eV)
+        self._mvv: list[float] | None = None      # aniso, tri: the kinetic tensor carried (eV)
 
     def degrees_of_freedom(self, n_atoms: int) -> int:
         return max(3 * n_atoms - 3, 1)
@@ -142,21 +146,18 @@ class NPT:
     def _volume(self) -> float:
         return abs(_det3(self.cell.double().cpu().tolist()))
 
-    def _pressure(self, velocities, masses, scalar_mv2: float | None = None) -> None:
-        """fix_nh's compute pressure (scalar for iso, vector otherwise) and couple()."""
+    def _pressure(self, mvv: list[float] | float) -> None:
+        """fix_nh's compute pressure (scalar for iso, vector otherwise) and couple(), from the
+        kinetic energy ``mvv`` (eV): iso sum m v^2, else the tensor (xx yy zz xy xz yz)."""
         if self.virial is None:
             raise ValueError("integrator=npt needs the model's virial")
         w = self.virial.detach().double().cpu().tolist()
         vol = self._volume()
         if self.pstyle == "iso":
-            mv2 = scalar_mv2
-            if mv2 is None:
-                mv2 = sum(exact_kinetic_tensor(velocities, masses, self.sum_fn)[:3])
-            p = (mv2 + w[0][0] + w[1][1] + w[2][2]) / 3.0 / vol
+            p = (mvv + w[0][0] + w[1][1] + w[2][2]) / 3.0 / vol
             self.p_current[0] = self.p_current[1] = self.p_current[2] = p
             return
-        k = exact_kinetic_tensor(velocities, masses, self.sum_fn)
-        self._mvv = k
+        k = mvv
         t = [(k[0] + w[0][0]) / vol, (k[1] + w[1][1]) / vol, (k[2] + w[2][2]) / vol,
              (k[3] + w[0][1]) / vol, (k[4] + w[0][2]) / vol, (k[5] + w[1][2]) / vol]
         self.p_current[0], self.p_current[1], self.p_current[2] = t[0], t[1], t[2]
@@ -165,12 +166,34 @@ class NPT:
         if not all(math.isfinite(x) for x in self.p_current):
             raise ValueError("non-numeric pressure: the run is unstable (reduce dt or raise pdamp)")
 
+    def _chain(self, velocities) -> None:
+        """The thermostat chain's half step (nose_hoover.py's nhc_temp_integrate); the carried
+        kinetic tensor (aniso, tri) is scaled with the velocities, by the factor squared."""
+        th = self.thermostat
+        t0 = th.t_current
+        th._nhc(velocities)
+        if self._mvv is not None and t0:
+            scale = th.t_current / t0
+            self._mvv = [k * scale for k in self._mvv]
+
+    def _measure(self, velocities, masses) -> None:
+        """The kinetic energy after the half kick and nh_v_press, in one global sum: the chain's
+        temperature, and (aniso, tri) the tensor the pressure and mtk1 use."""
+        th = self.thermostat
+        if self.pstyle == "iso":
+            th._measure(velocities, masses)
+            return
+        self._mvv = exact_kinetic_tensor(velocities, masses, self.sum_fn)
+        th.t_current = (self._mvv[0] + self._mvv[1] + self._mvv[2]) / (th.dof * KB)
+
     # -- set-up -------------------------------------------------------------------------------
     def _setup(self, velocities, masses) -> None:
         """fix_nh's setup(): T, the masses, the chains' initial forces."""
         th = self.thermostat
         th._setup(velocities, masses)
         self.n_atoms = (th.dof + 3) // 3   # dof = 3N - 3 (1 for a single atom)
+        if self.pstyle != "iso":
+            self._mvv = exact_kinetic_tensor(velocities, masses, self.sum_fn)
         self.check_cell(self.cell)
         if self.vol0 is None:
             self.vol0 = self._volume()
@@ -313,11 +336,14 @@ class NPT:
             h[1] *= e1
             h[2] *= e2
             new = [[h[0], 0.0, 0.0], [h[5], h[1], 0.0], [h[4], h[3], h[2]]]
-        m = _matmul3(_inv3(c), new)   # x' = x c^-1 new
-        rows = torch.tensor(m, dtype=torch.float64, device=positions.device)
-        x = positions.double()
-        out = x[:, 0:1] * rows[0] + x[:, 1:2] * rows[1] + x[:, 2:3] * rows[2]
-        positions.copy_(out.to(positions.dtype))
+        if self.pstyle == "iso":
+            positions.mul_(e)         # x' = x c^-1 (e c): fractions kept
+        else:
+            m = _matmul3(_inv3(c), new)   # x' = x c^-1 new, lower-triangular for LAMMPS's form
+            x, y, z = positions[:, 0], positions[:, 1], positions[:, 2]
+            x.mul_(m[0][0]).add_(y, alpha=m[1][0]).add_(z, alpha=m[2][0])   # x first: it reads the old y, z
+            y.mul_(m[1][1]).add_(z, alpha=m[2][1])
+            z.mul_(m[2][2])
         self.cell = torch.tensor(new, dtype=old.dtype, device=old.device)
 
     # -- the step ------------------------------------------------------------------------------
@@ -329,11 +355,10 @@ class NPT:
         if th.t_current is None or self.n_atoms is None:
             self._setup(velocities, masses)
         self._nhc_press()
-        th._nhc(velocities)
-        mv2 = None
-        if self.pstyle == "iso":
-            mv2, _ = exact_mv2_sum(velocities, masses, self.sum_fn)
-        self._pressure(velocities, masses, mv2)
+        self._chain(velocities)
+        # fix_nh measures the kinetic energy again here; the chain scaled every velocity by one
+        # factor, so it is the carried one scaled by factor^2 (the same to round-off, no reduction)
+        self._pressure(th.dof * KB * th.t_current if self.pstyle == "iso" else self._mvv)
         self._omega_dot()
         self._v_press(velocities)
         velocities.add_(forces / masses[:, None], alpha=0.5 * self.dt * FORCE_TO_ACCEL)
@@ -346,11 +371,10 @@ class NPT:
         th = self.thermostat
         velocities.add_(forces / masses[:, None], alpha=0.5 * self.dt * FORCE_TO_ACCEL)
         self._v_press(velocities)
-        th._measure(velocities, masses)
-        mv2 = th.dof * KB * th.t_current if self.pstyle == "iso" else None
-        self._pressure(velocities, masses, mv2)
+        self._measure(velocities, masses)
+        self._pressure(th.dof * KB * th.t_current if self.pstyle == "iso" else self._mvv)
         self._omega_dot()
-        th._nhc(velocities)
+        self._chain(velocities)
         self._nhc_press()
 
     def conserved_energy(self) -> float:
@@ -380,7 +404,8 @@ class NPT:
                 "tdamp": self.tdamp, "pdamp": self.pdamp, "couple": self.couple, "pchain": self.pchain,
                 "thermostat": self.thermostat.state_dict(), "omega": list(self.omega),
                 "omega_dot": list(self.omega_dot), "etap": list(self.etap), "etap_dot": list(self.etap_dot),
-                "etap_dotdot": list(self.etap_dotdot), "n_atoms": self.n_atoms, "vol0": self.vol0}
+                "etap_dotdot": list(self.etap_dotdot), "n_atoms": self.n_atoms, "vol0": self.vol0,
+                "mvv": None if self._mvv is None else list(self._mvv)}
 
     def load_state_dict(self, d: dict) -> None:
         """The barostat and chains of a checkpoint (same coupling and chain lengths); else a fresh start."""
@@ -397,6 +422,7 @@ class NPT:
         self.etap_dotdot = [float(x) for x in d["etap_dotdot"]]
         self.vol0 = float(d["vol0"])
         self.n_atoms = int(d["n_atoms"])
+        self._mvv = None if d.get("mvv") is None else [float(x) for x in d["mvv"]]
         kt = KB * self.temperature
         nkt = (self.n_atoms + 1) * kt
         for i in range(6):
