@@ -1,0 +1,108 @@
+"""NPT step cost against NVE (and NVT) on in.lj's argon, CPU: scripts/bench_lj.py's problem and timing.
+
+The system is bench_lj.py's (LAMMPS reduced units mapped to Å, eV, amu, fs; fcc at 0.8442, lj/cut
+2.5 sigma unshifted, skin 0.3 sigma, dt 0.005 tau, T 1.44 epsilon/kB), neighbour list checked every
+step (our default policy).  Each integrator runs ``--steps`` steps after the set-up (first list and
+forces, as LAMMPS's "Loop time"), ``--repeats`` times alternating; the table gives the medians of
+the loop's wall time and of the process's CPU time per step (the robust one on a shared machine),
+their ratios to NVE, the integrator's time per step, the neighbour builds and the volume change.
+
+    verlet        NVE
+    nose-hoover   fix nvt temp 1.44 1.44 0.1 tau
+    npt iso       fix npt temp 1.44 1.44 0.1 iso 1.0 1.0 5.0 (tau; Pdamp 1000 steps, LAMMPS's advice)
+    npt tri       fix npt temp 1.44 1.44 0.1 tri 1.0 1.0 5.0
+
+    .venv/bin/python scripts/bench_npt.py                    # 32,000 atoms, 100 steps, 1 thread, 3 repeats
+    .venv/bin/python scripts/bench_npt.py --atoms 256000 --steps 50
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_lj import EPSILON, SIGMA, cells_for, units
+
+CASES = {
+    "verlet": ["integrator=verlet"],
+    "nose-hoover": ["integrator=nose-hoover", "integrator.tdamp={tdamp}"],
+    "npt iso": ["integrator=npt", "integrator.couple=iso", "integrator.pressure={p}", "integrator.pdamp={pdamp}",
+                "integrator.tdamp={tdamp}"],
+    "npt tri": ["integrator=npt", "integrator.couple=tri", "integrator.pressure={p}", "integrator.pdamp={pdamp}",
+                "integrator.tdamp={tdamp}"],
+}
+
+
+def overrides(n: int, case: str, args) -> list[str]:
+    from shardmd.integrators.units import EV_PER_A3_TO_BAR
+
+    u = units()
+    fill = {"tdamp": repr(0.1 * u["tau_fs"]), "pdamp": repr(5.0 * u["tau_fs"]),
+            "p": repr(1.0 * EPSILON / SIGMA ** 3 * EV_PER_A3_TO_BAR)}
+    return ["model=lj", f"model.epsilon={{Ar:{EPSILON}}}", f"model.sigma={{Ar:{SIGMA}}}",
+            f"model.cutoff={u['cutoff']!r}", "model.shift=false", f"neighbor.skin={u['skin']!r}",
+            "system.lattice=fcc", "system.element=Ar", f"system.a={u['a']!r}", f"system.repeat=[{n},{n},{n}]",
+            f"dt={u['dt_fs']!r}", f"temperature={u['T_K']!r}", f"steps={args.steps}", f"threads={args.threads}",
+            "device=cpu", "quiet=true", "trajectory.every=0", "thermo.every=0", "checkpoint.every=0",
+            f"output={tempfile.gettempdir()}/bench_npt_{os.getpid()}.h5",
+            *[c.format(**fill) for c in CASES[case]]]
+
+
+def run(n: int, case: str, args) -> dict:
+    from shardmd.engine.config import compose_config
+    from shardmd.engine.simulation import Simulation
+
+    sim = Simulation(compose_config(overrides(n, case, args)))
+    sim.setup()   # first list and forces: outside the timed loop
+    sim.started = True
+    builds0 = sim.nl.n_builds
+    cpu0 = time.process_time()
+    sim.run()
+    cpu = time.process_time() - cpu0
+    s = dict(sim.summary)
+    out = Path(sim.output_path)
+    for path in (sim.log_path, out, out.with_name(out.stem + ".ckpt")):
+        shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
+    # the process CPU time around run() less its final checkpoint (robust on a shared machine)
+    return {"step_s": s["wall_s"] / args.steps, "cpu_step_s": (cpu - s.get("checkpoint", 0.0)) / args.steps,
+            "integrate_s": s.get("integrate", 0.0) / args.steps,
+            "builds": sim.nl.n_builds - builds0, "volume": float(abs(sim.state.cell.det()))}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--atoms", type=int, default=32000)
+    ap.add_argument("--steps", type=int, default=100)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--repeats", type=int, default=3)
+    args = ap.parse_args()
+    n = cells_for(args.atoms)
+    print(f"in.lj argon, {4 * n ** 3} atoms, {args.steps} steps, CPU, {args.threads} thread(s), "
+          f"{args.repeats} alternating repeats; {platform.processor() or platform.machine()}, "
+          f"{os.cpu_count()} cores, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+    results: dict[str, list[dict]] = {c: [] for c in CASES}
+    for _ in range(args.repeats):
+        for case in CASES:
+            results[case].append(run(n, case, args))
+    base = statistics.median(r["step_s"] for r in results["verlet"])
+    cbase = statistics.median(r["cpu_step_s"] for r in results["verlet"])
+    print("| integrator | wall ms/step | vs NVE | CPU ms/step | vs NVE | integrator ms/step | builds | V_end / V_0 |")
+    print("|---|---|---|---|---|---|---|---|")
+    v0 = (units()["a"] * n) ** 3
+    for case, rs in results.items():
+        t = statistics.median(r["step_s"] for r in rs)
+        c = statistics.median(r["cpu_step_s"] for r in rs)
+        ti = statistics.median(r["integrate_s"] for r in rs)
+        print(f"| {case} | {1e3 * t:.2f} | {t / base:.3f} | {1e3 * c:.2f} | {c / cbase:.3f} | {1e3 * ti:.2f} | "
+              f"{rs[0]['builds']} | {rs[0]['volume'] / v0:.4f} |")
+
+
+if __name__ == "__main__":
+    main()
