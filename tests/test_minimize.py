@@ -180,4 +180,4 @@ def test_fire_zero_steps_evaluates_only(tmp_path):
     x0 = s.atoms().positions
     r = FIRE(s).run(fmax=1e-3, steps=0, structure=str(tmp_path / "zero.extxyz"))
     assert r["steps"] == 0 and not r["converged"] and r["fmax"] > 1e-3
-    assert np.array_equal(read(tmp_path / "zero.extxyz").positions, x0)
+    assert np.abs(read(tmp_path / "zero.extxyz").positions - x0).max() < 1e-8   # extxyz keeps 8 decimals
