@@ -149,6 +149,8 @@ def scan_neighbors(
     reach: wp.vec3i,
     cutoff2: Any,
     word_start: wp.array(dtype=wp.int32),
+    half: int,
+    n_newton: int,
     write: int,
     mask: wp.array(dtype=wp.uint32),
     offsets: wp.array(dtype=wp.int32),
@@ -176,6 +178,12 @@ def scan_neighbors(
     edge instead of four 4-byte ones (the neighbour and the three shift components) is a
     quarter of the scattered stores (docs/benchmarks.md, "LJ at 4 M atoms"); the unpacking
     then writes coalesced.
+
+    ``half != 0`` keeps one edge per pair of query points (Newton's third law, for a pair model
+    that adds the force on j to j's row): the candidate whose sorted slot follows ``i``'s, and a
+    point's own periodic image for S > 0 lexicographically; candidates ``j >= n_newton``
+    (ghosts) are all kept, one-sided.  ``half == 2`` (every point a query point) skips the
+    slots before ``i``'s in each run instead of testing them: half the candidates.
     """
     i = wp.tid()
     h = cell[0]
@@ -221,6 +229,10 @@ def scan_neighbors(
                 d2 += n_bins
                 first = bin_start[row + b2]
                 last = bin_start[row + b2 + n_bins]
+                # half list: S > 0 lexicographically keeps i's own image in this run
+                s_pos = s0 > 0 or (s0 == 0 and (s1 > 0 or (s1 == 0 and s2 > 0)))
+                if half == 2:
+                    first = wp.min(wp.max(first, wp.where(s_pos, slot, slot + 1)), last)
                 if write == 0:
                     offset = type(zero)(s0) * h[0] + type(zero)(s1) * h[1] + type(zero)(s2) * h[2] - xi
                     # i itself is no neighbour of its own zero image
@@ -230,6 +242,9 @@ def scan_neighbors(
                     for p in range(first, last):
                         dx = xs[p] + offset
                         hit = wp.where(wp.dot(dx, dx) < cutoff2, wp.where(p != own, 1, 0), 0)
+                        if half == 1:
+                            if not (p > slot or (p == slot and s_pos) or order[p] >= n_newton):
+                                hit = 0
                         bits = bits | (wp.uint32(hit) << wp.uint32(c & 31))
                         c += 1
                         if (c & 31) == 0:
@@ -276,7 +291,7 @@ for _vec, _mat, _s in (
         scan_neighbors,
         [wp.array(dtype=_vec), wp.array(dtype=wp.int32), wp.array(dtype=wp.int32),
          wp.array(dtype=wp.int32), wp.array(dtype=wp.int32), wp.array(dtype=wp.vec3i),
-         wp.array(dtype=_mat), wp.vec3i, wp.vec3i, wp.vec3i, _s, wp.array(dtype=wp.int32), int,
+         wp.array(dtype=_mat), wp.vec3i, wp.vec3i, wp.vec3i, _s, wp.array(dtype=wp.int32), int, int, int,
          wp.array(dtype=wp.uint32), wp.array(dtype=wp.int32), wp.array(dtype=wp.int32),
          wp.array(dtype=wp.int32), wp.array(dtype=wp.vec3i), wp.array(dtype=wp.int64)],
     )

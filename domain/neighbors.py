@@ -40,6 +40,9 @@ class NeighborList:
                instead of four; on a GPU the number of such scattered reads, not their
                bytes, sets the cost (docs/benchmarks.md, "LJ at 4 M atoms").
 
+    half:      True for a half list (``build_neighbor_list(half=True)``): one edge per pair of
+               query points, edges to the other points kept; False: full.
+
     A list may be given its packed edges alone (the build does this): ``neighbors`` and
     ``shifts`` are then unpacked on first access and kept. A model that reads only the packed
     words (Lennard-Jones) never pays for them: 8 bytes per edge instead of 24, and no unpack
@@ -48,7 +51,7 @@ class NeighborList:
 
     def __init__(self, offsets: torch.Tensor, neighbors: torch.Tensor | None = None,
                  shifts: torch.Tensor | None = None, *, cutoff: float, n_points: int,
-                 packed: torch.Tensor | None = None):
+                 packed: torch.Tensor | None = None, half: bool = False):
         if (neighbors is None or shifts is None) and packed is None:
             raise ValueError("NeighborList needs neighbors and shifts, or packed edges")
         self.offsets = offsets
@@ -57,6 +60,7 @@ class NeighborList:
         self.cutoff = float(cutoff)
         self.n_points = int(n_points)
         self.packed = packed
+        self.half = bool(half)
 
     @property
     def neighbors(self) -> torch.Tensor:
@@ -87,7 +91,7 @@ class NeighborList:
     def fields(self) -> dict:
         """The constructor's arguments that give this list (arrays not yet unpacked stay None)."""
         return {"offsets": self.offsets, "neighbors": self._neighbors, "shifts": self._shifts,
-                "cutoff": self.cutoff, "n_points": self.n_points, "packed": self.packed}
+                "cutoff": self.cutoff, "n_points": self.n_points, "packed": self.packed, "half": self.half}
 
     def replace(self, **changes) -> "NeighborList":
         """A list of the same type with some constructor arguments changed. Changing the edges
@@ -200,6 +204,7 @@ def build_neighbor_list(
     cutoff: float,
     ids: torch.Tensor | None = None,
     n_query: int | None = None,
+    half: bool = False,
 ) -> NeighborList:
     """Build a full neighbour list.
 
@@ -210,6 +215,8 @@ def build_neighbor_list(
     ids:       (n,) int64 global ids: points in a bin are visited in id order, so the
                edge order of a point never depends on memory order (default: index)
     n_query:   build lists for the first ``n_query`` points only (default: all)
+    half:      one edge per pair of query points (Newton's third law; edges to the other
+               points all kept): see ``scan_neighbors`` in domain/neighbor_kernels.py
     """
     n = int(positions.shape[0])
     dtype, device = positions.dtype, positions.device
@@ -222,6 +229,7 @@ def build_neighbor_list(
             shifts=torch.zeros(0, 3, dtype=torch.int32, device=device),
             cutoff=float(cutoff),
             n_points=n,
+            half=half,
         )
     cell = cell.to(dtype=dtype, device=device).contiguous()
     # An open axis needs a usable frame vector even if the user gave a zero one.
@@ -264,7 +272,7 @@ def build_neighbor_list(
     scal = scalar_type(dtype)
     common = [as_vec3(xs), as_array(order32), as_array(rank), as_array(start32), as_array(bin_of),
               as_vec3i(img), cell_w, pbc_v, nb_v, reach_v, scal(float(cutoff) ** 2),
-              as_array(word_start.to(torch.int32))]
+              as_array(word_start.to(torch.int32)), (2 if nq == n else 1) if half else 0, nq]
     mask_w = wp.from_torch(mask, dtype=wp.uint32)
     wp.launch(nk.scan_neighbors, dim=nq, device=dev,
               inputs=common + [0, mask_w, as_array(offsets), as_array(counts), as_array(dummy_n),
@@ -278,7 +286,7 @@ def build_neighbor_list(
         wp.launch(nk.scan_neighbors, dim=nq, device=dev,
                   inputs=common + [2, mask_w, as_array(offsets), as_array(counts), as_array(dummy_n),
                                    as_vec3i(dummy_s), as_array(packed)])
-        return NeighborList(offsets=offsets, cutoff=float(cutoff), n_points=n, packed=packed[:n_edges])
+        return NeighborList(offsets=offsets, cutoff=float(cutoff), n_points=n, packed=packed[:n_edges], half=half)
     # points many cells away from the cell (unwrapped input): write the edges directly
     neighbors = torch.empty(max(n_edges, 1), dtype=torch.int32, device=device)
     shifts = torch.empty(max(n_edges, 1), 3, dtype=torch.int32, device=device)
@@ -286,7 +294,7 @@ def build_neighbor_list(
               inputs=common + [1, mask_w, as_array(offsets), as_array(counts), as_array(neighbors),
                                as_vec3i(shifts), as_array(dummy_p)])
     return NeighborList(offsets=offsets, neighbors=neighbors[:n_edges], shifts=shifts[:n_edges],
-                        cutoff=float(cutoff), n_points=n)
+                        cutoff=float(cutoff), n_points=n, half=half)
 
 
 def _regularise_open_axes(cell: torch.Tensor, pbc, positions: torch.Tensor, cutoff: float):
@@ -344,6 +352,8 @@ class SkinNeighborList:
         self._cell0: torch.Tensor | None = None
         self._cell_seen: tuple = (None, -1)   # (the build's cell tensor, its version then)
         self.n_builds = 0
+        #: build half lists (``build_neighbor_list(half=True)``), for a model that asks for them
+        self.half = False
 
     @property
     def radius(self) -> float:
@@ -409,7 +419,8 @@ class SkinNeighborList:
         return bool(self.max_displacement(positions) > self.trigger(cell))
 
     def build(self, positions, cell, pbc, ids=None, n_query=None) -> NeighborList:
-        self.current = build_neighbor_list(positions, cell, pbc, self.radius, ids=ids, n_query=n_query)
+        self.current = build_neighbor_list(positions, cell, pbc, self.radius, ids=ids, n_query=n_query,
+                                           half=self.half)
         # displacements are checked on the query (owned) points; ghosts mirror their owners
         self._x0 = positions[: self.current.n_query].detach().clone()
         self._cell0 = cell.detach().clone()

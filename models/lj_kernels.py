@@ -145,3 +145,164 @@ def _lj_kernel(one_species: bool, pair_virial: bool, packed_edges: bool):
 #: ``LJ_KERNELS[one_species, pair_virial, packed_edges]``
 LJ_KERNELS = {(one, pair, packed): _lj_kernel(one, pair, packed)
               for one in (True, False) for pair in (True, False) for packed in (True, False)}
+
+
+# -- half list (Newton's third law, CPU) --------------------------------------------------------
+#
+# A half list keeps one edge of each pair of query points: (i, j, S) with j > i, or j == i (a
+# point's own periodic image) with S > 0 lexicographically; the kernel adds -g to i and +g to j.
+# Edges to points beyond the query points (ghosts: ``j >= n_newton``) are kept from the owned
+# side only and counted one-sided (force on i, half the pair's energy and virial), LAMMPS's
+# `newton off` for pairs that cross a domain face: the ghost's owner computes the same pair for
+# its own atom, so no force has to travel back (no reverse exchange per step).
+#
+# The scatter to j is a read-modify-write of another atom's row, which is only deterministic when
+# one thread runs the atoms in order: Warp's CPU launches are serial loops, so on the CPU the
+# result is the same bits every run; on a GPU it would need atomics (order-dependent rounding),
+# so CUDA keeps the full list (models/lj.py).
+
+
+@wp.func
+def _keep_half(i: int, j: int, code: wp.int32, n_newton: int):
+    """True for the one kept edge of each pair (see above); ``code`` is the packed shift code,
+    whose order is the lexicographic order of S (ZERO_SHIFT for S = 0)."""
+    return j >= n_newton or j > i or (j == i and code > ZERO_SHIFT)
+
+
+@wp.func
+def _lex_positive(s: wp.vec3i):
+    return s[0] > 0 or (s[0] == 0 and (s[1] > 0 or (s[1] == 0 and s[2] > 0)))
+
+
+def _half_filter(packed_edges: bool, write: bool):
+    """Count (``write`` False) or copy (True) the kept edges of a full list, per query point."""
+
+    @wp.kernel(enable_backward=False, module="unique")
+    def half_filter(offsets: wp.array(dtype=wp.int32), neighbors: wp.array(dtype=wp.int32),
+                    shifts: wp.array(dtype=wp.vec3i), packed: wp.array(dtype=wp.int64), n_newton: int,
+                    counts: wp.array(dtype=wp.int32), out_offsets: wp.array(dtype=wp.int32),
+                    out_neighbors: wp.array(dtype=wp.int32), out_shifts: wp.array(dtype=wp.vec3i),
+                    out_packed: wp.array(dtype=wp.int64)):
+        i = wp.tid()
+        n = int(0)
+        if wp.static(write):
+            n = out_offsets[i]
+        for p in range(offsets[i], offsets[i + 1]):
+            keep = bool(False)
+            if wp.static(packed_edges):
+                v = packed[p]
+                keep = _keep_half(i, packed_neighbor(v), packed_shift_code(v), n_newton)
+                if wp.static(write):
+                    if keep:
+                        out_packed[n] = v
+            else:
+                j = neighbors[p]
+                s = shifts[p]
+                keep = j >= n_newton or j > i or (j == i and _lex_positive(s))
+                if wp.static(write):
+                    if keep:
+                        out_neighbors[n] = j
+                        out_shifts[n] = s
+            if keep:
+                n += 1
+        if wp.static(not write):
+            counts[i] = n
+
+    return half_filter
+
+
+#: ``HALF_FILTER[packed_edges, write]``
+HALF_FILTER = {(pk, w): _half_filter(pk, w) for pk in (True, False) for w in (True, False)}
+
+
+def _lj_half_kernel(one_species: bool, pair_virial: bool, packed_edges: bool):
+    """The Lennard-Jones kernel on a half list (see above), specialised as :func:`_lj_kernel`.
+
+    ``acc`` (n_query, 4) is zero on entry and gets (force, per-atom energy) of each query point:
+    its own edges' sums and what the edges of other points scatter into it. ``virials[i]``: the
+    image part ``sum (S @ cell) (x) g`` of i's edges (the caller adds ``sum_a x_a (x) F_a``), or,
+    with ``pair_virial`` (ghost points), i's edges' ``d (x) g`` (halved for one-sided edges)."""
+
+    @wp.kernel(enable_backward=False, module="unique")
+    def lj_half_list(
+        x: wp.array(dtype=Any),
+        cell: wp.array(dtype=Any),
+        offsets: wp.array(dtype=wp.int32),
+        neighbors: wp.array(dtype=wp.int32),
+        shifts: wp.array(dtype=wp.vec3i),
+        packed: wp.array(dtype=wp.int64),
+        types: wp.array(dtype=wp.int32),
+        table: wp.array(dtype=Any),
+        n_types: int,
+        cutoff2: Any,
+        n_newton: int,
+        acc: wp.array(dtype=Any),
+        virials: wp.array(dtype=Any),
+    ):
+        i = wp.tid()
+        h = cell[0]
+        xi = x[i]
+        zero = cutoff2 - cutoff2
+        half = type(zero)(0.5)
+        row = int(0)
+        params = table[0]
+        if wp.static(not one_species):
+            row = types[i] * n_types
+        f = type(xi)()
+        e = zero
+        w = type(h)()
+        for p in range(offsets[i], offsets[i + 1]):
+            j = int(0)
+            s = wp.vec3i(0, 0, 0)
+            shifted = bool(False)
+            if wp.static(packed_edges):
+                v = packed[p]
+                j = packed_neighbor(v)
+                k = packed_shift_code(v)
+                shifted = k != ZERO_SHIFT
+                if shifted:
+                    s = shift_of_code(k)
+            else:
+                j = neighbors[p]
+                s = shifts[p]
+                shifted = (s[0] | s[1] | s[2]) != 0
+            d = x[j] - xi
+            image = type(xi)()
+            if shifted:
+                image = type(zero)(s[0]) * h[0] + type(zero)(s[1]) * h[1] + type(zero)(s[2]) * h[2]
+                d += image
+            if wp.static(not one_species):
+                params = table[row + types[j]]
+            u, fpr = _lj_pair(wp.dot(d, d), params, cutoff2)
+            g = fpr * d  # force on j from i
+            hu = half * u
+            e += hu
+            f -= g
+            if j < n_newton:   # Newton's third law: j's share now
+                aj = acc[j]
+                acc[j] = type(aj)(aj[0] + g[0], aj[1] + g[1], aj[2] + g[2], aj[3] + hu)
+                if wp.static(pair_virial):
+                    w += wp.outer(d, g)
+                elif shifted:
+                    w += wp.outer(image, g)
+            else:              # one-sided edge to a ghost: half the pair is this rank's
+                if wp.static(pair_virial):
+                    w += half * wp.outer(d, g)
+        ai = acc[i]
+        acc[i] = type(ai)(ai[0] + f[0], ai[1] + f[1], ai[2] + f[2], ai[3] + e)
+        virials[i] = w
+
+    for vec, vec4, mat, scalar in ((wp.vec3f, wp.vec4f, wp.mat33f, wp.float32),
+                                   (wp.vec3d, wp.vec4d, wp.mat33d, wp.float64)):
+        wp.overload(
+            lj_half_list,
+            [wp.array(dtype=vec), wp.array(dtype=mat), wp.array(dtype=wp.int32), wp.array(dtype=wp.int32),
+             wp.array(dtype=wp.vec3i), wp.array(dtype=wp.int64), wp.array(dtype=wp.int32), wp.array(dtype=vec), int,
+             scalar, int, wp.array(dtype=vec4), wp.array(dtype=mat)],
+        )
+    return lj_half_list
+
+
+#: ``LJ_HALF_KERNELS[one_species, pair_virial, packed_edges]``
+LJ_HALF_KERNELS = {(one, pair, packed): _lj_half_kernel(one, pair, packed)
+                   for one in (True, False) for pair in (True, False) for packed in (True, False)}

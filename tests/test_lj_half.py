@@ -1,0 +1,162 @@
+"""Half neighbour lists with Newton's third law (``LennardJones(newton=True)``, the CPU default)
+against the full list and the brute-force reference (tests/reference.py).
+
+A half list keeps one edge per pair of query points and adds the force on j to j's row; edges
+to ghost points (domain decomposition) are kept one-sided. Both ways to get one are checked: the
+model filtering the engine's full list (models/lj.py ``half_list``) and the build making it
+directly (``build_neighbor_list(half=True)``, packed words and arrays). Domains are emulated in
+this process: each slab's owned atoms plus ghost images within the cutoff, a list with
+``n_query = n_owned`` on the axes left periodic, as the engine builds it (engine/rank_domain.py),
+so no MPI launch is needed; the engine's own N-domain runs are tests/test_decomposed.py.
+"""
+from __future__ import annotations
+
+import itertools
+import os
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from reference import brute_force_pairs
+from test_lj import CUTOFF, RTOL64, assert_close, make_config, make_lj, run_ref, to_t
+
+from shardmd.domain.neighbors import build_neighbor_list
+
+# (seed, n, pbc, lengths, tilt, rotate, two species): triclinic, mixed axes, open, a cell far
+# smaller than the cutoff (a point's own images: the S > 0 rule), one species
+CASES = {
+    "periodic": (1, 24, (True, True, True), (9.5, 11.0), 0.7, True, True),
+    "mixed": (2, 24, (True, False, True), (9.5, 11.0), 0.7, False, True),
+    "open": (3, 24, (False, False, False), (9.5, 11.0), 0.7, False, True),
+    "images": (4, 3, (True, True, True), (4.5, 5.5), 0.5, True, True),
+    "one-species": (5, 24, (True, True, True), (9.5, 11.0), 0.3, False, False),
+}
+
+
+def _case(name):
+    seed, n, pbc, lengths, tilt, rotate, two = CASES[name]
+    pos, cell, pbc, numbers = make_config(seed, n=n, pbc=pbc, two_species=two, lengths=lengths, tilt=tilt,
+                                          rotate=rotate)
+    return pos, cell, pbc, numbers, two
+
+
+def _np(out):
+    return {k: out[k].detach().double().numpy() for k in ("energy", "forces", "virial", "energies")}
+
+
+def _lists(p, c, b, radius, n_query=None):
+    """The full list, and the four ways to a half list: the model filters the full list
+    (packed / arrays), or the build makes it (packed / arrays)."""
+    full = build_neighbor_list(p, c, b, radius, n_query=n_query)
+    built = build_neighbor_list(p, c, b, radius, n_query=n_query, half=True)
+    assert built.half and not full.half
+    return full, {"filtered": full, "filtered-arrays": full.without_packed(), "built": built,
+                  "built-arrays": built.without_packed()}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_half_equals_full_and_reference(name):
+    pos, cell, pbc, numbers, two = _case(name)
+    ref, sc = run_ref(pos, cell, pbc, numbers)
+    p, c, b, z = to_t(pos, cell, pbc, numbers, torch.float64)
+    full_lj, half_lj = make_lj(two_species=two), make_lj(two_species=two)
+    full_lj.newton = False
+    assert half_lj.newton   # the default
+    for skin in (0.0, 1.0):
+        full_nl, halves = _lists(p, c, b, CUTOFF + skin)
+        full = _np(full_lj.compute(p, c, b, z, full_nl))
+        assert_close(full, ref, sc, RTOL64)
+        for kind, nl in halves.items():
+            hl = half_lj.half_list(nl)
+            assert hl.half and 2 * hl.n_edges == full_nl.n_edges, (kind, hl.n_edges, full_nl.n_edges)
+            got = _np(half_lj.compute(p, c, b, z, nl))
+            assert_close(got, full, sc, RTOL64)
+            assert_close(got, ref, sc, RTOL64)
+            assert abs(got["energies"].sum() - got["energy"]) <= RTOL64 * sc["energy"], kind
+
+
+@pytest.mark.parametrize("name", ["periodic", "images"])
+def test_half_lists_hold_each_pair_once(name):
+    """Every pair (i, j, S) of the brute-force set is in a half list exactly once, as (i, j, S)
+    or as (j, i, -S)."""
+    pos, cell, pbc, numbers, two = _case(name)
+    pairs = brute_force_pairs(pos, cell, pbc, CUTOFF)
+    p, c, b, _ = to_t(pos, cell, pbc, numbers, torch.float64)
+    full_nl, halves = _lists(p, c, b, CUTOFF)
+    lj = make_lj(two_species=two)
+    for kind, nl in halves.items():
+        hl = lj.half_list(nl)
+        i = hl.centers().tolist()
+        edges = list(zip(i, hl.neighbors.tolist(), map(tuple, hl.shifts.tolist())))
+        assert len(set(edges)) == len(edges), kind
+        unordered = {min((a, b_, s), (b_, a, tuple(-x for x in s))) for a, b_, s in edges}
+        assert len(unordered) == len(edges), kind
+        assert {min((a, b_, s), (b_, a, tuple(-x for x in s))) for a, b_, s in pairs} == unordered, kind
+
+
+def _domain_points(pos, cell, owner_of, d, splits, width):
+    """Owned atoms of domain ``d`` (indices), then ghosts: periodic images ``x + S @ cell`` (S along
+    the split axes) of any atom within ``width`` Å (perpendicular) of the domain, owned zero images
+    excluded. Returns (points (m, 3), atom index of each point, n_owned)."""
+    inv = np.linalg.inv(cell)
+    frac = pos @ inv
+    perp = 1.0 / np.linalg.norm(inv, axis=0)   # perpendicular widths of the cell
+    coords = np.unravel_index(d, splits)
+    owned = np.nonzero(owner_of == d)[0]
+    ghosts = []
+    ranges = [range(-1, 2) if splits[k] > 1 else range(0, 1) for k in range(3)]
+    for s in itertools.product(*ranges):
+        f = frac + np.array(s)
+        inside = np.ones(len(pos), bool)
+        for k in range(3):
+            if splits[k] > 1:
+                lo, hi = coords[k] / splits[k], (coords[k] + 1) / splits[k]
+                g = width / perp[k]
+                inside &= (f[:, k] >= lo - g) & (f[:, k] < hi + g)
+        idx = np.nonzero(inside)[0]
+        if not any(s):
+            idx = idx[owner_of[idx] != d]
+        ghosts += [(a, np.asarray(s)) for a in idx]
+    points = np.concatenate([pos[owned]] + [(pos[a] + s @ cell)[None] for a, s in ghosts])
+    index = np.concatenate([owned, np.array([a for a, _ in ghosts], dtype=np.int64)])
+    return points, index, len(owned)
+
+
+@pytest.mark.parametrize("splits", [(2, 1, 1), (1, 3, 1), (2, 2, 1)], ids=lambda s: "x".join(map(str, s)))
+def test_half_on_domains(splits):
+    """Domains emulated in-process: owned rows of forces and per-atom energies, and the sums of
+    energy and virial over domains, equal the full list's and the reference to 1e-12."""
+    rng_seed = {(2, 1, 1): 11, (1, 3, 1): 12, (2, 2, 1): 13}[splits]
+    pos, cell, pbc, numbers = make_config(rng_seed, n=120, pbc=(True, True, True), lengths=(26.0, 28.0),
+                                          tilt=0.5)
+    ref, sc = run_ref(pos, cell, pbc, numbers)
+    frac = (pos @ np.linalg.inv(cell)) % 1.0
+    coords = np.minimum((frac * np.array(splits)).astype(int), np.array(splits) - 1)
+    owner_of = np.ravel_multi_index(coords.T, splits)
+    local_pbc = tuple(bool(pbc[k]) and splits[k] == 1 for k in range(3))
+    full_lj, half_lj = make_lj(), make_lj()
+    full_lj.newton = False
+    n_dom = int(np.prod(splits))
+    for skin in (0.0, 0.8):
+        sums = {kind: {"energy": 0.0, "virial": np.zeros((3, 3)), "forces": np.zeros((len(pos), 3)),
+                       "energies": np.zeros(len(pos))} for kind in ("full", "filtered", "built")}
+        for d in range(n_dom):
+            pts, index, n_own = _domain_points(pos, cell, owner_of, d, splits, CUTOFF + skin)
+            p, c, b, z = to_t(pts, cell, local_pbc, numbers[index], torch.float64)
+            full_nl, halves = _lists(p, c, b, CUTOFF + skin, n_query=n_own)
+            outs = {"full": _np(full_lj.compute(p, c, b, z, full_nl)),
+                    "filtered": _np(half_lj.compute(p, c, b, z, halves["filtered"])),
+                    "built": _np(half_lj.compute(p, c, b, z, halves["built"]))}
+            for kind, out in outs.items():
+                assert out["forces"].shape == (n_own, 3)
+                s = sums[kind]
+                s["energy"] += float(out["energy"])
+                s["virial"] += out["virial"]
+                s["forces"][index[:n_own]] = out["forces"]
+                s["energies"][index[:n_own]] = out["energies"]
+                assert_close(out, outs["full"], sc, RTOL64)   # this domain's partial sums too
+        for s in sums.values():
+            assert_close(s, ref, sc, RTOL64)
