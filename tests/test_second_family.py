@@ -69,12 +69,12 @@ def _references():
     """(nequip's own ASE calculator, ShardMDCalculator on one domain) for the model of KWARGS."""
     if not _REFS:
         from shardmd.engine.ase_calculator import ShardMDCalculator
-        from shardmd.models.registry import nequip
 
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            _REFS["nequip"] = nequip(**KWARGS).ase_calculator()
             _REFS["one"] = ShardMDCalculator(model="nequip", **KWARGS)
+            # nequip's calculator on the same nequip GraphModel object (one model build fewer)
+            _REFS["nequip"] = _REFS["one"].model.ase_calculator()
     return _REFS["nequip"], _REFS["one"]
 
 
