@@ -336,8 +336,8 @@ class SkinNeighborList:
     An edge's vector ``x_j + S h - x_i`` changes by the two points' displacements (which
     include the affine motion the barostat gives them) plus ``S (h - h0)``, a difference of two
     corner displacements when every component of S is -1, 0 or 1, so it stays within the skin.
-    Lists with an image beyond the first (boxes under twice the list radius) keep the rule
-    "another cell: rebuild".
+    Lists that may hold an image beyond the first (a perpendicular width of the cell not above
+    the list radius) keep the rule "another cell: rebuild".
     """
 
     def __init__(self, cutoff: float, skin: float, box_check: bool = False):
@@ -426,7 +426,10 @@ class SkinNeighborList:
         self._cell0 = cell.detach().clone()
         self._cell_seen = (cell, cell._version)
         if self.box_check:
-            sh = self.current.shifts
-            self._unit_shifts = sh.numel() == 0 or int(sh.abs().max()) <= 1
+            # points wrapped on the list's periodic axes (a rebuild wraps; ghosts carry their own
+            # images on the split axes) have images beyond the first only when the radius reaches
+            # a perpendicular width: decided from the cell, without unpacking the edges' shifts
+            w = perpendicular_widths(cell).tolist()
+            self._unit_shifts = all(w[k] > self.radius or not bool(pbc[k]) for k in range(3))
         self.n_builds += 1
         return self.current
