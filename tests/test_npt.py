@@ -297,3 +297,21 @@ def test_npt_refusals_are_one_line(tmp_path, capfd, monkeypatch):
         code, lines = run_in_process([*small, *extra, f"output={tmp_path / 'r.h5'}", "overwrite=true"],
                                      tmp_path, capfd, monkeypatch)
         assert code == 2 and len(lines) == 1 and needle in lines[0], (extra, code, lines)
+
+
+def test_a_cell_shrunk_below_the_grid_is_refused_in_one_line():
+    """At a rebuild after the cell changed, every split domain must still be at least the ghost
+    width thick (engine/rank_domain.py): a 2 x 1 x 1 grid on a cell shrunk to 2 x 9 Å slabs with a
+    9.5 Å ghost width is refused with one line naming the fix."""
+    from shardmd.domain.comm import Comm
+    from shardmd.domain.decomposition import DomainGrid
+    from shardmd.engine.errors import CollectiveError
+    from shardmd.engine.rank_domain import RankDomain
+
+    d = RankDomain(Comm(), cutoff=8.5, skin=1.0, box_check=True)
+    d.grid = DomainGrid((2, 1, 1))
+    d._check_grid(torch.diag(torch.tensor([19.5, 30.0, 30.0], dtype=torch.float64)))   # 9.75 Å slabs: fine
+    with pytest.raises(CollectiveError) as err:
+        d._check_grid(torch.diag(torch.tensor([18.0, 30.0, 30.0], dtype=torch.float64)))
+    msg = str(err.value)
+    assert "\n" not in msg and "9.00 Å thin" in msg and "fewer domains" in msg, msg
