@@ -74,7 +74,13 @@ class _Recompute:
     "Peers, capacity, foundation size"). Recomputing them gives the same numbers (the same
     kernels run again on the same input) for one more MLP forward per call. Installed as an
     instance attribute, so the module's class, parameters and state_dict keys are unchanged.
-    ``flag.on`` (shared by the model's MLPs) switches it at call time."""
+    ``flag.on`` (shared by the model's MLPs) switches it at call time.
+
+    It costs speed (one H200, float32, cuEquivariance, shipped model: -20 % at 55k and 864k
+    atoms) for 12 % less memory (133.7 -> 117.1 kB per atom), so by default it is off and
+    :class:`MaceModel` switches it on only when a one-domain call runs out of device memory
+    (``recompute_radial='auto'``): systems that fit keep their speed, and 1,000,188 atoms of the
+    shipped model fit on one H200 (docs/benchmarks.md, "Peers, capacity, foundation size")."""
 
     def __init__(self, module: torch.nn.Module, flag):
         self._plain = type(module).forward.__get__(module)
@@ -89,7 +95,10 @@ class _Recompute:
 
 
 class _Flag:
-    on = True
+    """on: recompute now; auto: switch on after a call ran out of device memory (one domain)."""
+
+    on = False
+    auto = True
 
 
 def _install_recompute(model: torch.nn.Module) -> "_Flag":
@@ -374,8 +383,9 @@ class MaceModel:
             self.model = to_cueq(self.model, self.device)
         for p in self.model.parameters():
             p.requires_grad_(False)
-        #: the radial MLPs' activations are recomputed in the backward pass instead of kept
-        #: (:class:`_Recompute`); ``recompute_radial = False`` keeps them (an A/B switch)
+        #: the radial MLPs' activations: kept for the backward pass, or recomputed there
+        #: (:class:`_Recompute`); ``recompute_radial``: True, False, or 'auto' (the default:
+        #: kept until a one-domain CUDA call runs out of memory, recomputed from then on)
         self._recompute = _install_recompute(self.model)
         self.cutoff = float(self.model.r_max)
         #: select edges without a host read; then the caller must read ``capacity_fill`` (the
@@ -393,11 +403,14 @@ class MaceModel:
 
     @property
     def recompute_radial(self) -> bool:
+        """Whether the radial MLPs' activations are recomputed now (see :class:`_Recompute`)."""
         return self._recompute.on
 
     @recompute_radial.setter
-    def recompute_radial(self, on: bool) -> None:
-        self._recompute.on = bool(on)
+    def recompute_radial(self, mode) -> None:
+        """True: always; False: never; 'auto': from the first call that runs out of memory."""
+        self._recompute.auto = mode == "auto"
+        self._recompute.on = mode is True
 
     def identity(self) -> str:
         return file_sha256(self.path)
@@ -430,11 +443,26 @@ class MaceModel:
             # fixed shapes until the next list: one CUDA graph per list (domain/graphed_call.py)
             sig = (int(positions.shape[0]), positions.dtype, int(numbers.shape[0]))
             out = self._graphed(lambda x, c, z: self._evaluate(x, c, z, nl, ctx), nl, sig, (positions, h, numbers))
+        elif alone and positions.is_cuda and self._recompute.auto and not self._recompute.on:
+            out = self._evaluate_fitting(positions, h, numbers, nl, ctx)
         else:
             out = self._evaluate(positions, h, numbers, nl, ctx)
         if "capacity_fill" in out:
             self._filter.observe(out["capacity_fill"])
         return out
+
+    def _evaluate_fitting(self, positions, cell, numbers, nl, ctx) -> dict[str, torch.Tensor]:
+        """:meth:`_evaluate`; if it runs out of device memory with the radial MLPs' activations
+        kept, once more with them recomputed, which stays on for later calls. One domain only:
+        a rank repeating a call alone would meet its neighbours' halo exchanges out of step."""
+        try:
+            return self._evaluate(positions, cell, numbers, nl, ctx)
+        except torch.cuda.OutOfMemoryError:
+            pass
+        # outside the handler: the failed call's frames, and the tensors they held, are gone
+        self._recompute.on = True
+        torch.cuda.empty_cache()
+        return self._evaluate(positions, cell, numbers, nl, ctx)
 
     def _evaluate(self, positions: torch.Tensor, cell: torch.Tensor, numbers: torch.Tensor, nl,
                   ctx) -> dict[str, torch.Tensor]:

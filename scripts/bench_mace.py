@@ -104,8 +104,8 @@ def run_engine(n: int, a) -> dict:
 
     _reset_peak(a.device)
     sim = Simulation(compose_config(engine_overrides(n, a)))
-    if hasattr(sim.model, "recompute_radial"):
-        sim.model.recompute_radial = not a.keep_activations
+    if hasattr(sim.model, "recompute_radial"):   # default 'auto': recompute only after running out of memory
+        sim.model.recompute_radial = True if a.recompute else False if a.keep_activations else "auto"
     sim.setup()
     sim.started = True
     for _ in range(a.warmup):
@@ -262,9 +262,11 @@ def main(argv=None) -> int:
                     help="neighbor.pipelined=false: every scheduled skin-check read blocks (for an A/B)")
     ap.add_argument("--no-cuda-graph", action="store_true",
                     help="model.cuda_graph=false: the engine runs its MACE call eagerly (default: auto)")
+    ap.add_argument("--recompute", action="store_true",
+                    help="recompute the radial MLPs' activations in the backward pass from the first call "
+                         "(MaceModel.recompute_radial=True; default 'auto': only after running out of memory)")
     ap.add_argument("--keep-activations", action="store_true",
-                    help="keep the radial MLPs' activations for the backward pass instead of recomputing "
-                         "them (MaceModel.recompute_radial=False; the memory/speed A/B)")
+                    help="never recompute them (MaceModel.recompute_radial=False)")
     ap.add_argument("--capacity", action="store_true")
     ap.add_argument("--ranks", type=int, nargs="+", default=[1])
     ap.add_argument("--timeout", type=float, default=240)
