@@ -277,8 +277,9 @@ class LennardJones:
                         scalar_type(dtype)(self.cutoff**2), nq, wp.from_torch(acc, dtype=_VEC4[dtype]),
                         as_mat33(virials)],
             )
-        forces = acc[:, :3].contiguous()
-        energies = acc[:, 3].contiguous()
+        # copies (clone: never a view of acc, even with no rows; the op's outputs may not alias)
+        forces = acc[:, :3].clone(memory_format=torch.contiguous_format)
+        energies = acc[:, 3].clone(memory_format=torch.contiguous_format)
         virial = virials.sum(0)
         if not pair_virial:
             virial = virial + positions[:nq].T @ forces

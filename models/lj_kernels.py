@@ -273,7 +273,10 @@ def _lj_half_kernel(one_species: bool, pair_virial: bool, packed_edges: bool):
                 d += image
             if wp.static(not one_species):
                 params = table[row + types[j]]
-            u, fpr = _lj_pair(wp.dot(d, d), params, cutoff2)
+            r2 = wp.dot(d, d)
+            if r2 >= cutoff2:  # a branch here (unlike the full kernel): it also skips j's update
+                continue
+            u, fpr = _lj_pair(r2, params, cutoff2)
             g = fpr * d  # force on j from i
             hu = half * u
             e += hu
