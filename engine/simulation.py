@@ -413,6 +413,9 @@ class Simulation:
         last = int(self.cfg.steps if steps is None else steps)
         r = self.reporter
         try:
+            # before set-up: a SIGTERM while the first forces are computed (the output file may
+            # already exist) stops the run at its first step with a checkpoint, not mid-write
+            self.stop.install()
             if not self.started:
                 self.setup()
                 self.started = True
@@ -423,7 +426,6 @@ class Simulation:
             builds0 = self.nl.n_builds
             r.start(s.step)
             t_run = time.perf_counter()
-            self.stop.install()
             stopping = False
             self._last_step, self._step0 = last, s.step
             while s.step < last:

@@ -58,6 +58,37 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+def _world_modules() -> set[str]:
+    """Test files that use the shared MPI worlds or validate batches (they name the fixture)."""
+    return {p.name for p in (ROOT / "tests").glob("test_*.py")
+            if any(f"{name}(" in p.read_text() for name in ("mpi_world", "validated"))}
+
+
+try:
+    from xdist.scheduler import LoadScopeScheduling
+except ImportError:   # without pytest-xdist, tests run in one process (`-p no:xdist`, no addopts)
+    pass
+else:
+    class _ModuleScheduling(LoadScopeScheduling):
+        """Work units for the two workers (pyproject addopts ``-n 2``): a test module runs on
+        one worker (its module fixtures are made once), and the modules that use the shared
+        MPI worlds or validate batches run on one worker together: a worker launches each
+        k-rank world with the tasks of all selected tests, so two workers asking for it would
+        run every task twice.  (xdist's ``--dist loadgroup`` marks do not take effect under
+        pytest 9, hence a scheduler keyed by file.)"""
+
+        def __init__(self, config, log=None):
+            super().__init__(config, log)
+            self._worlds = _world_modules()
+
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return "mpi-worlds" if Path(path).name in self._worlds else path
+
+    def pytest_xdist_make_scheduler(config, log):
+        return _ModuleScheduling(config, log)
+
+
 def mpiexec_cmd(n, args):
     """Command list running ``args`` (a python argv tail) on n real MPI ranks."""
     from shardmd.engine.parallel import launch_command
