@@ -253,3 +253,8 @@ def shutdown(comm: Comm) -> None:
         dist.barrier(group=comm.group)
         dist.destroy_process_group()
     comm.group = None
+    # a reference to the group inside a reference cycle (a frame of a finished traceback, a
+    # closure) would keep its workers alive until some later collection: collect now
+    import gc
+
+    gc.collect()
