@@ -196,8 +196,13 @@ def rank_worker(argv: list[str]) -> int:
     sim = Simulation(cfg, comm=comm)
     apply_newton(sim, argv[0] == "on")
     sim.run()
+    del sim
     shutdown(comm)
-    return 0
+    # the log is written: leave without interpreter teardown, where a surviving gloo worker thread
+    # can abort the process (docs/design.md, "Ending the process group"; seen here at 256k atoms)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 # -- LAMMPS ---------------------------------------------------------------------------
