@@ -1,4 +1,4 @@
-"""Half neighbour lists with Newton's third law (``LennardJones(newton=True)``, the CPU default)
+"""Half neighbour lists with Newton's third law (``LennardJones(newton=True)``, opt-in on the CPU)
 against the full list and the brute-force reference (tests/reference.py).
 
 A half list keeps one edge per pair of query points and adds the force on j to j's row; edges
@@ -63,8 +63,8 @@ def test_half_equals_full_and_reference(name):
     ref, sc = run_ref(pos, cell, pbc, numbers)
     p, c, b, z = to_t(pos, cell, pbc, numbers, torch.float64)
     full_lj, half_lj = make_lj(two_species=two), make_lj(two_species=two)
-    full_lj.newton = False
-    assert half_lj.newton   # the default
+    assert not full_lj.newton   # the default: the full list (memory-order invariance)
+    half_lj.newton = True
     for skin in (0.0, 1.0):
         full_nl, halves = _lists(p, c, b, CUTOFF + skin)
         full = _np(full_lj.compute(p, c, b, z, full_nl))
@@ -138,7 +138,7 @@ def test_half_on_domains(splits):
     owner_of = np.ravel_multi_index(coords.T, splits)
     local_pbc = tuple(bool(pbc[k]) and splits[k] == 1 for k in range(3))
     full_lj, half_lj = make_lj(), make_lj()
-    full_lj.newton = False
+    half_lj.newton = True
     n_dom = int(np.prod(splits))
     for skin in (0.0, 0.8):
         sums = {kind: {"energy": 0.0, "virial": np.zeros((3, 3)), "forces": np.zeros((len(pos), 3)),
