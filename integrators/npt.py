@@ -198,15 +198,21 @@ class NPT:
         if self.vol0 is None:
             self.vol0 = self._volume()
         kt = KB * self.temperature
+        self._set_masses()
+        if self.pchain:
+            for i in range(1, self.pchain):
+                self.etap_dotdot[i] = (self.etap_mass[i - 1] * self.etap_dot[i - 1] ** 2 - kt) / self.etap_mass[i]
+
+    def _set_masses(self) -> None:
+        """fix_nh's barostat masses: W = (N + 1) kT / pfreq^2 per driven component, the
+        barostat chain's kT / pfreq_max^2 (set up and again on a restart)."""
+        kt = KB * self.temperature
         nkt = (self.n_atoms + 1) * kt
         for i in range(6):
             if self.p_flag[i]:
                 self.omega_mass[i] = nkt / (self.p_freq[i] * self.p_freq[i])
         if self.pchain:
-            q = kt / (self.p_freq_max * self.p_freq_max)
-            self.etap_mass = [q] * self.pchain
-            for i in range(1, self.pchain):
-                self.etap_dotdot[i] = (self.etap_mass[i - 1] * self.etap_dot[i - 1] ** 2 - kt) / self.etap_mass[i]
+            self.etap_mass = [kt / (self.p_freq_max * self.p_freq_max)] * self.pchain
 
     def check_cell(self, cell: torch.Tensor) -> None:
         """ValueError (one line) for a cell this coupling cannot drive: aniso and tri need
@@ -423,13 +429,7 @@ class NPT:
         self.vol0 = float(d["vol0"])
         self.n_atoms = int(d["n_atoms"])
         self._mvv = None if d.get("mvv") is None else [float(x) for x in d["mvv"]]
-        kt = KB * self.temperature
-        nkt = (self.n_atoms + 1) * kt
-        for i in range(6):
-            if self.p_flag[i]:
-                self.omega_mass[i] = nkt / (self.p_freq[i] * self.p_freq[i])
-        if self.pchain:
-            self.etap_mass = [kt / (self.p_freq_max * self.p_freq_max)] * self.pchain
+        self._set_masses()
 
 
 def _det3(a) -> float:

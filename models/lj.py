@@ -154,6 +154,14 @@ class LennardJones:
             buf = self._scratch = torch.empty(n, 3, 3, dtype=dtype, device=device)
         return buf
 
+    def _edge_arrays(self, nl, packed, device) -> list:
+        """The kernel's three edge inputs: the packed words (``packed`` not None) or the
+        neighbour and shift arrays, with one-element stand-ins for what it does not read."""
+        none_n, none_s, none_p = self._no_edges(device)
+        if packed is not None:
+            return [as_array(none_n), as_vec3i(none_s), as_array(packed)]
+        return [as_array(nl.neighbors), as_vec3i(nl.shifts), as_array(none_p)]
+
     def _no_edges(self, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """One-element stand-ins for the edge arrays a kernel variant does not read."""
         device = torch.device(device)
@@ -237,11 +245,7 @@ class LennardJones:
             pair_virial = nl.n_query != nl.n_points
             # the packed edges when the list has them (one load per edge), else the arrays
             packed = getattr(nl, "packed", None)
-            none_n, none_s, none_p = self._no_edges(device)
-            if packed is not None:
-                edges = [as_array(none_n), as_vec3i(none_s), as_array(packed)]
-            else:
-                edges = [as_array(nl.neighbors), as_vec3i(nl.shifts), as_array(none_p)]
+            edges = self._edge_arrays(nl, packed, device)
             wp.launch(
                 lk.LJ_KERNELS[t == 1, pair_virial, packed is not None], dim=nq, device=wp_device(positions),
                 inputs=[as_vec3(positions.contiguous()), as_mat33(cell.to(dtype).contiguous()[None]),
@@ -271,11 +275,7 @@ class LennardJones:
         pair_virial = nl.n_query != nl.n_points
         if nq:
             packed = getattr(nl, "packed", None)
-            none_n, none_s, none_p = self._no_edges(device)
-            if packed is not None:
-                edges = [as_array(none_n), as_vec3i(none_s), as_array(packed)]
-            else:
-                edges = [as_array(nl.neighbors), as_vec3i(nl.shifts), as_array(none_p)]
+            edges = self._edge_arrays(nl, packed, device)
             wp.launch(
                 lk.LJ_HALF_KERNELS[t == 1, pair_virial, packed is not None], dim=nq, device=wp_device(positions),
                 inputs=[as_vec3(positions.contiguous()), as_mat33(cell.to(dtype).contiguous()[None]),
