@@ -217,6 +217,9 @@ class CompiledForward:
         if self._fn is None or self._fn != fn:   # bound methods are new objects on every access
             p = self.policy
             try:
+                from .shard_tensor import guard_for_compile
+
+                guard_for_compile()
                 backend = plain_input_backend(inner_backend(p), self.graphs)
                 self._compiled = torch.compile(fn, backend=backend, dynamic=p.dynamic, fullgraph=p.fullgraph)
                 self._fn = fn

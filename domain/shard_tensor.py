@@ -32,6 +32,7 @@ input.  Per-point features that need distribution-aware ops are re-wrapped with
 from __future__ import annotations
 
 import contextlib
+import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
@@ -242,6 +243,8 @@ class ShardTensor(torch.Tensor):
             group = GroupConfig(group)
         if group is None:
             raise ValueError("ShardTensor.wrap needs group= (the process group the rows are spread over)")
+        if not _GUARDED and "torch._dynamo" in sys.modules:   # something may compile: graph-break first
+            guard_for_compile()
         with DisableTorchFunctionSubclass():
             s = t.as_subclass(ShardTensor)
         s._spec, s._halo, s._shard, s._group, s._n_systems = spec, halo, shard, group, int(n_systems)
@@ -301,9 +304,11 @@ class ShardTensor(torch.Tensor):
         return f"ShardTensor[{self.storage_kind}, n_owned={self.n_owned}]({body})"
 
     # Under torch.compile every op with a ShardTensor argument is a graph break: the dispatch,
-    # the handlers and their collectives always run eagerly (domain/compile_policy.py).
+    # the handlers and their collectives always run eagerly (domain/compile_policy.py).  The
+    # torch.compiler.disable wrapper is put on by guard_for_compile(), not at import:
+    # applying it imports torch._dynamo (about 1-3 s of CPU per process), which a run that
+    # never compiles does not need.
     @classmethod
-    @torch.compiler.disable
     def __torch_function__(cls, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         entries = _BY_OP.get(func)
@@ -324,6 +329,22 @@ class ShardTensor(torch.Tensor):
 
 
 # -- helpers ------------------------------------------------------------------------------
+_GUARDED = False
+
+
+def guard_for_compile() -> None:
+    """Make every ShardTensor op a graph break under torch.compile (idempotent).  Called by
+    domain/compile_policy.py before it compiles, and by :meth:`ShardTensor.wrap` once
+    ``torch._dynamo`` has been imported by anyone (a user's own ``torch.compile`` imports it
+    before it traces, and the inputs it traces are wrapped first)."""
+    global _GUARDED
+    if _GUARDED:
+        return
+    fn = ShardTensor.__dict__["__torch_function__"].__func__
+    ShardTensor.__torch_function__ = classmethod(torch.compiler.disable(fn))
+    _GUARDED = True
+
+
 def plain(t):
     """A ShardTensor as a plain tensor alias (autograd-connected); anything else unchanged."""
     if isinstance(t, ShardTensor):
