@@ -55,11 +55,21 @@ def _fixed_jit_executor():
     executor gives the same steady-state step with no stall (docs/benchmarks.md, "Sync-free
     MACE steps", its TorchScript part). An executor is chosen when a scripted function first
     runs, so the switch is scoped to this model's calls and the process-wide setting is
-    restored."""
+    restored.
+
+    Both flags go off together, TorchScript's own pairing for its legacy executor. Some
+    scripted functions are shared by the whole process (e3nn's spherical harmonics): when one
+    had already run on the profiling executor (mace-torch's ``MACECalculator`` in the same
+    process, say), calling it with the executor flag alone switched off mixed the two
+    executors' graphs in its backward pass: an INTERNAL ASSERT in TorchScript's alias analysis
+    or a segmentation fault (tests/test_mace.py, ``test_mace_calculator_then_ours_in_one_process``).
+    With profiling mode off as well, such a function runs its unprofiled plan."""
     previous = torch._C._jit_set_profiling_executor(False)
+    previous_mode = torch._C._jit_set_profiling_mode(False)
     try:
         yield
     finally:
+        torch._C._jit_set_profiling_mode(previous_mode)
         torch._C._jit_set_profiling_executor(previous)
 
 

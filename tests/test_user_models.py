@@ -136,8 +136,9 @@ def test_python_api_under_mpiexec_builds_the_group_and_gathers(tmp_path):
         "'steps=10', 'output=' + sys.argv[1]]))\n"
         "sim.run()\n"
         "atoms = sim.atoms()\n"
-        "print('rank', sim.comm.rank, 'of', sim.comm.size, 'local', len(sim.state.ids), "
-        "'gathered', None if atoms is None else len(atoms))\n"
+        # one write per rank: print's pieces from two ranks interleave on an unbuffered stdout
+        "sys.stdout.write(f'rank {sim.comm.rank} of {sim.comm.size} local {len(sim.state.ids)} '\n"
+        "                 f'gathered {None if atoms is None else len(atoms)}\\n')\n"
         "if atoms is not None:\n"
         "    np.save(sys.argv[1] + '.npy', atoms.positions)\n")
     r1 = _run([sys.executable, "api.py", "one.h5"], tmp_path)
