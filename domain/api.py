@@ -33,6 +33,7 @@ from .shard_tensor import (
     HaloMeta,
     ShardMeta,
     ShardTensor,
+    defer_dynamo,
     dispatch_trace,
     register_handler,
     registered_handlers,
@@ -75,7 +76,8 @@ __all__ = [
     "ReverseOutputs", "SPEC_MPNN_HALO", "SPEC_MPNN_SHARDED", "SPEC_PAIR_HALO", "ScatterOutputs", "Scope", "ShardMeta",
     "ShardTensor", "ShardedStorage", "SliceOutputsOwned", "SliceOwned", "SpecLoadError", "StorageIdNeighborList",
     "Transform", "TransformError", "all_reduce_sum", "all_to_all_v", "autograd_target", "current_dd_context",
-    "current_scope", "dispatch_trace", "grad_leaf", "refresh_halo", "refresh_neighbors", "register_handler",
+    "current_scope", "defer_dynamo", "dispatch_trace", "grad_leaf", "refresh_halo", "refresh_neighbors",
+    "register_handler",
     "registered_handlers", "scatter_to_owners", "shard_like", "system_sum", "to_local", "trace_and_validate",
     "unregister_handler",
     # The spatial machinery a model's own kernels build on (a Warp pair kernel reads the packed

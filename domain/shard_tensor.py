@@ -342,7 +342,30 @@ def guard_for_compile() -> None:
         return
     fn = ShardTensor.__dict__["__torch_function__"].__func__
     ShardTensor.__torch_function__ = classmethod(torch.compiler.disable(fn))
+    for impl in _DEFERRED:   # custom ops: torch's own lazy disable again (see defer_dynamo)
+        impl.__dict__.pop("__dynamo_disable", None)
     _GUARDED = True
+
+
+_DEFERRED: list = []
+
+
+def defer_dynamo(op) -> None:
+    """Let a ``torch.library.custom_op`` run eagerly without importing ``torch._dynamo``.
+
+    torch wraps each kernel of a custom op in a lazy ``torch._dynamo.disable``: its first call
+    imports torch._dynamo (and sympy), ~1.5 s of CPU per process, though nothing compiles. This
+    fills the wrapper's cache with the kernel itself, so calls go straight to it, and
+    :func:`guard_for_compile` (run before anything compiles) empties the cache again, so the
+    real disable is in place whenever torch.compile may trace. A torch without that wrapper,
+    or a process that imported torch._dynamo already, is left as it is."""
+    if _GUARDED or "torch._dynamo" in sys.modules:
+        return
+    for wrapper in getattr(op, "_backend_fns", {}).values():
+        impl = getattr(wrapper, "__wrapped__", None)
+        if impl is not None and "__dynamo_disable" not in impl.__dict__:
+            impl.__dict__["__dynamo_disable"] = impl   # the cache torch/_compile.py reads
+            _DEFERRED.append(impl)
 
 
 def plain(t):

@@ -18,7 +18,15 @@ import weakref
 
 import torch
 
-from shardmd.domain.api import SPEC_PAIR_HALO, AllReduceSum, ModelConfig, NeighborConfig, NeighborList, OpAdapter
+from shardmd.domain.api import (
+    SPEC_PAIR_HALO,
+    AllReduceSum,
+    ModelConfig,
+    NeighborConfig,
+    NeighborList,
+    OpAdapter,
+    defer_dynamo,
+)
 
 from .lj import LennardJones
 
@@ -53,6 +61,7 @@ def _(positions, cell, numbers, offsets, neighbors, shifts, packed, cutoff, n_po
 
 
 OP = torch.ops.shardmd_lj.lennard_jones.default
+defer_dynamo(lennard_jones)   # eager calls import no torch._dynamo (~1.5 s of CPU per process)
 
 #: the pair-potential preset with the kernel's adapter: energy and virial summed by the
 #: adapter (so not again by the output stage), forces and per-atom energies owned rows

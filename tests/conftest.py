@@ -31,6 +31,13 @@ def run_in_process(args, cwd, capfd, monkeypatch) -> tuple[int, list[str]]:
     stderr under its default filters, come back as lines too (pytest would otherwise keep them).
     For one-rank runs and refusals decided before any rank starts; what needs a fresh process
     (bit-exact restarts, signals, MPI, import-time behaviour) uses run_engine."""
+    r = cli_in_process(args, cwd, capfd, monkeypatch)
+    return r.returncode, r.stderr.strip().splitlines()
+
+
+def cli_in_process(args, cwd, capfd, monkeypatch) -> subprocess.CompletedProcess:
+    """:func:`run_in_process` with run_engine's answer: a CompletedProcess whose stderr ends
+    with the warnings a fresh interpreter would have printed, one line each."""
     from shardmd.engine.cli import main
 
     monkeypatch.chdir(cwd)
@@ -41,10 +48,11 @@ def run_in_process(args, cwd, capfd, monkeypatch) -> tuple[int, list[str]]:
             warnings.simplefilter("ignore", category)
         warnings.simplefilter("default", append=True)
         code = main(list(args))
-    err = capfd.readouterr().err
-    assert "Traceback" not in err, err
-    lines = [ln for ln in err.strip().splitlines() if not ln.startswith("Warp CUDA warning")]
-    return code, lines + [f"{w.category.__name__}: {w.message}" for w in caught]
+    out = capfd.readouterr()
+    assert "Traceback" not in out.err, out.err
+    lines = [ln for ln in out.err.strip().splitlines() if not ln.startswith("Warp CUDA warning")]
+    lines += [f"{w.category.__name__}: {w.message}" for w in caught]
+    return subprocess.CompletedProcess(list(args), code, out.out, "".join(ln + "\n" for ln in lines))
 
 
 def pytest_collection_modifyitems(config, items):

@@ -1,4 +1,6 @@
-"""The command line as users type it, in real subprocesses from a foreign working directory."""
+"""The command line as users type it, in real subprocesses from a foreign working directory;
+refusals, one-rank runs and the file commands through ``cli.main`` in this process
+(``cli_here``: ~4 s of CPU less each, the same exit status, stdout and stderr)."""
 import signal
 import subprocess
 import sys
@@ -9,10 +11,17 @@ import numpy as np
 import pytest
 from ase.build import bulk
 from ase.io import read, write
+from conftest import cli_in_process
 
 from shardmd.engine.h5md import read_frames
 
 SMALL = ["system.repeat=[3,3,3]", "steps=20", "thermo.every=10", "trajectory.every=10"]
+
+
+@pytest.fixture
+def cli_here(capfd, monkeypatch):
+    """engine_cli's call, answered by cli.main in this process (conftest.cli_in_process)."""
+    return lambda args, cwd: cli_in_process(args, cwd, capfd, monkeypatch)
 
 
 @pytest.fixture
@@ -88,8 +97,8 @@ def test_mace_and_domains_are_accepted_by_the_config(engine_cli, tmp_path):
     (["run", "model=lj", "--bogus"], "unrecognized arguments: --bogus"),
     (["run", "model=lj", "model.pairs={Ar-Kr: {epsilon: 0.012, sigm: 3.5}}"], "model.pairs.Ar-Kr.sigm"),
 ])
-def test_bad_input_is_one_line(engine_cli, tmp_path, args, needle):
-    r = engine_cli(args, cwd=tmp_path)
+def test_bad_input_is_one_line(cli_here, tmp_path, args, needle):
+    r = cli_here(args, cwd=tmp_path)
     assert r.returncode == 2, (r.returncode, r.stderr)
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: "), r.stderr
@@ -102,11 +111,11 @@ def test_bad_input_is_one_line(engine_cli, tmp_path, args, needle):
     ["model.epsilon={Ar: 0.0104, Kr: 0.014}", "model.sigma={Ar: 3.40, Kr: 3.65}"],
     ["model.epsilon.Kr=0.014", "model.sigma.Kr=3.65", "model.pairs.Ar-Kr.epsilon=0.012", "model.pairs.Ar-Kr.sigma=3.5"],
 ])
-def test_readme_map_forms_run(engine_cli, tmp_path, maps):
+def test_readme_map_forms_run(cli_here, tmp_path, maps):
     """README's map values (each one argument, as the shell passes a quoted one) compose and run."""
     import yaml
 
-    r = engine_cli(["run", "model=lj", *maps, "--cfg", "job"], cwd=tmp_path)
+    r = cli_here(["run", "model=lj", *maps, "--cfg", "job"], cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     model = yaml.safe_load(r.stdout)["model"]
     assert model["epsilon"]["Ar"] == 0.0104 and model["sigma"]["Ar"] == 3.4
@@ -116,7 +125,7 @@ def test_readme_map_forms_run(engine_cli, tmp_path, maps):
         for part in key.split(".")[1:]:
             got = got[part]
         assert got == (yaml.safe_load(value) if value.startswith("{") else float(value)), m
-    r = engine_cli(["run", "model=lj", *maps, *SMALL, "quiet=true"], cwd=tmp_path)
+    r = cli_here(["run", "model=lj", *maps, *SMALL, "quiet=true"], cwd=tmp_path)
     assert r.returncode == 0, r.stderr
 
 
@@ -134,13 +143,13 @@ def test_import_engine_with_user_modules(hostile_cwd):
     assert "shardmd.engine.simulation" in r.stdout
 
 
-def test_structure_file_with_velocities(engine_cli, tmp_path):
+def test_structure_file_with_velocities(cli_here, tmp_path):
     atoms = bulk("Ar", "fcc", a=5.3, cubic=True).repeat((3, 3, 3))
     rng = np.random.default_rng(0)
     atoms.set_velocities(rng.normal(0, 0.01, (len(atoms), 3)))
     atoms.set_masses(np.full(len(atoms), 40.0))
     write(tmp_path / "in.extxyz", atoms)
-    r = engine_cli(["run", "model=lj", "system.file=in.extxyz", "steps=0", "quiet=true"], cwd=tmp_path)
+    r = cli_here(["run", "model=lj", "system.file=in.extxyz", "steps=0", "quiet=true"], cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     f = read_frames(tmp_path / "run.h5")[0]
     given = read(tmp_path / "in.extxyz")  # extxyz stores momenta with 8 decimals
@@ -174,14 +183,14 @@ def test_sigkill_mid_run_keeps_every_flushed_frame(tmp_path):
     assert steps == list(range(0, 5 * len(steps), 5))
 
 
-def test_info_and_plot(engine_cli, tmp_path):
-    assert engine_cli(["run", "model=lj", *SMALL, "quiet=true"], cwd=tmp_path).returncode == 0
-    r = engine_cli(["info", "run.h5"], cwd=tmp_path)
+def test_info_and_plot(cli_here, tmp_path):
+    assert cli_here(["run", "model=lj", *SMALL, "quiet=true"], cwd=tmp_path).returncode == 0
+    r = cli_here(["info", "run.h5"], cwd=tmp_path)
     assert r.returncode == 0 and "atoms: 108" in r.stdout and "frames: 3" in r.stdout and "model: lj" in r.stdout
     ck = sorted((tmp_path / "run.ckpt").iterdir())[-1]
-    r = engine_cli(["info", str(ck)], cwd=tmp_path)
+    r = cli_here(["info", str(ck)], cwd=tmp_path)
     assert r.returncode == 0 and "checkpoint" in r.stdout and "step: 20" in r.stdout
-    r = engine_cli(["plot", "run.h5", "e.png"], cwd=tmp_path)
+    r = cli_here(["plot", "run.h5", "e.png"], cwd=tmp_path)
     assert r.returncode == 0 and (tmp_path / "e.png").read_bytes()[:4] == b"\x89PNG"
-    r = engine_cli(["info", "missing.h5"], cwd=tmp_path)
+    r = cli_here(["info", "missing.h5"], cwd=tmp_path)
     assert r.returncode == 2 and r.stderr.startswith("error:") and len(r.stderr.strip().splitlines()) == 1

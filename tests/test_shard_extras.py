@@ -418,3 +418,36 @@ def test_inductor_compiled_forward_on_one_domain(sample):
     out2 = dm.compute(d["ctx"], d["padded"], d["numbers"], d["nl"], extras=d["extras"])
     assert len(dm.compiled.graphs) == n
     assert max_rel(out, ref, ref) <= 1e-12 and max_rel(out2, ref, ref) <= 1e-12
+
+
+DEFERRED_DYNAMO = """
+import sys
+import torch
+from shardmd.engine.config import compose_config
+from shardmd.engine.simulation import Simulation
+
+def energy():
+    sim = Simulation(compose_config(["model=lj", "system.repeat=[3,3,3]", "steps=2", "quiet=true",
+                                     "overwrite=true", "output=" + sys.argv[1], "threads=1"]))
+    return sim.run()["potential_energy"]
+
+e1 = energy()
+print("after a run", "torch._dynamo" in sys.modules)
+from shardmd.domain.shard_tensor import guard_for_compile
+guard_for_compile()
+e2 = energy()
+print("after the guard", "torch._dynamo" in sys.modules, e1 == e2)
+"""
+
+
+def test_lj_custom_op_runs_without_dynamo_until_something_compiles(tmp_path):
+    """torch wraps a custom op's kernel in a lazy torch._dynamo.disable that imports
+    torch._dynamo (~1.5 s of CPU) on the first call; defer_dynamo skips it for eager runs, and
+    guard_for_compile (before anything compiles) puts the real disable back."""
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-c", DEFERRED_DYNAMO, str(tmp_path / "r.h5")], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "after a run False" in r.stdout and "after the guard True True" in r.stdout, r.stdout
