@@ -223,3 +223,29 @@ class ValidateBatches:
 def validated(request):
     """``validated(k, key)``: the TraceReports of jobs ``key``, validated in the shared k-rank launch."""
     return ValidateBatches(request.session)
+
+
+# -- SLURM tier: one status line at the end of every run that ran it (tests/test_slurm.py) -------
+def pytest_terminal_summary(terminalreporter):
+    """``SLURM tier: N passed, M skipped ... in S s`` and each distinct skip reason: ``-q``
+    prints no skip reasons, and a tier that skipped must say why in CI's log (issue 25). S is
+    the sum of the tier's test durations (set-up included), its wall time on one worker."""
+    counts: dict[str, int] = {}
+    reasons: list[str] = []
+    seconds = 0.0
+    for category, reports in terminalreporter.stats.items():
+        for rep in reports:
+            if "slurm" not in getattr(rep, "keywords", {}) or not hasattr(rep, "when"):
+                continue
+            seconds += getattr(rep, "duration", 0.0)
+            if category in ("passed", "failed", "skipped", "error") and (rep.when == "call" or category != "passed"):
+                counts[category] = counts.get(category, 0) + 1
+                if category == "skipped" and isinstance(rep.longrepr, tuple):
+                    reason = str(rep.longrepr[2]).removeprefix("Skipped: ")
+                    if reason not in reasons:
+                        reasons.append(reason)
+    if counts:
+        summary = ", ".join(f"{n} {c}" for c, n in sorted(counts.items()))
+        terminalreporter.write_line(f"SLURM tier: {summary} in {seconds:.0f} s")
+        for reason in reasons:
+            terminalreporter.write_line(f"SLURM tier skipped: {reason}")
