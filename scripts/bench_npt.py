@@ -5,7 +5,10 @@ The system is bench_lj.py's (LAMMPS reduced units mapped to Å, eV, amu, fs; fcc
 step (our default policy).  Each integrator runs ``--steps`` steps after the set-up (first list and
 forces, as LAMMPS's "Loop time"), ``--repeats`` times alternating; the table gives the medians of
 the loop's wall time and of the process's CPU time per step (the robust one on a shared machine),
-their ratios to NVE, the integrator's time per step, the neighbour builds and the volume change.
+their ratios to NVE, the neighbour builds and the volume change, and a split of the CPU time per
+step (process time, robust under load like the total): integrator (both halves), forces (the
+model call), rebuilds (list builds with their wrap, sort and ghosts), rest (the per-step skin and
+box check, ghost refresh, loop).
 
     verlet        NVE
     nose-hoover   fix nvt temp 1.44 1.44 0.1 tau
@@ -55,6 +58,27 @@ def overrides(n: int, case: str, args) -> list[str]:
             *[c.format(**fill) for c in CASES[case]]]
 
 
+class CpuSplit:
+    """Process CPU time (s) spent inside chosen bound methods of one simulation, per name."""
+
+    def __init__(self):
+        self.s: dict[str, float] = {}
+
+    def wrap(self, obj, attr: str, name: str) -> None:
+        """Replace ``obj.attr`` (a bound method) by a timed call; the instance attribute shadows
+        the class's, so the engine's ``self.attr(...)`` calls go through it."""
+        fn = getattr(obj, attr)
+        self.s.setdefault(name, 0.0)
+
+        def timed(*a, **k):
+            t = time.process_time()
+            try:
+                return fn(*a, **k)
+            finally:
+                self.s[name] += time.process_time() - t
+        setattr(obj, attr, timed)
+
+
 def run(n: int, case: str, args) -> dict:
     from shardmd.engine.config import compose_config
     from shardmd.engine.simulation import Simulation
@@ -63,6 +87,12 @@ def run(n: int, case: str, args) -> dict:
     sim.setup()   # first list and forces: outside the timed loop
     sim.started = True
     builds0 = sim.nl.n_builds
+    split = CpuSplit()
+    split.wrap(sim.integrator, "first_half", "integrator")
+    split.wrap(sim.integrator, "second_half", "integrator")
+    split.wrap(sim.dmodel, "compute", "forces")
+    split.wrap(sim.neighbors, "rebuild", "rebuilds")
+    split.wrap(sim, "checkpoint", "checkpoint")
     cpu0 = time.process_time()
     sim.run()
     cpu = time.process_time() - cpu0
@@ -70,9 +100,11 @@ def run(n: int, case: str, args) -> dict:
     out = Path(sim.output_path)
     for path in (sim.log_path, out, out.with_name(out.stem + ".ckpt")):
         shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
-    # the process CPU time around run() less its final checkpoint (robust on a shared machine)
-    return {"step_s": s["wall_s"] / args.steps, "cpu_step_s": (cpu - s.get("checkpoint", 0.0)) / args.steps,
+    # the process CPU time around run() less its final checkpoint's CPU time (robust on a shared
+    # machine; the checkpoint's wall time, subtracted before, is more than its CPU time under load)
+    return {"step_s": s["wall_s"] / args.steps, "cpu_step_s": (cpu - split.s["checkpoint"]) / args.steps,
             "integrate_s": s.get("integrate", 0.0) / args.steps,
+            **{f"cpu_{k}_s": v / args.steps for k, v in split.s.items()},
             "builds": sim.nl.n_builds - builds0, "volume": float(abs(sim.state.cell.det()))}
 
 
@@ -93,15 +125,18 @@ def main() -> None:
             results[case].append(run(n, case, args))
     base = statistics.median(r["step_s"] for r in results["verlet"])
     cbase = statistics.median(r["cpu_step_s"] for r in results["verlet"])
-    print("| integrator | wall ms/step | vs NVE | CPU ms/step | vs NVE | integrator ms/step | builds | V_end / V_0 |")
-    print("|---|---|---|---|---|---|---|---|")
+    parts = ("integrator", "forces", "rebuilds")
+    print("| integrator | wall ms/step | vs NVE | CPU ms/step | vs NVE | CPU: integrator | forces | rebuilds | "
+          "rest | builds | V_end / V_0 |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     v0 = (units()["a"] * n) ** 3
     for case, rs in results.items():
         t = statistics.median(r["step_s"] for r in rs)
         c = statistics.median(r["cpu_step_s"] for r in rs)
-        ti = statistics.median(r["integrate_s"] for r in rs)
-        print(f"| {case} | {1e3 * t:.2f} | {t / base:.3f} | {1e3 * c:.2f} | {c / cbase:.3f} | {1e3 * ti:.2f} | "
-              f"{rs[0]['builds']} | {rs[0]['volume'] / v0:.4f} |")
+        split = [statistics.median(r[f"cpu_{k}_s"] for r in rs) for k in parts]
+        cols = " | ".join(f"{1e3 * x:.2f}" for x in split)
+        print(f"| {case} | {1e3 * t:.2f} | {t / base:.3f} | {1e3 * c:.2f} | {c / cbase:.3f} | {cols} | "
+              f"{1e3 * (c - sum(split)):.2f} | {rs[0]['builds']} | {rs[0]['volume'] / v0:.4f} |")
 
 
 if __name__ == "__main__":
