@@ -227,25 +227,26 @@ def validated(request):
 
 # -- SLURM tier: one status line at the end of every run that ran it (tests/test_slurm.py) -------
 def pytest_terminal_summary(terminalreporter):
-    """``SLURM tier: N passed, M skipped ... in S s`` and each distinct skip reason: ``-q``
-    prints no skip reasons, and a tier that skipped must say why in CI's log (issue 25). S is
-    the sum of the tier's test durations (set-up included), its wall time on one worker."""
+    """``SLURM tier: N passed, M skipped ... in S s``, how the cluster came up, and each distinct
+    skip reason: ``-q`` prints no skip reasons, and a tier that skipped must say why in CI's log
+    (issue 25). S is the sum of the tier's test durations (set-up included): its wall time on
+    the one worker that runs the module."""
     counts: dict[str, int] = {}
-    reasons: list[str] = []
+    notes: list[str] = []
     seconds = 0.0
     for category, reports in terminalreporter.stats.items():
         for rep in reports:
             if "slurm" not in getattr(rep, "keywords", {}) or not hasattr(rep, "when"):
                 continue
             seconds += getattr(rep, "duration", 0.0)
+            found = [v for k, v in getattr(rep, "user_properties", ()) if k == "slurm"]
+            if category == "skipped" and isinstance(rep.longrepr, tuple):
+                found.append("skipped: " + str(rep.longrepr[2]).removeprefix("Skipped: "))
+            notes += [n for n in found if n not in notes]
             if category in ("passed", "failed", "skipped", "error") and (rep.when == "call" or category != "passed"):
                 counts[category] = counts.get(category, 0) + 1
-                if category == "skipped" and isinstance(rep.longrepr, tuple):
-                    reason = str(rep.longrepr[2]).removeprefix("Skipped: ")
-                    if reason not in reasons:
-                        reasons.append(reason)
     if counts:
         summary = ", ".join(f"{n} {c}" for c, n in sorted(counts.items()))
         terminalreporter.write_line(f"SLURM tier: {summary} in {seconds:.0f} s")
-        for reason in reasons:
-            terminalreporter.write_line(f"SLURM tier skipped: {reason}")
+        for note in notes:
+            terminalreporter.write_line(f"SLURM tier: {note}")

@@ -33,7 +33,7 @@ pytestmark = [pytest.mark.slurm, pytest.mark.mpi]
 SCRIPTS = ROOT / "scripts" / "slurm"
 LJ = ["model=lj", "system.repeat=[4,4,4]", "threads=1", "quiet=true", "trajectory.every=100",
       "thermo.every=50", "checkpoint.every=0"]
-STEPS = 1000      # long enough (~10 s on two ranks) to be stopped three times on the way
+STEPS = 800       # long enough (~8 s on two ranks) to be stopped three times on the way
 ENGINE = ["python", "-m", "engine", "run"]
 
 
@@ -57,7 +57,8 @@ def slurm():
         why = (r.stderr.strip().splitlines() or ["no message"])[-1]
         pytest.skip(f"the local SLURM did not start: {why}")
     version = subprocess.run(["sinfo", "--version"], env=env, capture_output=True, text=True, timeout=30).stdout
-    print(f"SLURM tier: {version.strip()} up in {time.time() - t0:.1f} s ({r.stdout.strip()})")
+    NOTES.append(f"{version.strip()}, installed if needed and started in {time.time() - t0:.1f} s "
+                 f"({r.stdout.strip().removeprefix('localslurm: ')})")
     yield env
     if not was_up:
         subprocess.run([script, "stop"], env=env, capture_output=True, timeout=120)
@@ -76,12 +77,16 @@ def sh(args, env, cwd, timeout=60) -> subprocess.CompletedProcess:
 
 
 SUBMITTED: list[str] = []
+NOTES: list[str] = []   # how the cluster came up: printed by tests/conftest.py's summary line
 
 
 @pytest.fixture(autouse=True)
 def _cancel_leftover_jobs(request):
-    """A failed test leaves no job behind to hold the node's CPUs for the next one."""
+    """A failed test leaves no job behind to hold the node's CPUs for the next one. (Also
+    hands the set-up note to the report, which reaches pytest's main process under xdist.)"""
     yield
+    request.node.user_properties.extend(("slurm", note) for note in NOTES)
+    NOTES.clear()
     if SUBMITTED and "slurm" in request.fixturenames:
         env = request.getfixturevalue("slurm")
         subprocess.run(["scancel", *SUBMITTED], env=env, capture_output=True, timeout=30)
@@ -298,7 +303,7 @@ def test_gpu_script_runs_one_rank_per_task_on_cpu(slurm, tmp_path):
     assert "domains 2" in (tmp_path / "run.log").read_text()
 
 
-@pytest.mark.parametrize("ranks", [3])
+@pytest.mark.parametrize("ranks", [2])
 def test_local_rank_is_slurms(slurm, tmp_path, ranks):
     """The rank -> GPU choice rests on the local rank: the engine's (from MPI) is SLURM_LOCALID."""
     out = sh(["srun", "-n", str(ranks), "--overcommit", "python", str(ROOT / "tests/helpers/slurm_local_rank.py")],
