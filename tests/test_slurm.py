@@ -197,31 +197,37 @@ def test_srun_4_overcommit_equals_one_domain(slurm, one_domain, tmp_path):
 # -- preemption: signal, checkpoint, requeue, restart=auto ---------------------------------------
 # A requeued job starts again cred_expire + 1 s later (10 s in localslurm's config; 120 s is
 # SLURM's default).
-PREEMPTIONS = [
-    ("batch shell only, as #SBATCH --signal=B:TERM@N", ["--batch"]),
-    ("the shell's process group and every step", ["--full"]),
-    ("every step, not the shell, as --signal=TERM@N", []),
+PREEMPTIONS = [   # (what, scancel's flags, at start-up: while the ranks import, before any step)
+    ("batch shell only, while the ranks start", ["--batch"], True),
+    ("batch shell only, as #SBATCH --signal=B:TERM@N", ["--batch"], False),
+    ("the shell's process group and every step", ["--full"], False),
+    ("every step, not the shell, as --signal=TERM@N", [], False),
 ]
 
 
 def test_preempted_job_requeues_and_ends_as_uninterrupted(slurm, srun2, tmp_path):
     jobid = submit(slurm, tmp_path, SCRIPTS / "preemptible.sbatch", *LJ, f"steps={STEPS}")
-    stops = []
-    for k, (what, flags) in enumerate(PREEMPTIONS):
-        wait_until(f"start {k} to run 150 steps", lambda: job(slurm, jobid)["JobState"] == "RUNNING"
-                   and log_step(tmp_path) >= (stops[-1] if stops else 0) + 150, 120)
+    stops = [0]
+    for k, (what, flags, early) in enumerate(PREEMPTIONS):
+        if early:   # the ranks exist but import torch for seconds yet: no handler, no log
+            wait_until("the ranks to exist", lambda: len(engine_pids(tmp_path)) == 2, 120, poll_s=0.05)
+            assert log_step(tmp_path) == -1
+        else:
+            wait_until(f"start {k} to run 150 steps", lambda: job(slurm, jobid)["JobState"] == "RUNNING"
+                       and log_step(tmp_path) >= stops[-1] + 150, 120)
         sh(["scancel", *flags, "--signal=TERM", jobid], slurm, tmp_path)
         info = wait_until(f"the requeue after '{what}'",
                           lambda k=k: (i := job(slurm, jobid))["Restarts"] == str(k + 1) and i, 60)
-        ckpts = sorted((tmp_path / "run.ckpt").glob("step-*.h5"))
-        stops.append(read_checkpoint(ckpts[-1])["step"])
-        assert 0 < stops[-1] < STEPS and stops == sorted(set(stops)), (what, stops)
         assert info["JobState"] in ("COMPLETING", "REQUEUED", "PENDING", "RUNNING"), (what, info["JobState"])
+        ckpts = sorted((tmp_path / "run.ckpt").glob("step-*.h5"))
+        if not early:
+            stops.append(read_checkpoint(ckpts[-1])["step"])
+            assert 0 < stops[-1] < STEPS and stops == sorted(set(stops)), (what, stops)
     info = wait_until("the job to complete", lambda: (i := job(slurm, jobid))["JobState"] not in
                       ("PENDING", "RUNNING", "REQUEUED", "COMPLETING") and i, 180)
     out = (tmp_path / f"slurm-{jobid}.out").read_text()
-    assert info["JobState"] == "COMPLETED" and info["Restarts"] == "3", (info, out[-3000:])
-    assert [int(s) for s in re.findall(r"engine exit status (\d+)", out)] == [75, 75, 75, 0], out[-3000:]
+    assert info["JobState"] == "COMPLETED" and info["Restarts"] == "4", (info, out[-3000:])
+    assert [int(s) for s in re.findall(r"engine exit status (\d+)", out)] == [143, 75, 75, 75, 0], out[-3000:]
     same_frames(tmp_path / "run.h5", srun2 / "run.h5")
     mine, ref = (read_checkpoint(sorted((d / "run.ckpt").glob("step-*.h5"))[-1]) for d in (tmp_path, srun2))
     assert mine["step"] == ref["step"] == STEPS
