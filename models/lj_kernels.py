@@ -142,9 +142,24 @@ def _lj_kernel(one_species: bool, pair_virial: bool, packed_edges: bool):
     return lj_full_list
 
 
+class _Variants(dict):
+    """``{(one_species, pair_virial, packed_edges): kernel}``, each made on first use: defining
+    a Warp kernel parses and transforms its source (~15-30 ms of CPU each), and a run uses one
+    or two of the eight variants, so making all at import cost every process ~0.3 s."""
+
+    def __init__(self, make):
+        super().__init__()
+        self._make = make
+
+    def __missing__(self, key):
+        key = tuple(bool(k) for k in key)
+        if key not in self:
+            self[key] = self._make(*key)
+        return dict.__getitem__(self, key)
+
+
 #: ``LJ_KERNELS[one_species, pair_virial, packed_edges]``
-LJ_KERNELS = {(one, pair, packed): _lj_kernel(one, pair, packed)
-              for one in (True, False) for pair in (True, False) for packed in (True, False)}
+LJ_KERNELS = _Variants(_lj_kernel)
 
 
 # -- half list (Newton's third law, CPU) --------------------------------------------------------
@@ -307,5 +322,4 @@ def _lj_half_kernel(one_species: bool, pair_virial: bool, packed_edges: bool):
 
 
 #: ``LJ_HALF_KERNELS[one_species, pair_virial, packed_edges]``
-LJ_HALF_KERNELS = {(one, pair, packed): _lj_half_kernel(one, pair, packed)
-                   for one in (True, False) for pair in (True, False) for packed in (True, False)}
+LJ_HALF_KERNELS = _Variants(_lj_half_kernel)
