@@ -17,21 +17,41 @@ from shardmd.integrators.units import KB, MVV_TO_EV
 from .errors import UserError
 from .state import State
 
+#: scaled positions of the conventional cubic cells, in the order of ASE's
+#: ``bulk(element, lattice, a=a, cubic=True)``; built here because importing ase.build imports
+#: scipy (~0.3-0.5 s of CPU per process). tests/test_lattice_builder.py compares them with ASE's
+#: bit for bit.
+CUBIC_CELLS = {
+    "sc": [(0.0, 0.0, 0.0)],
+    "bcc": [(0.0, 0.0, 0.0), (0.5, 0.5, 0.5)],
+    "fcc": [(0.0, 0.0, 0.0), (0.0, 0.5, 0.5), (0.5, 0.0, 0.5), (0.5, 0.5, 0.0)],
+    "diamond": [(0.0, 0.0, 0.0), (0.25, 0.25, 0.25), (0.0, 0.5, 0.5), (0.25, 0.75, 0.75),
+                (0.5, 0.0, 0.5), (0.75, 0.25, 0.75), (0.5, 0.5, 0.0), (0.75, 0.75, 0.25)],
+}
+
+
+def unit_cell(lattice: str, element: str, a: float):
+    """The builder's unit cell as ``ase.Atoms``: cubic lattices conventional (a, Å), hcp
+    orthorhombic (ASE's ideal c/a)."""
+    if lattice in CUBIC_CELLS:
+        from ase import Atoms
+
+        scaled = CUBIC_CELLS[lattice]
+        return Atoms([element] * len(scaled), cell=(a, a, a), scaled_positions=scaled, pbc=True)
+    from ase.build import bulk
+
+    return bulk(element, lattice, a=a, orthorhombic=True)
+
 
 def build_atoms(system_cfg):
     """``ase.Atoms`` from ``system.file`` (if set) or from the lattice builder."""
     if system_cfg.get("file"):
         return read_structure(system_cfg["file"], system_cfg.get("index", -1))
-    from ase.build import bulk
-
     lattice, element, a = system_cfg["lattice"], system_cfg["element"], float(system_cfg["a"])
     rep = system_cfg["repeat"]
     rep = tuple(int(r) for r in (rep if isinstance(rep, (list, tuple)) else list(rep)))
     try:
-        if lattice == "hcp":
-            unit = bulk(element, "hcp", a=a, orthorhombic=True)
-        else:
-            unit = bulk(element, lattice, a=a, cubic=True)
+        unit = unit_cell(lattice, element, a)
     except Exception as exc:  # noqa: BLE001 - ASE refuses e.g. impossible combinations
         raise UserError(f"system.lattice={lattice} with system.element={element}: {exc}") from None
     atoms = unit.repeat(rep)
