@@ -1,21 +1,22 @@
 """Test systems shared by single-process references and multi-rank runs (deterministic)."""
 import numpy as np
-from ase.build import bulk
+
+from shardmd.engine.system import unit_cell  # ASE's bulk(cubic=True), bit for bit, without scipy
 
 
 def make_system(name: str):
     rng = np.random.default_rng(42)
     if name == "ortho":
-        atoms = bulk("Ar", "fcc", a=5.3, cubic=True).repeat((5, 4, 6))
+        atoms = unit_cell("fcc", "Ar", 5.3).repeat((5, 4, 6))
     elif name == "triclinic":
-        atoms = bulk("Ar", "fcc", a=5.3, cubic=True).repeat((5, 5, 5))
+        atoms = unit_cell("fcc", "Ar", 5.3).repeat((5, 5, 5))
         atoms.set_cell(atoms.cell.array @ np.array([[1, 0, 0], [0.25, 1, 0], [0.15, -0.2, 1]]), scale_atoms=True)
     elif name == "slab":  # open z axis, vacuum above and below
-        atoms = bulk("Ar", "fcc", a=5.3, cubic=True).repeat((5, 5, 3))
+        atoms = unit_cell("fcc", "Ar", 5.3).repeat((5, 5, 3))
         atoms.center(vacuum=6.0, axis=2)
         atoms.pbc = [True, True, False]
     elif name == "vacuum":  # atoms fill only the lower 40 % of a periodic box along z
-        atoms = bulk("Ar", "fcc", a=5.3, cubic=True).repeat((4, 4, 3))
+        atoms = unit_cell("fcc", "Ar", 5.3).repeat((4, 4, 3))
         cell = atoms.cell.array.copy()
         cell[2] *= 2.5
         atoms.set_cell(cell, scale_atoms=False)
