@@ -224,6 +224,7 @@ print("max force difference", float(np.abs(b.get_forces() - c.get_forces()).max(
 """
 
 
+@pytest.mark.slow
 def test_mace_calculator_then_ours_in_one_process(tmp_path):
     """mace-torch's calculator first, ours after it, in one process: e3nn's scripted spherical
     harmonics are shared by both, and our executor switch (models/mace.py) once broke them with
