@@ -3,8 +3,8 @@ switch in models/mace.py, `_fixed_jit_executor`).
 
     python docs/logs/issue23/jit_mode.py VARIANT CUEQ [REPEAT]
 VARIANT: executor_off (torch._C._jit_set_profiling_executor(False) around each call, the
-setting up to session 11), profiling_off (torch._C._jit_set_profiling_mode(False), since
-session 11), default (no switch). One process per variant: TorchScript keeps an executor per
+setting up to session 11), both (that and torch._C._jit_set_profiling_mode(False): models/mace.py
+since session 11), profiling_off (the mode flag alone), default (no switch). One process per variant: TorchScript keeps an executor per
 function for the life of the process. Prints step:ms, 'R' where the neighbour list was rebuilt.
 """
 import contextlib
@@ -24,16 +24,19 @@ rep = int(sys.argv[3]) if len(sys.argv) > 3 else 24
 
 
 @contextlib.contextmanager
-def switch(setter):
-    previous = setter(False)
+def switch(*setters):
+    previous = [setter(False) for setter in setters]
     try:
         yield
     finally:
-        setter(previous)
+        for setter, value in zip(setters, previous):
+            setter(value)
 
 
 if variant == "executor_off":
     mm._fixed_jit_executor = lambda: switch(torch._C._jit_set_profiling_executor)
+elif variant == "both":
+    mm._fixed_jit_executor = lambda: switch(torch._C._jit_set_profiling_executor, torch._C._jit_set_profiling_mode)
 elif variant == "profiling_off":
     mm._fixed_jit_executor = lambda: switch(torch._C._jit_set_profiling_mode)
 elif variant == "default":
