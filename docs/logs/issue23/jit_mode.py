@@ -4,8 +4,8 @@ switch in models/mace.py, `_fixed_jit_executor`).
     python docs/logs/issue23/jit_mode.py VARIANT CUEQ [REPEAT]
 VARIANT: executor_off (torch._C._jit_set_profiling_executor(False) around each call, the
 setting up to session 11), both (that and torch._C._jit_set_profiling_mode(False): models/mace.py
-since session 11), profiling_off (the mode flag alone), default (no switch). One process per variant: TorchScript keeps an executor per
-function for the life of the process. Prints step:ms, 'R' where the neighbour list was rebuilt.
+since session 11), profiling_off (the mode flag alone), default (no switch). One process per
+variant: TorchScript keeps an executor per function for the life of the process. Prints step:ms, 'R' where the neighbour list was rebuilt.
 """
 import contextlib
 import sys
