@@ -28,7 +28,8 @@ from conftest import ROOT, run_engine
 from shardmd.engine.checkpoint import read_checkpoint
 from shardmd.engine.h5md import read_frames
 
-pytestmark = [pytest.mark.slurm, pytest.mark.mpi]
+pytestmark = pytest.mark.slurm
+# the tests that run jobs carry mpi and slow: a few minutes together, out of the fast tier
 
 SCRIPTS = ROOT / "scripts" / "slurm"
 LJ = ["model=lj", "system.repeat=[4,4,4]", "threads=1", "quiet=true", "trajectory.every=100",
@@ -177,6 +178,8 @@ def srun2(slurm, tmp_path_factory) -> Path:
     return d
 
 
+@pytest.mark.mpi
+@pytest.mark.slow
 def test_srun_2_equals_one_domain(srun2, one_domain):
     assert "domains 2" in (srun2 / "run.log").read_text()
     a, b = read_frames(srun2 / "run.h5"), read_frames(one_domain / "run.h5")
@@ -184,6 +187,8 @@ def test_srun_2_equals_one_domain(srun2, one_domain):
     assert np.abs(unwrapped(a) - unwrapped(b)).max() <= 1e-10
 
 
+@pytest.mark.mpi
+@pytest.mark.slow
 def test_srun_4_overcommit_equals_one_domain(slurm, one_domain, tmp_path):
     """Four ranks on this machine's two cores (--overcommit): the first 200 steps."""
     sh(["srun", "-n", "4", "--overcommit", "--kill-on-bad-exit=1", *ENGINE, *LJ, "steps=200"], slurm, tmp_path,
@@ -205,6 +210,8 @@ PREEMPTIONS = [   # (what, scancel's flags, at start-up: while the ranks import,
 ]
 
 
+@pytest.mark.mpi
+@pytest.mark.slow
 def test_preempted_job_requeues_and_ends_as_uninterrupted(slurm, srun2, tmp_path):
     jobid = submit(slurm, tmp_path, SCRIPTS / "preemptible.sbatch", *LJ, f"steps={STEPS}")
     stops = [0]
@@ -248,6 +255,8 @@ def _ended(slurm, jobid) -> dict:
                       ("PENDING", "RUNNING", "COMPLETING", "REQUEUED") and i, 60)
 
 
+@pytest.mark.mpi
+@pytest.mark.slow
 def test_scancel_ends_every_rank_within_10_s(slurm, tmp_path):
     jobid = _running_job(slurm, tmp_path)
     sh(["scancel", jobid], slurm, tmp_path)
@@ -262,6 +271,8 @@ def test_scancel_ends_every_rank_within_10_s(slurm, tmp_path):
     # to the ranks, racing their own SIGTERM stop (they usually win: README, "Clusters (SLURM)")
 
 
+@pytest.mark.mpi
+@pytest.mark.slow
 def test_sigkill_of_one_rank_ends_the_job(slurm, tmp_path):
     jobid = _running_job(slurm, tmp_path)
     rank1 = [p for p in engine_pids(tmp_path)
@@ -278,6 +289,8 @@ def test_sigkill_of_one_rank_ends_the_job(slurm, tmp_path):
 
 
 # -- a sweep as a job array -----------------------------------------------------------------------
+@pytest.mark.mpi
+@pytest.mark.slow
 def test_array_sweep_runs_each_job_in_its_folder(slurm, tmp_path):
     temps = [80, 100, 120]
     jobid = submit(slurm, tmp_path, f"--array=0-{len(temps) - 1}", SCRIPTS / "sweep.sbatch", "model=lj",
@@ -296,6 +309,8 @@ def test_array_sweep_runs_each_job_in_its_folder(slurm, tmp_path):
 
 
 # -- the GPU job script: its CPU side --------------------------------------------------------------
+@pytest.mark.mpi
+@pytest.mark.slow
 def test_gpu_script_runs_one_rank_per_task_on_cpu(slurm, tmp_path):
     """gpu.sbatch with DEVICE=cpu, two tasks, its --gpus-per-task line taken out (this SLURM has
     no GPUs): the script's srun line runs the engine on 2 ranks."""
@@ -309,6 +324,8 @@ def test_gpu_script_runs_one_rank_per_task_on_cpu(slurm, tmp_path):
     assert "domains 2" in (tmp_path / "run.log").read_text()
 
 
+@pytest.mark.mpi
+@pytest.mark.slow
 @pytest.mark.parametrize("ranks", [2])
 def test_local_rank_is_slurms(slurm, tmp_path, ranks):
     """The rank -> GPU choice rests on the local rank: the engine's (from MPI) is SLURM_LOCALID."""
@@ -320,6 +337,8 @@ def test_local_rank_is_slurms(slurm, tmp_path, ranks):
     assert {r["size"] for r in rows} == {ranks} and {r["backend"] for r in rows} == {"gloo"}
 
 
+@pytest.mark.mpi
+@pytest.mark.slow
 def test_gpu_binding_on_gpus(slurm, tmp_path):
     import torch
 
