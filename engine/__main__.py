@@ -1,6 +1,12 @@
 """``python -m engine ...``: see ``shardmd.engine.cli``."""
 import sys
 
+if sys.argv[1:2] == ["run"]:
+    # before the imports (seconds): a batch system's SIGTERM now is a stop, not a death
+    from shardmd.engine.stop import install_early
+
+    install_early()
+
 from shardmd.engine.cli import main
 
 sys.exit(main())

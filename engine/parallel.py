@@ -114,27 +114,42 @@ def launch_self(n: int, argv: list[str]) -> int:
     launcher, which might kill them), so the ranks stop together and checkpoint."""
     import signal
 
+    from .stop import PENDING_ENV, early_signal
+
     cmd = launch_command(n, argv)
     env = dict(os.environ, SHARDMD_SELF_LAUNCHED="1", PYTHONUNBUFFERED="1",
                SHARDMD_PARENT=f"{os.getpid()}:{_start_time(os.getpid())}")
-    proc = subprocess.Popen(cmd, env=env)
+    if early_signal():   # came while this process started: the ranks begin with it
+        env[PENDING_ENV] = early_signal()
+    unsent: list[int] = []   # signals that found no rank yet (the ranks were still starting)
 
-    def forward(signum, frame):
-        for pid in _rank_pids(proc.pid):
+    def forward(signum, frame=None):
+        pids = _rank_pids(proc.pid)
+        for pid in pids:
             try:
                 os.kill(pid, signum)
             except OSError:
                 pass
+        if not pids and signum not in unsent:
+            unsent.append(signum)
 
+    proc = subprocess.Popen(cmd, env=env)
     old = {}
     for name in ("SIGTERM", "SIGINT", "SIGUSR1"):
         s = getattr(signal, name, None)
         if s is not None:
             old[s] = signal.signal(s, forward)
+    if early_signal() and PENDING_ENV not in env:   # came between the start and the line above
+        unsent.append(signal.Signals[early_signal()])
     try:
         while True:
             try:
-                return proc.wait()
+                return proc.wait(timeout=0.2 if unsent else None)
+            except subprocess.TimeoutExpired:   # a signal waits for the ranks to appear
+                if _rank_pids(proc.pid):
+                    for s in unsent:
+                        forward(s)
+                    unsent.clear()
             except KeyboardInterrupt:  # pragma: no cover - handler above replaces it
                 continue
     finally:

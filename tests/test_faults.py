@@ -359,6 +359,7 @@ def _engine_pids(cwd: Path) -> list[int]:
 
 
 @pytest.mark.mpi
+@pytest.mark.slow   # ~25 s; the fast tier's one-rank-failure-ends-all case is test_nan_on_one_rank_stops_all[2]
 def test_sigkill_of_the_launcher_ends_every_rank(tmp_path):
     args = [sys.executable, "-m", "engine", "run", *SMALL, "system.repeat=[6,6,6]", "domains=2",
             "steps=1000000", "checkpoint.every=0", "thermo.every=0"]
@@ -393,6 +394,25 @@ def test_sigterm_still_checkpoints_with_75(tmp_path):
     time.sleep(1)
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=60) == 75
+    assert_intact(tmp_path)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("domains", [1, pytest.param(2, marks=pytest.mark.slow)])
+def test_sigterm_while_starting_stops_after_the_first_step(tmp_path, domains):
+    """SIGTERM while the process still imports (a batch system's preemption right after the
+    start): recorded, not fatal (engine/__main__.py installs it first); the run stops after
+    its first step with a checkpoint and exit 75 (before session 11: killed, exit -15 or 143).
+    With domains=2 the signal reaches the self-launching parent before its ranks exist, and
+    they start with it (stop.PENDING_ENV)."""
+    proc = subprocess.Popen([sys.executable, "-m", "engine", "run", *SMALL, "system.repeat=[4,4,4]", "steps=1000",
+                             f"domains={domains}"],
+                            cwd=tmp_path, stderr=subprocess.PIPE, text=True)
+    time.sleep(0.6)   # python is up (~0.1 s); torch alone takes ~1.5 s to import
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=180) == 75, proc.stderr.read()
+    assert "Stopped by SIGTERM at step 1" in (tmp_path / "run.log").read_text()
+    assert sorted((tmp_path / "run.ckpt").glob("step-*.h5"))
     assert_intact(tmp_path)
 
 
@@ -456,6 +476,7 @@ def test_second_run_on_a_live_output_is_refused(tmp_path, capsys, monkeypatch):
 
 
 @pytest.mark.mpi
+@pytest.mark.slow   # ~20 s; the one-rank disk-full cases stay in the fast tier
 def test_disk_full_on_two_ranks_is_one_line(tmp_path):
     """Rank 0 writes; a full disk ends both ranks together with exit 4 and one line (no MPI
     abort and its launcher noise). A 2 MiB tmpfs: skipped where mounting is not permitted."""

@@ -234,7 +234,10 @@ def test_preempted_job_requeues_and_ends_as_uninterrupted(slurm, srun2, tmp_path
                       ("PENDING", "RUNNING", "REQUEUED", "COMPLETING") and i, 180)
     out = (tmp_path / f"slurm-{jobid}.out").read_text()
     assert info["JobState"] == "COMPLETED" and info["Restarts"] == "4", (info, out[-3000:])
-    assert [int(s) for s in re.findall(r"engine exit status (\d+)", out)] == [143, 75, 75, 75, 0], out[-3000:]
+    # the start-up preemption: 75 (the signal recorded from the interpreter's start, the run
+    # stops after step 1), or 143 when it came in the ~0.1 s before the engine records signals
+    codes = [int(s) for s in re.findall(r"engine exit status (\d+)", out)]
+    assert codes[0] in (75, 143) and codes[1:] == [75, 75, 75, 0], out[-3000:]
     same_frames(tmp_path / "run.h5", srun2 / "run.h5")
     mine, ref = (read_checkpoint(sorted((d / "run.ckpt").glob("step-*.h5"))[-1]) for d in (tmp_path, srun2))
     assert mine["step"] == ref["step"] == STEPS
