@@ -43,6 +43,7 @@ def test_lj_numerical_forces_and_stress():
     _numerical_checks(_triclinic_argon(), ShardMDCalculator(model="lj"), 1e-4, 1e-6, 1e-6, 1e-6)
 
 
+@pytest.mark.slow   # MACE by finite differences, ~15 s; LJ's twin stays in the fast tier
 def test_mace_numerical_forces_and_stress(tmp_path):
     from shardmd.models.mace_random import make_random_mace
 
@@ -321,7 +322,8 @@ def test_ase_verlet_equals_engine_verlet(tmp_path):
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("k", [2, pytest.param(4, marks=pytest.mark.slow)])
+@pytest.mark.slow   # ~25 s each; the calculator's one-rank checks stay in the fast tier
+@pytest.mark.parametrize("k", [2, 4])
 def test_ase_script_under_mpiexec(k, tmp_path):
     r = subprocess.run(mpiexec_cmd(k, [str(HERE / "mpi" / "ase_cases.py"), str(tmp_path)]),
                        capture_output=True, text=True, timeout=900)

@@ -56,9 +56,9 @@ def world_tasks(item):
 
 
 @pytest.mark.mpi
-# 6 ranks (3x2x1) in the full suite only: the fast tier splits one axis 3 ways (k=3), two axes
-# (k=4) and all three (k=8); a 6-rank world of its own is ~25 s of CPU
-@pytest.mark.parametrize("k", [pytest.param(k, marks=pytest.mark.slow) if k == 6 else k for k in sorted(CASES)])
+# the fast tier splits one axis (k=2) and two (k=4); 3 ways, 6 (3x2x1) and all three axes (k=8)
+# in the full suite only (each world of its own rank count is ~20-30 s of a 2-core machine)
+@pytest.mark.parametrize("k", [pytest.param(k, marks=pytest.mark.slow) if k in (3, 6, 8) else k for k in sorted(CASES)])
 def test_lj_on_k_domains_equals_reference(k, mpi_world, reference):
     # clean: the world (lj_cases.py's run here) exited 0 after its gloo shutdown check
     tmp_path = mpi_world(k, f"lj_cases{k}", clean=True)

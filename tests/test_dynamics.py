@@ -123,6 +123,7 @@ def test_float32_runs_and_tracks_float64(tmp_path):
     assert np.allclose(out["float32"][:, 1], out["float64"][:, 1], rtol=1e-5, atol=1e-4)
 
 
+@pytest.mark.slow   # ~20 s of MD against fresh lists every step
 def test_skin_rule_never_misses_a_pair(tmp_path):
     """After every step, the engine's current list must contain every pair within the
     model cutoff found by a fresh search (positions fold through the boundary meanwhile)."""

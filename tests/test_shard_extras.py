@@ -440,6 +440,7 @@ print("after the guard", "torch._dynamo" in sys.modules, e1 == e2)
 """
 
 
+@pytest.mark.slow   # a fresh process, ~10 s
 def test_lj_custom_op_runs_without_dynamo_until_something_compiles(tmp_path):
     """torch wraps a custom op's kernel in a lazy torch._dynamo.disable that imports
     torch._dynamo (~1.5 s of CPU) on the first call; defer_dynamo skips it for eager runs, and

@@ -28,7 +28,8 @@ def world_tasks(item):
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("k", [2, 3, 4])
+# 3 ranks in the slow tier: the fast tier launches no 3-rank world (issue 23)
+@pytest.mark.parametrize("k", [2, pytest.param(3, marks=pytest.mark.slow), 4])
 def test_handlers_transforms_adapters_on_k_ranks(k, mpi_world):
     res = json.loads((mpi_world(k, f"shard_cases{k}") / "res.json").read_text())
     bad = {n: v for n, v in res.items() if not v["ok"]}
@@ -145,7 +146,7 @@ def _fresh_reference(model_name, d):
 
 @pytest.mark.mpi
 @pytest.mark.slow
-@pytest.mark.parametrize("k", [2, 3, 4])
+@pytest.mark.parametrize("k", [2, pytest.param(3, marks=pytest.mark.slow), 4])
 def test_fifty_md_steps_with_migrations_match_one_domain(k, mpi_world, md_reference):
     tmp_path = mpi_world(k, f"shard_md{k}")
     for name in ("mpnn", "warp", "mpnn_sharded"):

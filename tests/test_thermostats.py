@@ -261,6 +261,8 @@ def test_canonical_temperature_and_fluctuations(integrator, tmp_path):
 BASE = ["model=lj", "system.repeat=[5,5,5]", "dt=2.0", "temperature=100", "trajectory.every=20",
         "thermo.every=50", "quiet=true", "checkpoint.every=0", "neighbor.skin=0.6"]
 THERMOSTATS = ["integrator=nose-hoover", "integrator=csvr"]
+#: the same, CSVR's runs in the slow tier (the fast tier keeps one thermostat's; ~20 s each)
+FAST_NHC = ["integrator=nose-hoover", pytest.param("integrator=csvr", marks=pytest.mark.slow)]
 
 
 def _unwrapped(path):
@@ -269,7 +271,7 @@ def _unwrapped(path):
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("integrator", THERMOSTATS)
+@pytest.mark.parametrize("integrator", FAST_NHC)
 def test_one_and_two_domains_give_the_same_trajectory(integrator, tmp_path):
     args = [*BASE, integrator, "integrator.tdamp=50" if "nose" in integrator else "integrator.tau=50",
             "steps=200"]
@@ -284,7 +286,7 @@ def test_one_and_two_domains_give_the_same_trajectory(integrator, tmp_path):
     assert worst <= 1e-10, worst
 
 
-@pytest.mark.parametrize("integrator", THERMOSTATS)
+@pytest.mark.parametrize("integrator", FAST_NHC)
 def test_restart_mid_run_is_bit_exact(integrator, tmp_path):
     """200 steps straight == 100 + restart + 100 (the chain comes back from the checkpoint)."""
     args = [*BASE, integrator]
