@@ -65,8 +65,10 @@ class StopRequest:
             except (ValueError, OSError):  # not the main thread
                 pass
         # a signal that came while the process was starting (install_early), here or in the
-        # self-launching parent
-        pending = early_signal() or os.environ.get(PENDING_ENV)
+        # self-launching parent: taken over once (a later run in this process starts afresh)
+        early, handed = early_signal(), os.environ.pop(PENDING_ENV, None)
+        pending = early or handed
+        _EARLY.clear()
         if pending and self.signal_name is None:
             self.signal_name = pending
 
