@@ -213,20 +213,17 @@ def _run(args: list[str], command: str = "run") -> int:
             return 0
         if ns.resolve:
             raise UserError("--resolve goes with --cfg")
-        single = None if ns.multirun else _single_run(hydra.config_loader, name, overrides)
-        if single is not None:   # the usual case: composed here, once more by hydra.run
-            result = hydra.run(config_name=name, task_function=functools.partial(_job, flags=flags, command=command),
-                               overrides=overrides + single).return_value
-            if isinstance(result, _Raised):
-                raise result.exc
-            return result
-        mode = load(hydra.config_loader, name, overrides, multirun=True).hydra.mode
         task = functools.partial(_job, flags=flags, command=command)
-        if ns.multirun or mode == RunMode.MULTIRUN:
-            return _sweep(hydra, name, overrides + ([] if mode == RunMode.MULTIRUN else ["hydra.mode=MULTIRUN"]),
-                          task)
-        overrides += [] if mode == RunMode.RUN else ["hydra.mode=RUN"]
-        job_config(load(hydra.config_loader, name, overrides))   # every error before the job starts
+        single = None if ns.multirun else _single_run(hydra.config_loader, name, overrides)
+        if single is not None:   # the usual case: composed and checked there, once more by hydra.run
+            overrides += single
+        else:
+            mode = load(hydra.config_loader, name, overrides, multirun=True).hydra.mode
+            if ns.multirun or mode == RunMode.MULTIRUN:
+                return _sweep(hydra, name,
+                              overrides + ([] if mode == RunMode.MULTIRUN else ["hydra.mode=MULTIRUN"]), task)
+            overrides += [] if mode == RunMode.RUN else ["hydra.mode=RUN"]
+            job_config(load(hydra.config_loader, name, overrides))   # every error before the job starts
         result = hydra.run(config_name=name, task_function=task, overrides=overrides).return_value
         if isinstance(result, _Raised):
             raise result.exc
