@@ -15,11 +15,14 @@ from __future__ import annotations
 import functools
 import os
 import socket
+import sys
 from dataclasses import dataclass, field
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+
+from .stale_shm import remove_stale_segments
 
 #: environment variables that reveal a process started by an MPI launcher
 LAUNCHER_ENV = ("PMI_RANK", "PMI_SIZE", "PMIX_RANK", "OMPI_COMM_WORLD_SIZE", "MPI_LOCALNRANKS",
@@ -155,6 +158,9 @@ def init_comm(device: str = "cpu", timeout_s: float = 120.0) -> Comm:
         return Comm(device=_pick_device(device, 0))
     if under_torchrun() and not any(v in os.environ for v in LAUNCHER_ENV):
         return _init_torchrun(device, timeout_s)
+    for path in remove_stale_segments():   # a requeued SLURM job's killed earlier start
+        print(f"shardmd: removed {path}, left by a killed earlier start of this SLURM job step "
+              "(MPI would have failed to start on it)", file=sys.stderr, flush=True)
     from mpi4py import MPI
 
     world = MPI.COMM_WORLD

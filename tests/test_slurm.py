@@ -107,24 +107,41 @@ def job(env, jobid) -> dict[str, str]:
     return dict(kv.split("=", 1) for kv in out.splitlines()[0].split() if "=" in kv)
 
 
-def wait_until(what, pred, timeout_s, poll_s=0.2):
-    """Poll ``pred()`` until it is true; fail naming ``what`` after ``timeout_s`` seconds."""
+def wait_until(what, pred, timeout_s, poll_s=0.2, why=lambda: ""):
+    """Poll ``pred()`` until it is true; fail naming ``what`` (and ``why()``: what the job
+    printed, say) after ``timeout_s`` seconds."""
     deadline = time.time() + timeout_s
     while time.time() < deadline:
         got = pred()
         if got:
             return got
         time.sleep(poll_s)
-    pytest.fail(f"timed out after {timeout_s} s waiting for {what}")
+    pytest.fail(f"timed out after {timeout_s} s waiting for {what}\n{why()}")
+
+
+def job_output(env, folder: Path, jobid: str) -> str:
+    """For a failure message: the job's state and the end of its output file and run.log."""
+    def tail(name):
+        try:
+            return (folder / name).read_text()[-3000:]
+        except OSError as e:
+            return f"({e.strerror})"
+    state = subprocess.run(["scontrol", "show", "job", "-o", jobid], env=env, capture_output=True,
+                           text=True, timeout=30).stdout
+    return f"scontrol: {state}\nslurm-{jobid}.out:\n{tail(f'slurm-{jobid}.out')}\nrun.log:\n{tail('run.log')}"
+
+
+def log_steps(folder: Path) -> list[int]:
+    """The steps of run.log's thermo rows, every start's (appended), in order."""
+    try:
+        return [int(s) for s in re.findall(r"^\s+(\d+)\s+\d+\.\d{4}\s", (folder / "run.log").read_text(), re.M)]
+    except OSError:
+        return []
 
 
 def log_step(folder: Path) -> int:
     """The last step in run.log's thermo table (-1 before the first)."""
-    try:
-        steps = re.findall(r"^\s+(\d+)\s+\d+\.\d{4}\s", (folder / "run.log").read_text(), re.M)
-    except OSError:
-        return -1
-    return int(steps[-1]) if steps else -1
+    return (log_steps(folder) or [-1])[-1]
 
 
 def engine_pids(cwd: Path) -> list[int]:
@@ -217,21 +234,25 @@ def test_preempted_job_requeues_and_ends_as_uninterrupted(slurm, srun2, tmp_path
     stops = [0]
     for k, (what, flags, early) in enumerate(PREEMPTIONS):
         if early:   # the ranks exist but import torch for seconds yet: no handler, no log
-            wait_until("the ranks to exist", lambda: len(engine_pids(tmp_path)) == 2, 120, poll_s=0.05)
+            wait_until("the ranks to exist", lambda: len(engine_pids(tmp_path)) == 2, 120, poll_s=0.05,
+                       why=lambda: job_output(slurm, tmp_path, jobid))
             assert log_step(tmp_path) == -1
         else:
             wait_until(f"start {k} to run 150 steps", lambda: job(slurm, jobid)["JobState"] == "RUNNING"
-                       and log_step(tmp_path) >= stops[-1] + 150, 120)
+                       and log_step(tmp_path) >= stops[-1] + 150, 120,
+                       why=lambda: job_output(slurm, tmp_path, jobid))
         sh(["scancel", *flags, "--signal=TERM", jobid], slurm, tmp_path)
         info = wait_until(f"the requeue after '{what}'",
-                          lambda k=k: (i := job(slurm, jobid))["Restarts"] == str(k + 1) and i, 60)
+                          lambda k=k: (i := job(slurm, jobid))["Restarts"] == str(k + 1) and i, 60,
+                          why=lambda: job_output(slurm, tmp_path, jobid))
         assert info["JobState"] in ("COMPLETING", "REQUEUED", "PENDING", "RUNNING"), (what, info["JobState"])
         ckpts = sorted((tmp_path / "run.ckpt").glob("step-*.h5"))
         if not early:
             stops.append(read_checkpoint(ckpts[-1])["step"])
             assert 0 < stops[-1] < STEPS and stops == sorted(set(stops)), (what, stops)
     info = wait_until("the job to complete", lambda: (i := job(slurm, jobid))["JobState"] not in
-                      ("PENDING", "RUNNING", "REQUEUED", "COMPLETING") and i, 180)
+                      ("PENDING", "RUNNING", "REQUEUED", "COMPLETING") and i, 180,
+                      why=lambda: job_output(slurm, tmp_path, jobid))
     out = (tmp_path / f"slurm-{jobid}.out").read_text()
     assert info["JobState"] == "COMPLETED" and info["Restarts"] == "4", (info, out[-3000:])
     # the start-up preemption: 75 (the signal recorded from the interpreter's start, the run
@@ -246,9 +267,9 @@ def test_preempted_job_requeues_and_ends_as_uninterrupted(slurm, srun2, tmp_path
         assert np.array_equal(mine["arrays"][key][order_a], ref["arrays"][key][order_b]), key
 
 
-def _running_job(slurm, cwd) -> str:
+def _running_job(slurm, cwd, *extra) -> str:
     """preemptible.sbatch with a run that never ends by itself, once its ranks are stepping."""
-    jobid = submit(slurm, cwd, SCRIPTS / "preemptible.sbatch", *LJ, "steps=10000000")
+    jobid = submit(slurm, cwd, SCRIPTS / "preemptible.sbatch", *LJ, "steps=10000000", *extra)
     wait_until("the ranks to step", lambda: log_step(cwd) >= 100 and len(engine_pids(cwd)) == 2, 120)
     return jobid
 
@@ -289,6 +310,32 @@ def test_sigkill_of_one_rank_ends_the_job(slurm, tmp_path):
     assert info["JobState"] == "FAILED" and info["Restarts"] == "0", info     # a crash is not requeued
     assert "engine exit status 75" not in (tmp_path / f"slurm-{jobid}.out").read_text()
     assert read_frames(tmp_path / "run.h5")      # what was written stays readable
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+def test_requeue_after_killed_ranks_starts_again(slurm, tmp_path):
+    """A start killed outright (SIGKILL: a preemption's grace time ran out) leaves MPICH's
+    segment for step 0 of this job in /dev/shm; the requeued start's step 0 has the same name.
+    Without domain/stale_shm.py its MPI_Init failed ("Message truncated") and the job hung."""
+    from shardmd.domain.stale_shm import segment_prefixes
+
+    jobid = _running_job(slurm, tmp_path, "checkpoint.every=100")
+    segment = [p for p in Path("/dev/shm").iterdir()
+               if p.name.startswith(segment_prefixes({"SLURM_JOB_ID": jobid, "SLURM_STEP_ID": "0"})[0])]
+    assert len(segment) == 1, "MPICH's segment of this step is not where stale_shm.py looks"
+    for pid in engine_pids(tmp_path):
+        os.kill(pid, signal.SIGKILL)
+    info = _ended(slurm, jobid)
+    assert info["JobState"] == "FAILED" and segment[0].exists(), info     # what the next start meets
+    rows = len(log_steps(tmp_path))
+    time.sleep(1.0)    # the segment is stale by more than stale_shm.MARGIN_S once the job restarts
+    sh(["scontrol", "requeue", jobid], slurm, tmp_path)
+    wait_until("the requeued start to step", lambda: len(log_steps(tmp_path)) >= rows + 3, 120,
+               why=lambda: job_output(slurm, tmp_path, jobid))
+    out = (tmp_path / f"slurm-{jobid}.out").read_text()
+    assert f"shardmd: removed {segment[0]}" in out, out[-3000:]
+    sh(["scancel", jobid], slurm, tmp_path)
 
 
 # -- a sweep as a job array -----------------------------------------------------------------------
