@@ -10,7 +10,7 @@ import pytest
 from ase import Atoms
 from ase.build import bulk
 from ase.io import write
-from conftest import WorldTask, mpiexec_cmd, run_engine, run_in_process
+from conftest import WorldTask, run_in_process
 
 from shardmd.models.mace_random import make_random_mace
 
@@ -147,31 +147,6 @@ def test_mace_single_domain_engine_equals_mace_calculator(mace_setup, tmp_path):
     assert np.abs(full["forces"] - f).max() <= 1e-12 * np.abs(f).max()
     assert abs(float(sim.results["energy"]) - e) <= 1e-12 * abs(e)
     assert np.abs(sim.results["virial"].numpy() - w).max() <= 1e-12 * np.abs(w).max()
-
-
-@pytest.mark.mpi
-@pytest.mark.slow
-def test_headline_command_and_mpiexec_agree(tmp_path):
-    """The headline job (`+model=mace`, the shipped model, the default Cu system) under
-    mpiexec -n 8 follows the 1-domain trajectory. The self-launched `+domains=8` form runs
-    verbatim in test_readme (its first command); self-launch and mpiexec giving the same
-    trajectory bit for bit is test_decomposed's test_self_launch_equals_mpiexec. (Until session
-    11 this test ran the self-launched 8 ranks a second time: ~85 s of a 2-core machine.)"""
-    r = run_engine(["run", "+model=mace"], cwd=tmp_path, timeout=900)
-    assert r.returncode == 0, r.stderr
-    (tmp_path / "b").mkdir()
-    r2 = subprocess.run(mpiexec_cmd(8, ["-m", "engine", "run", "+model=mace"]), cwd=tmp_path / "b",
-                        capture_output=True, text=True, timeout=900)
-    assert r2.returncode == 0, r2.stderr
-    assert "domains 8" in (tmp_path / "b" / "run.log").read_text()
-    from shardmd.engine.h5md import read_frames
-
-    a, b = read_frames(tmp_path / "run.h5"), read_frames(tmp_path / "b" / "run.h5")
-    assert [f.info["step"] for f in a] == [f.info["step"] for f in b] == [0, 10, 20] and len(a[0]) == 864
-    for fa, fb in zip(a, b):
-        assert np.array_equal(fa.get_atomic_numbers(), fb.get_atomic_numbers())
-        assert np.abs(fa.positions - fb.positions).max() <= 1e-10
-    assert np.abs(a[-1].positions - a[0].positions).max() > 1e-3   # the atoms moved
 
 
 def validate_jobs(item):
