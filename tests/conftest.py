@@ -225,6 +225,28 @@ def validated(request):
     return ValidateBatches(request.session)
 
 
+# -- CPU per test: SHARDMD_CPU_LOG=FILE appends "<cpu s> <wall s> <test id>" per test --------
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """The CPU a test used, set-up and teardown included: this process's and that of every
+    child it waited for (mpiexec reaps its ranks, so a launch's ranks count). The full suite is
+    CPU-bound on two cores: CPU, not wall time, says what a cut saves (issue 23)."""
+    log = os.environ.get("SHARDMD_CPU_LOG")
+    if not log:
+        yield
+        return
+    import resource
+    import time
+
+    def cpu():
+        return sum(r.ru_utime + r.ru_stime for r in (resource.getrusage(resource.RUSAGE_SELF),
+                                                      resource.getrusage(resource.RUSAGE_CHILDREN)))
+    c0, t0 = cpu(), time.perf_counter()
+    yield
+    with open(log, "a") as f:
+        f.write(f"{cpu() - c0:.2f} {time.perf_counter() - t0:.2f} {item.nodeid}\n")
+
+
 # -- SLURM tier: one status line at the end of every run that ran it (tests/test_slurm.py) -------
 def pytest_terminal_summary(terminalreporter):
     """``SLURM tier: N passed, M skipped ... in S s``, how the cluster came up, and each distinct
