@@ -6,6 +6,7 @@ itself.  Every collective here is called by all ranks at the same step.
 """
 from __future__ import annotations
 
+import math
 import time
 
 import torch
@@ -18,6 +19,7 @@ from shardmd.domain.halo import build_halo, ghost_positions, local_pbc
 from shardmd.domain.migration import MigrationError, id_checksum, migrate, verify
 from shardmd.domain.neighbors import SkinNeighborList, build_neighbor_list
 from shardmd.domain.spatial_sort import spatial_order
+from shardmd.integrators.npt import inv3, matmul3
 
 from .errors import CollectiveError
 from .health import step_measure
@@ -58,6 +60,7 @@ class RankDomain:
         self.restart_reference: torch.Tensor | None = None
         #: (3, 3) Å: the cell of that rebuild when it differs from the state's (a barostat)
         self.restart_cell: torch.Tensor | None = None
+        self._work: torch.Tensor | None = None   # (rows, 3): the box check's per-atom array, kept
 
     # -- set-up ----------------------------------------------------------------------
     def distribute(self, full: State, reference: torch.Tensor | None = None,
@@ -191,15 +194,54 @@ class RankDomain:
         a non-finite velocity or position), reduced together in one small all-reduce:
         (rebuild needed on any rank, the largest measure on any rank)."""
         t = time.perf_counter()
-        nl = self.nl
-        d = None if not s.n_atoms or nl.stale(s.positions, s.cell) else nl.max_displacement(s.positions)
+        d, trigger = self.displacement(s) if s.n_atoms else (None, 0.0)
         h = step_measure(s.velocities, dt, d)   # 0-d float64 on the atoms' device
-        # skin / 2, or less with a changing cell (LAMMPS's boxcheck: domain/neighbors.py)
-        trigger = 0.5 * nl.skin if d is None or not nl.box_check else nl.trigger(s.cell)
         need = torch.full_like(h, float(bool(s.n_atoms))) if d is None else (d > trigger).to(h.dtype)
         need, worst = self.comm.all_reduce(torch.stack([need, h]), "max").tolist()   # the one host read
         self.timers["neighbor"] += time.perf_counter() - t
         return bool(need), worst
+
+    def displacement(self, s: State) -> tuple[torch.Tensor | None, float]:
+        """(this rank's largest displacement since the last build, 0-d Å; the largest one the
+        list stays complete with, Å): a new list is due when the first exceeds the second on
+        any rank.  The first is None when the list cannot serve these atoms at all (none built,
+        another atom count, another cell without the box check, a singular build cell).
+
+        Fixed cell: |x - x0| against skin / 2.  A changing cell (``box_check``, a barostat):
+        the displacement less the cell's homogeneous deformation, |x - x0 T| with
+        T = h0^-1 h (build cell h0, current h), against (skin - ||T - I|| (cutoff + skin)) / 2;
+        why this keeps every pair within the cutoff: docs/design.md, "NPT under decomposition"."""
+        nl = self.nl
+        half = 0.5 * nl.skin
+        if not nl.box_check or not nl.cell_changed(s.cell):
+            if nl.stale(s.positions, s.cell):
+                return None, half
+            return nl.max_displacement(s.positions), half
+        x0, x = nl.reference, s.positions
+        if nl.current is None or x0 is None or x0.shape != x.shape:
+            return None, half
+        try:
+            t = matmul3(inv3(nl.build_cell.double().cpu().tolist()), s.cell.double().cpu().tolist())
+        except ZeroDivisionError:
+            return None, half
+        trigger = 0.5 * (nl.skin - strain_norm(t) * nl.radius)
+        if not math.isfinite(trigger):
+            return None, half
+        w = self._work_rows(x)
+        if t[0][1] == t[0][2] == t[1][0] == t[1][2] == t[2][0] == t[2][1] == 0.0:   # iso, aniso: a scaling
+            torch.mul(x0, torch.tensor([t[0][0], t[1][1], t[2][2]], dtype=x.dtype, device=x.device), out=w)
+        else:
+            torch.mm(x0, torch.tensor(t, dtype=x.dtype, device=x.device), out=w)
+        return torch.linalg.vector_norm(w.sub_(x), dim=1).amax(), trigger
+
+    def _work_rows(self, like: torch.Tensor) -> torch.Tensor:
+        """A kept (n, 3) work array for ``like`` (n, 3): allocated once with head-room (a rank's atom
+        count moves with migrations), not per step (fresh pages are zero-filled on first touch)."""
+        n = like.shape[0]
+        w = self._work
+        if w is None or w.shape[0] < n or w.dtype != like.dtype or w.device != like.device:
+            w = self._work = torch.empty((int(1.25 * n) + 1, 3), dtype=like.dtype, device=like.device)
+        return w[:n]
 
     def close_pairs(self, s: State, radius: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(id_i, id_j, distance Å) of every pair closer than ``radius`` with i owned here, from
@@ -233,6 +275,16 @@ class RankDomain:
         ``s``'s memory order, e.g. the reference positions or per-atom energies)."""
         parts = self.comm.gather_object(_local_arrays(s, fields, extra))
         return None if parts is None else _assemble(parts)
+
+
+def strain_norm(t: list[list[float]]) -> float:
+    """An upper bound on ||T - I||, the spectral norm, for a 3 x 3 ``t`` (lists of floats):
+    sqrt(||A||_1 ||A||_inf) with A = T - I (largest column and row sums of |A|); exact when A is
+    diagonal (iso and aniso on an orthogonal cell)."""
+    a = [[t[i][j] - (1.0 if i == j else 0.0) for j in range(3)] for i in range(3)]
+    col = max(abs(a[0][j]) + abs(a[1][j]) + abs(a[2][j]) for j in range(3))
+    row = max(abs(a[i][0]) + abs(a[i][1]) + abs(a[i][2]) for i in range(3))
+    return math.sqrt(col * row)
 
 
 def _local_arrays(s: State, fields, extra: dict | None) -> dict:

@@ -223,7 +223,7 @@ class NPT:
 
     # -- pressure -----------------------------------------------------------------------
     def _volume(self) -> float:
-        return abs(_det3(self.cell.double().cpu().tolist()))
+        return abs(det3(self.cell.double().cpu().tolist()))
 
     def _pressure(self, mvv: list[float] | float) -> None:
         """fix_nh's compute pressure (scalar for iso, vector otherwise) and couple(), from the
@@ -304,7 +304,7 @@ class NPT:
         if self.pstyle != "iso" and bool((c[0, 1] != 0) | (c[0, 2] != 0) | (c[1, 2] != 0)):
             raise ValueError(f"integrator.couple={self.pstyle} needs a cell in LAMMPS's form (a along x, b in "
                              "the xy plane: cell[0,1] = cell[0,2] = cell[1,2] = 0); rotate the cell or use couple=iso")
-        if not math.isfinite(_det3(c.double().cpu().tolist())):
+        if not math.isfinite(det3(c.double().cpu().tolist())):
             raise ValueError("the cell is not finite")
 
     # -- the barostat's pieces (fix_nh, line for line) -------------------------------------------
@@ -442,7 +442,7 @@ class NPT:
         if self.pstyle == "iso":
             positions.mul_(e)         # x' = x c^-1 (e c): fractions kept
         else:
-            m = _matmul3(_inv3(c), new)   # x' = x c^-1 new, lower-triangular for LAMMPS's form
+            m = matmul3(inv3(c), new)   # x' = x c^-1 new, lower-triangular for LAMMPS's form
             x, y, z = positions[:, 0], positions[:, 1], positions[:, 2]
             x.mul_(m[0][0]).add_(y, alpha=m[1][0]).add_(z, alpha=m[2][0])   # x first: it reads the old y, z
             y.mul_(m[1][1]).add_(z, alpha=m[2][1])
@@ -529,14 +529,14 @@ class NPT:
         self._set_masses()
 
 
-def _det3(a) -> float:
+def det3(a) -> float:
     return (a[0][0] * (a[1][1] * a[2][2] - a[1][2] * a[2][1]) - a[0][1] * (a[1][0] * a[2][2] - a[1][2] * a[2][0])
             + a[0][2] * (a[1][0] * a[2][1] - a[1][1] * a[2][0]))
 
 
-def _inv3(a) -> list[list[float]]:
+def inv3(a) -> list[list[float]]:
     """Inverse of a 3 x 3 matrix (lists of floats) by its adjugate."""
-    d = _det3(a)
+    d = det3(a)
     return [[(a[1][1] * a[2][2] - a[1][2] * a[2][1]) / d, (a[0][2] * a[2][1] - a[0][1] * a[2][2]) / d,
              (a[0][1] * a[1][2] - a[0][2] * a[1][1]) / d],
             [(a[1][2] * a[2][0] - a[1][0] * a[2][2]) / d, (a[0][0] * a[2][2] - a[0][2] * a[2][0]) / d,
@@ -545,5 +545,5 @@ def _inv3(a) -> list[list[float]]:
              (a[0][0] * a[1][1] - a[0][1] * a[1][0]) / d]]
 
 
-def _matmul3(a, b) -> list[list[float]]:
+def matmul3(a, b) -> list[list[float]]:
     return [[sum(a[i][k] * b[k][j] for k in range(3)) for j in range(3)] for i in range(3)]

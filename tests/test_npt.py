@@ -225,43 +225,105 @@ def test_npt_mean_density_matches_lammps(tmp_path):
 # ---------------------------------------------------------------- pieces and refusals
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2])
-def test_box_check_keeps_the_list_complete(seed):
-    """domain/neighbors.py's box check (LAMMPS's boxcheck): after a random strain of a triclinic
-    cell (atoms remapped with it) and displacements up to the trigger (skin - d1 - d2) / 2, every
-    pair within the cutoff (brute force) is still an edge of the list built before; past it, the
-    list asks for a rebuild."""
+def _built_domain(x0, cell, cutoff, skin):
+    """One domain (engine/rank_domain.py) with the box check, its list built on ``x0`` in ``cell``
+    (memory order = id order: no sort)."""
+    from shardmd.domain.comm import Comm
+    from shardmd.engine.rank_domain import RankDomain
+
+    n = len(x0)
+    z = torch.zeros(n, 3, dtype=torch.float64)
+    s = State(positions=torch.tensor(x0), velocities=z.clone(), forces=z.clone(),
+              masses=torch.ones(n, dtype=torch.float64), numbers=torch.full((n,), 18), ids=torch.arange(n),
+              images=torch.zeros(n, 3, dtype=torch.int32), cell=torch.tensor(cell), pbc=torch.ones(3, dtype=torch.bool))
+    d = RankDomain(Comm(), cutoff=cutoff, skin=skin, sort="none", box_check=True)
+    s = d.distribute(s)
+    d.rebuild(s)
+    return d, s
+
+
+def _edges(nl):
+    return {(int(i), int(j), tuple(int(a) for a in sh)) for i, j, sh in
+            zip(nl.centers().tolist(), nl.neighbors.tolist(), nl.shifts.tolist())}
+
+
+# cells: tilted (LAMMPS's form, tilts up to 0.3); sheared (tilts up to 1, i.e. 45 degrees, and rigidly
+# rotated: a general matrix); small (edges 6-7 Å with a 4.5 Å list radius: images beyond the first,
+# which LAMMPS's corner rule could not follow); strains: random (shear and rotation included), or a
+# shrinking cell (iso, or along one axis)
+BOX_CASES = [("tilted", 0, "random"), ("tilted", 1, "random"), ("tilted", 2, "shrink"),
+             ("sheared", 3, "random"), ("sheared", 4, "shrink"), ("small", 5, "random"), ("small", 6, "shrink")]
+
+
+@pytest.mark.parametrize("shape,seed,strain", BOX_CASES)
+def test_box_check_keeps_the_list_complete(shape, seed, strain):
+    """The box check of a changing cell (engine/rank_domain.py ``displacement``): after a strain of
+    the cell (atoms remapped with it, x0 h0^-1 h) and displacements of the atoms' own up to the
+    trigger (skin - ||T - I|| (cutoff + skin)) / 2, every pair within the cutoff (brute force) is
+    still an edge of the list built before; past the trigger, a rebuild is asked for."""
     from reference import brute_force_pairs, random_cell, random_positions
 
-    from shardmd.domain.neighbors import SkinNeighborList
-
     rng = np.random.default_rng(seed)
-    cell = random_cell(rng, lengths=(12.0, 15.0), max_tilt=0.3)
+    lengths, tilt = {"tilted": ((12.0, 15.0), 0.3), "sheared": ((14.0, 17.0), 1.0), "small": ((6.0, 7.0), 0.2)}[shape]
+    cell = random_cell(rng, lengths=lengths, max_tilt=tilt, rotate=shape == "sheared")
     pbc = np.array([True, True, True])
-    x0 = random_positions(rng, 250, cell, pbc)
     cutoff, skin = 3.5, 1.0
-    nl = SkinNeighborList(cutoff, skin, box_check=True)
-    built = nl.build(torch.tensor(x0), torch.tensor(cell), torch.tensor(pbc))
-    edges = {(int(i), int(j), tuple(int(a) for a in s)) for i, j, s in
-             zip(built.centers().tolist(), built.neighbors.tolist(), built.shifts.tolist())}
+    d, s = _built_domain(random_positions(rng, 250 if shape != "small" else 60, cell, pbc), cell, cutoff, skin)
+    x0 = s.positions.numpy().copy()          # wrapped by the rebuild
+    edges = _edges(d.nl.current)
     for trial in range(6):
-        strain = rng.normal(scale=0.003, size=(3, 3))
-        new = cell @ (np.eye(3) + strain)
-        x = x0 @ np.linalg.inv(cell) @ new          # the remap: fractions kept
-        trig = nl.trigger(torch.tensor(new))
-        affine = np.linalg.norm(x - x0, axis=1)
-        assert 0 < affine.max() < trig < 0.5 * skin
-        # each atom's total displacement from the build (affine + its own) up to 0.999 trigger
+        if strain == "random":
+            new = cell @ (np.eye(3) + rng.normal(scale=0.004, size=(3, 3)))
+        else:   # shrinking: all axes, or one (a lattice vector; for the rotated cell a Cartesian axis)
+            f = np.ones(3) * (1 - 0.002 * (trial + 1)) if trial % 2 == 0 else 1 - 0.01 * np.eye(3)[trial % 3]
+            new = cell @ np.diag(f) if shape == "sheared" else cell * f[:, None]
+        x = x0 @ np.linalg.inv(cell) @ new   # the remap: fractions kept
+        s.positions, s.cell = torch.tensor(x), torch.tensor(new)
+        affine_left, trig = d.displacement(s)
+        assert float(affine_left) < 1e-12 and 0 < trig < 0.5 * skin, (float(affine_left), trig)
+        # the atoms' own displacements, up to 0.999 trigger
         u = rng.normal(size=x.shape)
-        u /= np.linalg.norm(u, axis=1)[:, None]
-        xt = x + u * (0.999 * trig - affine)[:, None]
-        assert np.linalg.norm(xt - x0, axis=1).max() <= trig
-        assert not nl.needs_rebuild(torch.tensor(xt), torch.tensor(new))
-        missing = brute_force_pairs(xt, new, pbc, cutoff) - edges
+        u *= (rng.uniform(0.5, 0.999, size=len(x)) * trig / np.linalg.norm(u, axis=1))[:, None]
+        s.positions = torch.tensor(x + u)
+        assert float(d.displacement(s)[0]) <= trig
+        assert not d.needs_rebuild(s)
+        missing = brute_force_pairs(x + u, new, pbc, cutoff) - edges
         assert not missing, (trial, sorted(missing)[:5])
-        far = x0 + (xt - x0) * (1.01 * trig / np.linalg.norm(xt - x0, axis=1).max())
-        assert nl.needs_rebuild(torch.tensor(far), torch.tensor(new))
-    assert nl.trigger(torch.tensor(cell * 1.1)) < 0   # a large change: rebuild whatever the atoms did
+        s.positions = torch.tensor(x + u * (1.01 * trig / np.linalg.norm(u, axis=1).max()))
+        assert d.needs_rebuild(s)
+    s.positions, s.cell = torch.tensor(x0 * 1.3), torch.tensor(cell * 1.3)   # 0.3 R > skin
+    assert d.displacement(s)[1] < 0 and d.needs_rebuild(s)   # a large change: rebuild whatever the atoms did
+
+
+@pytest.mark.parametrize("axis", [0, 2])
+def test_box_check_is_tight_for_a_shrinking_cell(axis):
+    """Two atoms just beyond the list radius R at the build, the cell shrinking along their axis by
+    a fraction e and each atom moving towards the other by A: their distance is (R + δ)(1 - e) - 2A.
+    At A = 0.999 trigger it stays above the cutoff (no rebuild asked, none needed); at
+    A = trigger + δ it is below the cutoff and the pair is not in the list: the check asks for the
+    rebuild.  So the trigger (skin - e R) / 2 is the exact limit for this motion."""
+    cutoff, skin, delta, e = 3.5, 1.0, 1e-6, 0.004
+    big = 30.0
+    cell = np.eye(3) * big
+    x0 = np.full((2, 3), 5.0)
+    x0[1, axis] += cutoff + skin + delta
+    d, s = _built_domain(x0, cell, cutoff, skin)
+    assert not _edges(d.nl.current)
+    f = np.ones(3)
+    f[axis] = 1 - e
+    new = cell * f[:, None]
+    x = x0 * f
+    s.cell = torch.tensor(new)
+    s.positions = torch.tensor(x)
+    trig = d.displacement(s)[1]
+    assert trig == pytest.approx(0.5 * (skin - e * (cutoff + skin)), rel=1e-12)
+    toward = np.zeros((2, 3))
+    toward[0, axis], toward[1, axis] = 1.0, -1.0
+    for a, rebuild in ((0.999 * trig, False), (trig + delta, True)):
+        s.positions = torch.tensor(x + a * toward)
+        r = np.linalg.norm(s.positions[1].numpy() - s.positions[0].numpy())
+        assert bool(r < cutoff) is rebuild, (a, r)
+        assert d.needs_rebuild(s) is rebuild
 
 
 def _byo_model(tmp_path, monkeypatch):
