@@ -71,7 +71,7 @@ from collections.abc import Callable
 
 import torch
 
-from .nose_hoover import _HI, _LO, NoseHoover, _identity
+from .nose_hoover import _HI, _LO, NoseHoover, Scratch, _identity
 from .units import FORCE_TO_ACCEL, KB, MVV_TO_EV
 
 COUPLINGS = ("iso", "aniso", "tri")
@@ -79,66 +79,6 @@ COUPLINGS = ("iso", "aniso", "tri")
 
 # the tensor's components as velocity-column pairs, Voigt order of LAMMPS's temperature vector
 _PAIRS = ((0, 0), (1, 1), (2, 2), (0, 1), (0, 2), (1, 2))
-
-
-class Scratch:
-    """Work arrays kept from step to step for the passes over the atoms, one per name.
-
-    On the CPU a fresh tensor of megabytes is fresh pages from the kernel, zero-filled on first
-    touch: at 256,000 atoms those page faults were most of the kinetic tensor's time (the (N, 6)
-    float64 terms alone are 12 MB).  Arrays are allocated once, with head-room so that a rank's
-    atom count moving with migrations does not allocate again, and handed out as views."""
-
-    HEADROOM = 1.25
-
-    def __init__(self):
-        self._arrays: dict[str, torch.Tensor] = {}
-
-    def get(self, name: str, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-        """A contiguous ``shape`` view of the array ``name`` (contents undefined)."""
-        n = math.prod(shape)
-        a = self._arrays.get(name)
-        if a is None or a.numel() < n or a.dtype != dtype or a.device != device:
-            a = torch.empty(int(n * self.HEADROOM) + 1, dtype=dtype, device=device)
-            self._arrays[name] = a
-        return a[:n].view(shape)
-
-
-def exact_mv2_sum(velocities: torch.Tensor, masses: torch.Tensor, sum_fn: Callable,
-                  scratch: Scratch, columns: bool = False) -> tuple[float, int]:
-    """nose_hoover.exact_mv2_sum (sum over all ranks of m v^2 in eV, global atom count) with the
-    same floating-point operations in the same order, so the same bits, written into ``scratch``'s
-    kept arrays.  velocities: (N, 3) Å/fs; masses: (N,) amu.
-
-    columns: form v_x^2 + v_y^2 + v_z^2 as (a + b) + c on the columns instead of torch's sum
-    over the rows of 3.  That reduction costs ~5 ms at 256,000 atoms on the CPU (an inner loop of
-    3), the two column adds ~0.4 ms; torch's CPU sum adds such a row left to right, the same bits,
-    which the caller checks on its data before it asks for this once (:func:`columns_sum_agrees`)."""
-    v = velocities.double()
-    n, dev = v.shape[0], v.device
-    vv = torch.mul(v, v, out=scratch.get("vv", (n, 3), torch.float64, dev))
-    x = scratch.get("x", (n,), torch.float64, dev)
-    if columns:
-        torch.add(vv[:, 0], vv[:, 1], out=x).add_(vv[:, 2])
-    else:
-        torch.sum(vv, 1, out=x)
-    x = torch.mul(masses.double(), x, out=x).mul_(MVV_TO_EV).mul_(_HI)   # (m sum v^2) MVV_TO_EV 2^32
-    hi = torch.floor(x, out=scratch.get("hi", (n,), torch.float64, dev))
-    words = scratch.get("words", (2, n), torch.int64, dev)
-    words[0].copy_(hi)                              # integral: the cast is exact
-    words[1].copy_(x.sub_(hi).mul_(_LO).round_())   # round half to even, as torch.round
-    local = torch.cat([words.sum(1), torch.tensor([n], dtype=torch.int64, device=dev)])
-    tot = sum_fn(local).cpu().tolist()
-    return (tot[0] + tot[1] / _LO) / _HI, int(tot[2])
-
-
-def columns_sum_agrees(velocities: torch.Tensor) -> bool:
-    """True when (a + b) + c on the columns of v*v gives torch's row sum bit for bit on these
-    velocities (N, 3) on the CPU (checked once, at set-up; else the row sum is kept)."""
-    if velocities.device.type != "cpu":
-        return False
-    vv = velocities.double() * velocities.double()
-    return torch.equal((vv[:, 0] + vv[:, 1]) + vv[:, 2], vv.sum(1))
 
 
 def exact_kinetic_tensor(velocities: torch.Tensor, masses: torch.Tensor, sum_fn: Callable,
@@ -216,7 +156,6 @@ class NPT:
         self.virial: torch.Tensor | None = None   # (3, 3) eV global, set by the engine
         self._mvv: list[float] | None = None      # aniso, tri: the kinetic tensor carried (eV)
         self._scratch = Scratch()                 # per-atom work arrays, kept between steps
-        self._columns: bool | None = None         # iso: m v^2 by column adds (checked at the first use)
 
     def degrees_of_freedom(self, n_atoms: int) -> int:
         return max(3 * n_atoms - 3, 1)
@@ -260,11 +199,7 @@ class NPT:
         temperature, and (aniso, tri) the tensor the pressure and mtk1 use."""
         th = self.thermostat
         if self.pstyle == "iso":
-            if self._columns is None:   # per rank: one that fails keeps torch's row sum, the same bits
-                self._columns = columns_sum_agrees(velocities)
-            mv2, n = exact_mv2_sum(velocities, masses, self.sum_fn, self._scratch, self._columns)
-            th.dof = th.degrees_of_freedom(n)
-            th.t_current = mv2 / (th.dof * KB)   # as NoseHoover._measure
+            th._measure(velocities, masses)   # m v^2 by column adds in kept arrays (nose_hoover.py)
             return
         self._mvv = exact_kinetic_tensor(velocities, masses, self.sum_fn, self._scratch)
         th.t_current = (self._mvv[0] + self._mvv[1] + self._mvv[2]) / (th.dof * KB)
