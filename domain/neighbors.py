@@ -42,6 +42,12 @@ class NeighborList:
 
     half:      True for a half list (``build_neighbor_list(half=True)``): one edge per pair of
                query points, edges to the other points kept; False: full.
+    order:     (n_query,) int32 or None: the query points in the build's (bin, id) order, a
+               function of the points' positions and ids only, never of their memory order
+               (the build sets it). A half list's edge of a pair of query points belongs to the
+               point earlier in this order; a kernel that scatters the force on j to j's row
+               while visiting the points in this order sums every row in an order that does not
+               depend on memory order either (models/lj_kernels.py).
 
     A list may be given its packed edges alone (the build does this): ``neighbors`` and
     ``shifts`` are then unpacked on first access and kept. A model that reads only the packed
@@ -51,7 +57,7 @@ class NeighborList:
 
     def __init__(self, offsets: torch.Tensor, neighbors: torch.Tensor | None = None,
                  shifts: torch.Tensor | None = None, *, cutoff: float, n_points: int,
-                 packed: torch.Tensor | None = None, half: bool = False):
+                 packed: torch.Tensor | None = None, half: bool = False, order: torch.Tensor | None = None):
         if (neighbors is None or shifts is None) and packed is None:
             raise ValueError("NeighborList needs neighbors and shifts, or packed edges")
         self.offsets = offsets
@@ -61,6 +67,7 @@ class NeighborList:
         self.n_points = int(n_points)
         self.packed = packed
         self.half = bool(half)
+        self.order = order
 
     @property
     def neighbors(self) -> torch.Tensor:
@@ -91,7 +98,8 @@ class NeighborList:
     def fields(self) -> dict:
         """The constructor's arguments that give this list (arrays not yet unpacked stay None)."""
         return {"offsets": self.offsets, "neighbors": self._neighbors, "shifts": self._shifts,
-                "cutoff": self.cutoff, "n_points": self.n_points, "packed": self.packed, "half": self.half}
+                "cutoff": self.cutoff, "n_points": self.n_points, "packed": self.packed, "half": self.half,
+                "order": self.order}
 
     def replace(self, **changes) -> "NeighborList":
         """A list of the same type with some constructor arguments changed. Changing the edges
@@ -230,6 +238,7 @@ def build_neighbor_list(
             cutoff=float(cutoff),
             n_points=n,
             half=half,
+            order=torch.arange(nq, dtype=torch.int32, device=device),
         )
     cell = cell.to(dtype=dtype, device=device).contiguous()
     # An open axis needs a usable frame vector even if the user gave a zero one.
@@ -252,6 +261,8 @@ def build_neighbor_list(
     order32, start32 = order.to(torch.int32).contiguous(), bin_start.to(torch.int32).contiguous()
     rank = torch.empty_like(order32)
     rank[order] = torch.arange(n, dtype=torch.int32, device=device)
+    # the query points in (bin, id) order: the visit order of a half list's kernel
+    visit = order32 if nq == n else order32[order32 < nq].contiguous()
     xs = xw[order].contiguous()  # wrapped positions in (bin, id) order: bins read contiguously
     # one mask bit per candidate: point i owns ceil(candidates / 32) words from word_start[i]
     candidates = _candidates_per_bin(per_bin, nb, reach, pbc_t)[bin_of[:nq].long()]
@@ -286,7 +297,8 @@ def build_neighbor_list(
         wp.launch(nk.scan_neighbors, dim=nq, device=dev,
                   inputs=common + [2, mask_w, as_array(offsets), as_array(counts), as_array(dummy_n),
                                    as_vec3i(dummy_s), as_array(packed)])
-        return NeighborList(offsets=offsets, cutoff=float(cutoff), n_points=n, packed=packed[:n_edges], half=half)
+        return NeighborList(offsets=offsets, cutoff=float(cutoff), n_points=n, packed=packed[:n_edges], half=half,
+                            order=visit)
     # points many cells away from the cell (unwrapped input): write the edges directly
     neighbors = torch.empty(max(n_edges, 1), dtype=torch.int32, device=device)
     shifts = torch.empty(max(n_edges, 1), 3, dtype=torch.int32, device=device)
@@ -294,7 +306,7 @@ def build_neighbor_list(
               inputs=common + [1, mask_w, as_array(offsets), as_array(counts), as_array(neighbors),
                                as_vec3i(shifts), as_array(dummy_p)])
     return NeighborList(offsets=offsets, neighbors=neighbors[:n_edges], shifts=shifts[:n_edges],
-                        cutoff=float(cutoff), n_points=n, half=half)
+                        cutoff=float(cutoff), n_points=n, half=half, order=visit)
 
 
 def _regularise_open_axes(cell: torch.Tensor, pbc, positions: torch.Tensor, cutoff: float):

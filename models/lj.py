@@ -49,16 +49,15 @@ class LennardJones:
     shift:          subtract U(r_c) so the energy is continuous at the cutoff
     mixing:         'lorentz-berthelot' or 'geometric'
     pairs:          explicit pair parameters overriding the mixing rule
-    newton:         on the CPU, compute each pair once on a half list (Newton's third law:
-                    the force on j is added to j's row; models/lj_kernels.py) instead of
-                    from both ends of the full list; ~2x fewer pair evaluations. CUDA always
+    newton:         on the CPU (the default), compute each pair once on a half list (Newton's
+                    third law: the force on j is added to j's row; models/lj_kernels.py) instead
+                    of from both ends of the full list: half the pair evaluations. CUDA always
                     uses the full list (a scatter to j would need order-dependent atomics).
-                    Off by default: with the half list an atom's force sum follows the atoms'
-                    memory order (the additions to j come in the order the i are stored), so
-                    the same system in another memory order differs in the last bits, and the
-                    guarantee that memory order never changes a trajectory
-                    (tests/test_dynamics.py) holds only with the full list.  Opt in from
-                    Python or ``scripts/bench_lj.py --newton on`` (the LAMMPS comparison).
+                    Memory order never changes a result: the kernel visits the atoms in the
+                    list's (bin, id) order (``NeighborList.order``) and a pair belongs to the atom
+                    visited first, so every row is summed in an order set by ids and positions
+                    (tests/test_dynamics.py, tests/test_lj_half.py). A list without that order
+                    (built elsewhere) is summed in memory order. ``newton=False``: the full list.
     """
 
     name = "lj"
@@ -70,7 +69,7 @@ class LennardJones:
                     "energies": "per_point"}
 
     def __init__(self, epsilon, sigma, cutoff: float, shift: bool = True,
-                 mixing: str = "lorentz-berthelot", pairs: Mapping | None = None, newton: bool = False):
+                 mixing: str = "lorentz-berthelot", pairs: Mapping | None = None, newton: bool = True):
         if mixing not in MIXING_RULES:
             raise ValueError(f"model.mixing={mixing!r} is not a mixing rule; use one of {MIXING_RULES}")
         if not cutoff > 0:
@@ -92,6 +91,7 @@ class LennardJones:
         self._scratch: torch.Tensor | None = None
         self._stand_ins: dict[torch.device, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
         self._half_cache: tuple | None = None
+        self._identity: torch.Tensor | None = None
 
     # -- parameters -----------------------------------------------------------------
     def species(self) -> list[int]:
@@ -181,6 +181,8 @@ class LennardJones:
             return nl
         packed = getattr(nl, "packed", None)
         src = (nl.offsets, packed) if packed is not None else (nl.offsets, nl.neighbors, nl.shifts)
+        if getattr(nl, "order", None) is not None:
+            src = src + (nl.order,)
         key = tuple((t.data_ptr(), t.shape[0], t._version) for t in src) + (nl.n_points,)
         kept = self._half_cache
         if kept is not None and kept[0] == key:
@@ -188,6 +190,10 @@ class LennardJones:
         nq, device = nl.n_query, nl.offsets.device
         dev = wp_device(nl.offsets)
         none_n, none_s, none_p = self._no_edges(device)
+        # ownership by the list's canonical order (the point visited first owns the pair)
+        visit = self._visit_order(nl)
+        rank = torch.empty(max(nq, 1), dtype=torch.int32, device=device)
+        rank[visit.long()] = torch.arange(nq, dtype=torch.int32, device=device)
         if packed is not None:
             edges = [as_array(none_n), as_vec3i(none_s), as_array(packed)]
         else:
@@ -196,8 +202,8 @@ class LennardJones:
         offsets = torch.zeros(nq + 1, dtype=torch.int32, device=device)
         if nq:
             wp.launch(lk.HALF_FILTER[packed is not None, False], dim=nq, device=dev,
-                      inputs=[as_array(nl.offsets), *edges, nq, as_array(counts), as_array(offsets),
-                              as_array(none_n), as_vec3i(none_s), as_array(none_p)])
+                      inputs=[as_array(nl.offsets), *edges, nq, as_array(rank), as_array(counts),
+                              as_array(offsets), as_array(none_n), as_vec3i(none_s), as_array(none_p)])
             offsets[1:] = torch.cumsum(counts[:nq], 0)
         e = int(offsets[-1])
         if packed is not None:
@@ -209,14 +215,28 @@ class LennardJones:
             outs = [as_array(out_n), as_vec3i(out_s), as_array(none_p)]
         if nq:
             wp.launch(lk.HALF_FILTER[packed is not None, True], dim=nq, device=dev,
-                      inputs=[as_array(nl.offsets), *edges, nq, as_array(counts), as_array(offsets), *outs])
+                      inputs=[as_array(nl.offsets), *edges, nq, as_array(rank), as_array(counts), as_array(offsets),
+                              *outs])
         if packed is not None:
-            half = NeighborList(offsets=offsets, cutoff=nl.cutoff, n_points=nl.n_points, packed=out_p[:e], half=True)
+            half = NeighborList(offsets=offsets, cutoff=nl.cutoff, n_points=nl.n_points, packed=out_p[:e], half=True,
+                                order=nl.order)
         else:
             half = NeighborList(offsets=offsets, neighbors=out_n[:e], shifts=out_s[:e], cutoff=nl.cutoff,
-                                n_points=nl.n_points, half=True)
+                                n_points=nl.n_points, half=True, order=nl.order)
         self._half_cache = (key, src, half)
         return half
+
+    def _visit_order(self, nl: NeighborList) -> torch.Tensor:
+        """(n_query,) int32: the order the half-list kernel visits the query points in: the
+        list's canonical order (``NeighborList.order``), or memory order for a list without one."""
+        order = getattr(nl, "order", None)
+        nq = nl.n_query
+        if order is not None and int(order.shape[0]) == nq:
+            return order
+        kept = self._identity
+        if kept is None or kept.shape[0] != nq or kept.device != nl.offsets.device:
+            kept = self._identity = torch.arange(nq, dtype=torch.int32, device=nl.offsets.device)
+        return kept
 
     # -- evaluation -----------------------------------------------------------------
     def compute(self, positions: torch.Tensor, cell: torch.Tensor, pbc, numbers: torch.Tensor,
@@ -280,7 +300,8 @@ class LennardJones:
                 lk.LJ_HALF_KERNELS[t == 1, pair_virial, packed is not None], dim=nq, device=wp_device(positions),
                 inputs=[as_vec3(positions.contiguous()), as_mat33(cell.to(dtype).contiguous()[None]),
                         as_array(nl.offsets), *edges, as_array(types), as_vec3(table), t,
-                        scalar_type(dtype)(self.cutoff**2), nq, wp.from_torch(acc, dtype=_VEC4[dtype]),
+                        scalar_type(dtype)(self.cutoff**2), nq, as_array(self._visit_order(nl)),
+                        wp.from_torch(acc, dtype=_VEC4[dtype]),
                         as_mat33(virials)],
             )
         # copies (clone: never a view of acc, even with no rows; the op's outputs may not alias)

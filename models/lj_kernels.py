@@ -164,8 +164,21 @@ LJ_KERNELS = _Variants(_lj_kernel)
 
 # -- half list (Newton's third law, CPU) --------------------------------------------------------
 #
-# A half list keeps one edge of each pair of query points: (i, j, S) with j > i, or j == i (a
-# point's own periodic image) with S > 0 lexicographically; the kernel adds -g to i and +g to j.
+# A half list keeps one edge of each pair of query points: (i, j, S) with rank[j] > rank[i], or
+# j == i (a point's own periodic image) with S > 0 lexicographically; the kernel adds -g to i and
+# +g to j. ``rank`` is a point's place in the list's canonical order (``NeighborList.order``:
+# the build's (bin, id) order, a function of positions and ids only), and the kernel visits the
+# points in that order (``visit = order``), so a pair always belongs to the point visited first.
+#
+# Determinism (the engine's promise: memory order never changes a trajectory). Row a of the
+# result is ((0 + g_1) + g_2 + ... + g_k) + f_a: the g are the pairs of a that other points own,
+# added when their owners are visited (owners in canonical order, each owner's edges in its list
+# order), and f_a, added last, is the sum of a's own edges in its list order. Every part of
+# that order is canonical (the list's edge order is by ids and geometry: domain/neighbors.py),
+# and a pair's force does not depend on which end owns it: fl(x_j - x_i) = -fl(x_i - x_j) and the
+# image term negates exactly, so d, r^2 and fpr are the same bits from either end. Without a
+# canonical order (a list built elsewhere) ``rank`` and ``visit`` are the identity: correct
+# forces, summed in an order that follows memory order.
 # Edges to points beyond the query points (ghosts: ``j >= n_newton``) are kept from the owned
 # side only and counted one-sided (force on i, half the pair's energy and virial), LAMMPS's
 # `newton off` for pairs that cross a domain face: the ghost's owner computes the same pair for
@@ -178,10 +191,10 @@ LJ_KERNELS = _Variants(_lj_kernel)
 
 
 @wp.func
-def _keep_half(i: int, j: int, code: wp.int32, n_newton: int):
+def _keep_half(i: int, j: int, rank_i: int, rank_j: int, code: wp.int32, n_newton: int):
     """True for the one kept edge of each pair (see above); ``code`` is the packed shift code,
     whose order is the lexicographic order of S (ZERO_SHIFT for S = 0)."""
-    return j >= n_newton or j > i or (j == i and code > ZERO_SHIFT)
+    return j >= n_newton or rank_j > rank_i or (j == i and code > ZERO_SHIFT)
 
 
 @wp.func
@@ -195,10 +208,12 @@ def _half_filter(packed_edges: bool, write: bool):
     @wp.kernel(enable_backward=False, module="unique")
     def half_filter(offsets: wp.array(dtype=wp.int32), neighbors: wp.array(dtype=wp.int32),
                     shifts: wp.array(dtype=wp.vec3i), packed: wp.array(dtype=wp.int64), n_newton: int,
-                    counts: wp.array(dtype=wp.int32), out_offsets: wp.array(dtype=wp.int32),
+                    rank: wp.array(dtype=wp.int32), counts: wp.array(dtype=wp.int32),
+                    out_offsets: wp.array(dtype=wp.int32),
                     out_neighbors: wp.array(dtype=wp.int32), out_shifts: wp.array(dtype=wp.vec3i),
                     out_packed: wp.array(dtype=wp.int64)):
         i = wp.tid()
+        ri = rank[i]
         n = int(0)
         if wp.static(write):
             n = out_offsets[i]
@@ -206,14 +221,20 @@ def _half_filter(packed_edges: bool, write: bool):
             keep = bool(False)
             if wp.static(packed_edges):
                 v = packed[p]
-                keep = _keep_half(i, packed_neighbor(v), packed_shift_code(v), n_newton)
+                j = packed_neighbor(v)
+                rj = ri
+                if j < n_newton:
+                    rj = rank[j]
+                keep = _keep_half(i, j, ri, rj, packed_shift_code(v), n_newton)
                 if wp.static(write):
                     if keep:
                         out_packed[n] = v
             else:
                 j = neighbors[p]
                 s = shifts[p]
-                keep = j >= n_newton or j > i or (j == i and _lex_positive(s))
+                keep = j >= n_newton
+                if not keep:
+                    keep = rank[j] > ri or (j == i and _lex_positive(s))
                 if wp.static(write):
                     if keep:
                         out_neighbors[n] = j
@@ -251,10 +272,11 @@ def _lj_half_kernel(one_species: bool, pair_virial: bool, packed_edges: bool):
         n_types: int,
         cutoff2: Any,
         n_newton: int,
+        visit: wp.array(dtype=wp.int32),
         acc: wp.array(dtype=Any),
         virials: wp.array(dtype=Any),
     ):
-        i = wp.tid()
+        i = visit[wp.tid()]
         h = cell[0]
         xi = x[i]
         zero = cutoff2 - cutoff2
@@ -316,7 +338,7 @@ def _lj_half_kernel(one_species: bool, pair_virial: bool, packed_edges: bool):
             lj_half_list,
             [wp.array(dtype=vec), wp.array(dtype=mat), wp.array(dtype=wp.int32), wp.array(dtype=wp.int32),
              wp.array(dtype=wp.vec3i), wp.array(dtype=wp.int64), wp.array(dtype=wp.int32), wp.array(dtype=vec), int,
-             scalar, int, wp.array(dtype=vec4), wp.array(dtype=mat)],
+             scalar, int, wp.array(dtype=wp.int32), wp.array(dtype=vec4), wp.array(dtype=mat)],
         )
     return lj_half_list
 

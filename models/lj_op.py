@@ -37,25 +37,29 @@ _ids = itertools.count(1)
 @torch.library.custom_op("shardmd_lj::lennard_jones", mutates_args=())
 def lennard_jones(positions: torch.Tensor, cell: torch.Tensor, numbers: torch.Tensor, offsets: torch.Tensor,
                   neighbors: torch.Tensor, shifts: torch.Tensor, packed: torch.Tensor, cutoff: float, n_points: int,
-                  handle: int, half: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+                  handle: int, half: bool = False,
+                  order: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(energy (), forces (n_query, 3), virial (3, 3), energies (n_query,)) of the model
     registered under ``handle`` on the CSR list: its packed edges when ``packed`` is not
     empty (``neighbors`` and ``shifts`` are then not read, and may be empty), else the
-    arrays (offsets, neighbors, shifts)."""
+    arrays (offsets, neighbors, shifts). ``order``: the list's canonical point order
+    (``NeighborList.order``; the half list's visit order), None if it has none."""
     model = _MODELS.get(int(handle))
     if model is None:
         raise RuntimeError(f"shardmd_lj::lennard_jones: no LennardJones model registered under handle {handle}")
     if packed.shape[0]:
-        nl = NeighborList(offsets=offsets, cutoff=float(cutoff), n_points=int(n_points), packed=packed, half=half)
+        nl = NeighborList(offsets=offsets, cutoff=float(cutoff), n_points=int(n_points), packed=packed, half=half,
+                         order=order)
     else:
         nl = NeighborList(offsets=offsets, neighbors=neighbors, shifts=shifts, cutoff=float(cutoff),
-                          n_points=int(n_points), half=half)
+                          n_points=int(n_points), half=half, order=order)
     out = model.compute(positions, cell, None, numbers, nl)
     return out["energy"], out["forces"], out["virial"], out["energies"]
 
 
 @lennard_jones.register_fake
-def _(positions, cell, numbers, offsets, neighbors, shifts, packed, cutoff, n_points, handle, half=False):
+def _(positions, cell, numbers, offsets, neighbors, shifts, packed, cutoff, n_points, handle, half=False,
+      order=None):
     nq = offsets.shape[0] - 1
     return (positions.new_empty(()), positions.new_empty(nq, 3), positions.new_empty(3, 3), positions.new_empty(nq))
 
@@ -101,7 +105,8 @@ class LennardJonesOp:
             packed = nl.offsets.new_zeros(0, dtype=torch.int64)
             neighbors, shifts = nl.neighbors, nl.shifts
         e, f, w, es = lennard_jones(positions, cell, numbers, nl.offsets, neighbors, shifts, packed,
-                                    float(nl.cutoff), int(nl.n_points), self.handle, bool(getattr(nl, "half", False)))
+                                    float(nl.cutoff), int(nl.n_points), self.handle, bool(getattr(nl, "half", False)),
+                                    getattr(nl, "order", None))
         return {"energy": e, "forces": f, "virial": w, "energies": es}
 
 

