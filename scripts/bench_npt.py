@@ -7,8 +7,8 @@ forces, as LAMMPS's "Loop time"), ``--repeats`` times alternating; the table giv
 the loop's wall time and of the process's CPU time per step (the robust one on a shared machine),
 their ratios to NVE, the neighbour builds and the volume change, and a split of the CPU time per
 step (process time, robust under load like the total): integrator (both halves), forces (the
-model call), rebuilds (list builds with their wrap, sort and ghosts), rest (the per-step skin and
-box check, ghost refresh, loop).
+model call), rebuilds (list builds with their wrap, sort and ghosts), check (the per-step skin or
+box check with its all-reduce), rest (ghost refresh, loop).
 
     verlet        NVE
     nose-hoover   fix nvt temp 1.44 1.44 0.1 tau
@@ -17,6 +17,7 @@ box check, ghost refresh, loop).
 
     .venv/bin/python scripts/bench_npt.py                    # 32,000 atoms, 100 steps, 1 thread, 3 repeats
     .venv/bin/python scripts/bench_npt.py --atoms 256000 --steps 50
+    .venv/bin/python scripts/bench_npt.py --atoms 256000 --steps 50 --cases verlet "npt iso" "npt tri"
 """
 from __future__ import annotations
 
@@ -92,6 +93,7 @@ def run(n: int, case: str, args) -> dict:
     split.wrap(sim.integrator, "second_half", "integrator")
     split.wrap(sim.dmodel, "compute", "forces")
     split.wrap(sim.neighbors, "rebuild", "rebuilds")
+    split.wrap(sim.domain, "check", "check")
     split.wrap(sim, "checkpoint", "checkpoint")
     cpu0 = time.process_time()
     sim.run()
@@ -114,21 +116,24 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--cases", nargs="+", choices=list(CASES), default=list(CASES),
+                    help="integrators to run (verlet, the reference, always runs)")
     args = ap.parse_args()
+    cases = ["verlet", *[c for c in args.cases if c != "verlet"]]
     n = cells_for(args.atoms)
     print(f"in.lj argon, {4 * n ** 3} atoms, {args.steps} steps, CPU, {args.threads} thread(s), "
           f"{args.repeats} alternating repeats; {platform.processor() or platform.machine()}, "
           f"{os.cpu_count()} cores, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
-    results: dict[str, list[dict]] = {c: [] for c in CASES}
+    results: dict[str, list[dict]] = {c: [] for c in cases}
     for _ in range(args.repeats):
-        for case in CASES:
+        for case in cases:
             results[case].append(run(n, case, args))
     base = statistics.median(r["step_s"] for r in results["verlet"])
     cbase = statistics.median(r["cpu_step_s"] for r in results["verlet"])
-    parts = ("integrator", "forces", "rebuilds")
+    parts = ("integrator", "forces", "rebuilds", "check")
     print("| integrator | wall ms/step | vs NVE | CPU ms/step | vs NVE | CPU: integrator | forces | rebuilds | "
-          "rest | builds | V_end / V_0 |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+          "check | rest | builds | V_end / V_0 |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     v0 = (units()["a"] * n) ** 3
     for case, rs in results.items():
         t = statistics.median(r["step_s"] for r in rs)
