@@ -22,6 +22,24 @@ RANK_ENV = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID", "MV
 SIZE_ENV = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "SLURM_NTASKS", "MV2_COMM_WORLD_SIZE")
 
 
+def default_threads(ranks: int, env=os.environ) -> int:
+    """torch threads per rank for ``threads=0``: 1 under MPI (ranks share the node's cores);
+    one rank: ``OMP_NUM_THREADS`` when set (the variable every OpenMP code honours), else the
+    cores this process may run on (a SLURM or taskset CPU set, not the whole node)."""
+    if ranks > 1:
+        return 1
+    try:
+        n = int(env.get("OMP_NUM_THREADS", "").split(",")[0])
+        if n > 0:
+            return n
+    except ValueError:
+        pass
+    try:
+        return max(len(os.sched_getaffinity(0)), 1)
+    except (AttributeError, OSError):   # no affinity call here (macOS)
+        return max(os.cpu_count() or 1, 1)
+
+
 def env_rank() -> int:
     """This process's rank as the launcher announced it (0 without a launcher)."""
     if under_torchrun():

@@ -12,7 +12,6 @@ continuous between rebuilds.
 from __future__ import annotations
 
 import contextlib
-import os
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -34,6 +33,7 @@ from .constraints import constrain
 from .errors import CollectiveError, OutputError, UserError
 from .integrator_setup import make_integrator
 from .observables import thermo_from
+from .parallel import default_threads
 from .preflight import check_outputs
 from .rank_domain import RankDomain
 from .rebuild import Outcome, RebuildController
@@ -80,8 +80,7 @@ class Simulation:
         self.device = self.comm.device if self.comm.size > 1 else torch.device(cfg.device)
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise UserError(f"device={cfg.device}: CUDA is not available on this machine; use device=cpu")
-        default_threads = 1 if self.comm.size > 1 else max(os.cpu_count() or 1, 1)
-        torch.set_num_threads(int(cfg.threads) or default_threads)
+        torch.set_num_threads(int(cfg.threads) or default_threads(self.comm.size))
         self.integrator = make_integrator(cfg, comm=self.comm)
         if model is None:
             try:

@@ -9,6 +9,13 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
+# Two xdist workers share this machine's cores, and the full suite is CPU-bound: every engine a
+# test starts takes one torch thread (threads=0 follows OMP_NUM_THREADS), and an OpenMP thread
+# waiting for work sleeps instead of spinning. Two threads per process oversubscribed the
+# cores: a 1-domain LJ run used 15-25 % more CPU for the same steps (session 12).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 
 def run_engine(args, cwd, timeout=300, env=None):
     """Run ``python -m engine <args>`` in a real subprocess; return CompletedProcess."""

@@ -1,0 +1,46 @@
+"""``threads=0``: how many torch threads a rank takes (engine/parallel.py default_threads), and
+that a run uses them."""
+import os
+
+import pytest
+
+from shardmd.engine.parallel import default_threads
+
+
+def test_one_thread_per_rank_under_mpi_whatever_the_environment():
+    assert default_threads(2, {"OMP_NUM_THREADS": "8"}) == 1 == default_threads(8, {})
+
+
+@pytest.mark.parametrize("value, expected", [("3", 3), ("4,2", 4), ("0", None), ("-1", None), ("many", None),
+                                             ("", None)])
+def test_omp_num_threads_when_set_and_valid_else_the_cpu_set(value, expected):
+    cpus = len(os.sched_getaffinity(0))
+    assert default_threads(1, {"OMP_NUM_THREADS": value}) == (expected or cpus)
+
+
+def test_the_cpu_set_not_the_machine(tmp_path):
+    """Under a CPU set smaller than the machine (SLURM --cpus-per-task, taskset), only its
+    cores: a one-core set gives one thread."""
+    import subprocess
+    import sys
+
+    code = ("import os; os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}); "
+            "from shardmd.engine.parallel import default_threads; print(default_threads(1, {}))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "1", out.stderr
+
+
+def test_a_run_takes_omp_num_threads(tmp_path, capfd, monkeypatch):
+    import torch
+    from conftest import run_in_process
+
+    before = torch.get_num_threads()
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    try:
+        torch.set_num_threads(2)
+        code, err = run_in_process(["run", "model=lj", "system.repeat=[2,2,2]", "steps=1", "quiet=true"], tmp_path,
+                                   capfd, monkeypatch)
+        assert code == 0, err
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
