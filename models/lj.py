@@ -92,6 +92,7 @@ class LennardJones:
         self._stand_ins: dict[torch.device, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
         self._half_cache: tuple | None = None
         self._identity: torch.Tensor | None = None
+        self._acc: torch.Tensor | None = None
 
     # -- parameters -----------------------------------------------------------------
     def species(self) -> list[int]:
@@ -285,14 +286,23 @@ class LennardJones:
         if positions.device.type != "cpu":
             raise ValueError("a half neighbour list is for the CPU (its scatter to j is serial); "
                              "give the LJ model a full list on a GPU")
+        # the row of a point is complete when its visit ends if the pairs belong to the point
+        # visited first: a list filtered here (ownership by the visit order's rank), or one the
+        # build made that carries its order (ownership by that order)
+        order = getattr(nl, "order", None)
+        final = not nl.half or (order is not None and int(order.shape[0]) == nl.n_query)
         nl = self.half_list(nl)
         dtype, device = positions.dtype, positions.device
         nq = nl.n_query
-        acc = torch.zeros(nq, 4, dtype=dtype, device=device)
-        virials = self._virial_buffer(nq, dtype, device)
+        acc = self._acc_buffer(nq, dtype, device)
         # with ghost points the virial is summed edge by edge; without, sum_a x_a (x) F_a plus
         # the image term of the edges that cross a periodic boundary (see the kernel)
         pair_virial = nl.n_query != nl.n_points
+        forces = torch.empty(nq, 3, dtype=dtype, device=device)
+        energies = torch.empty(nq, dtype=dtype, device=device)
+        tot_e = torch.zeros(1, dtype=dtype, device=device)
+        tot_w = torch.zeros(1, 3, 3, dtype=dtype, device=device)
+        virials = self._virial_buffer(nq if not final else 1, dtype, device)
         if nq:
             packed = getattr(nl, "packed", None)
             edges = self._edge_arrays(nl, packed, device)
@@ -301,9 +311,11 @@ class LennardJones:
                 inputs=[as_vec3(positions.contiguous()), as_mat33(cell.to(dtype).contiguous()[None]),
                         as_array(nl.offsets), *edges, as_array(types), as_vec3(table), t,
                         scalar_type(dtype)(self.cutoff**2), nq, as_array(self._visit_order(nl)),
-                        wp.from_torch(acc, dtype=_VEC4[dtype]),
-                        as_mat33(virials)],
+                        wp.from_torch(acc, dtype=_VEC4[dtype]), as_mat33(virials), int(final),
+                        as_vec3(forces), as_array(energies), as_array(tot_e), as_mat33(tot_w)],
             )
+        if final:
+            return {"energy": tot_e[0].clone(), "forces": forces, "virial": tot_w[0].clone(), "energies": energies}
         # copies (clone: never a view of acc, even with no rows; the op's outputs may not alias)
         forces = acc[:, :3].clone(memory_format=torch.contiguous_format)
         energies = acc[:, 3].clone(memory_format=torch.contiguous_format)
@@ -311,6 +323,16 @@ class LennardJones:
         if not pair_virial:
             virial = virial + positions[:nq].T @ forces
         return {"energy": energies.sum(), "forces": forces, "virial": virial, "energies": energies}
+
+    def _acc_buffer(self, n: int, dtype, device) -> torch.Tensor:
+        """(n, 4) zeros: the half-list kernel's rows (force, energy), kept between calls and
+        zeroed in place (a fresh zeroed tensor per step costs page faults on the CPU)."""
+        buf = self._acc
+        if buf is None or buf.shape[0] != n or buf.dtype != dtype or buf.device != torch.device(device):
+            buf = self._acc = torch.zeros(n, 4, dtype=dtype, device=device)
+        else:
+            buf.zero_()
+        return buf
 
     def describe(self) -> str:
         parts = [f"{chemical_symbols[z] if z else '*'}: eps={self.epsilon[z]} eV sigma={self.sigma[z]} A"

@@ -254,10 +254,18 @@ HALF_FILTER = {(pk, w): _half_filter(pk, w) for pk in (True, False) for w in (Tr
 def _lj_half_kernel(one_species: bool, pair_virial: bool, packed_edges: bool):
     """The Lennard-Jones kernel on a half list (see above), specialised as :func:`_lj_kernel`.
 
-    ``acc`` (n_query, 4) is zero on entry and gets (force, per-atom energy) of each query point:
-    its own edges' sums and what the edges of other points scatter into it. ``virials[i]``: the
-    image part ``sum (S @ cell) (x) g`` of i's edges (the caller adds ``sum_a x_a (x) F_a``), or,
-    with ``pair_virial`` (ghost points), i's edges' ``d (x) g`` (halved for one-sided edges)."""
+    ``acc`` (n_query, 4) is zero on entry and collects (force, per-atom energy) of each query
+    point: its own edges' sums and what the edges of other points scatter into it.
+
+    ``final != 0`` (the list's ownership follows the visit order, see above): when point i's
+    visit ends its row is complete (every pair it does not own belongs to a point visited
+    before it), so the kernel writes ``forces[i]``, ``energies[i]`` and adds i's energy and
+    virial (``d (x) g`` of its edges with ``pair_virial``, else ``x_i (x) F_i`` plus its edges'
+    image part ``(S @ cell) (x) g``) to the totals ``tot_e[0]``, ``tot_w[0]``: one serial sum
+    in visit order, so the totals do not follow memory order either, and no per-atom virial
+    array is written and summed again. ``final == 0``: ``acc`` keeps the rows and ``virials[i]``
+    gets i's part of the virial (the image part only without ``pair_virial``: the caller adds
+    ``sum_a x_a (x) F_a``); one-sided edges to ghosts count half the pair."""
 
     @wp.kernel(enable_backward=False, module="unique")
     def lj_half_list(
@@ -275,6 +283,11 @@ def _lj_half_kernel(one_species: bool, pair_virial: bool, packed_edges: bool):
         visit: wp.array(dtype=wp.int32),
         acc: wp.array(dtype=Any),
         virials: wp.array(dtype=Any),
+        final: int,
+        forces: wp.array(dtype=Any),
+        energies: wp.array(dtype=Any),
+        tot_e: wp.array(dtype=Any),
+        tot_w: wp.array(dtype=Any),
     ):
         i = visit[wp.tid()]
         h = cell[0]
@@ -329,8 +342,18 @@ def _lj_half_kernel(one_species: bool, pair_virial: bool, packed_edges: bool):
                 if wp.static(pair_virial):
                     w += half * wp.outer(d, g)
         ai = acc[i]
-        acc[i] = type(ai)(ai[0] + f[0], ai[1] + f[1], ai[2] + f[2], ai[3] + e)
-        virials[i] = w
+        fi = type(xi)(ai[0] + f[0], ai[1] + f[1], ai[2] + f[2])
+        ei = ai[3] + e
+        if final != 0:
+            forces[i] = fi
+            energies[i] = ei
+            if wp.static(not pair_virial):
+                w += wp.outer(xi, fi)
+            tot_w[0] = tot_w[0] + w
+            tot_e[0] = tot_e[0] + ei
+        else:
+            acc[i] = type(ai)(fi[0], fi[1], fi[2], ei)
+            virials[i] = w
 
     for vec, vec4, mat, scalar in ((wp.vec3f, wp.vec4f, wp.mat33f, wp.float32),
                                    (wp.vec3d, wp.vec4d, wp.mat33d, wp.float64)):
@@ -338,7 +361,8 @@ def _lj_half_kernel(one_species: bool, pair_virial: bool, packed_edges: bool):
             lj_half_list,
             [wp.array(dtype=vec), wp.array(dtype=mat), wp.array(dtype=wp.int32), wp.array(dtype=wp.int32),
              wp.array(dtype=wp.vec3i), wp.array(dtype=wp.int64), wp.array(dtype=wp.int32), wp.array(dtype=vec), int,
-             scalar, int, wp.array(dtype=wp.int32), wp.array(dtype=vec4), wp.array(dtype=mat)],
+             scalar, int, wp.array(dtype=wp.int32), wp.array(dtype=vec4), wp.array(dtype=mat), int,
+             wp.array(dtype=vec), wp.array(dtype=scalar), wp.array(dtype=scalar), wp.array(dtype=mat)],
         )
     return lj_half_list
 

@@ -22,6 +22,7 @@ Policies:
     python scripts/bench_lj.py --profile            # time the pieces of a step (synchronised)
     python scripts/bench_lj.py --shuffle --sort id  # atoms in random order, as a packed file; no spatial sort
     python scripts/bench_lj.py --newton off         # the full neighbour list (each pair from both ends)
+    python scripts/bench_lj.py --newton filter      # half list filtered from the engine's full list
 
 Newton (--newton, default on, the model's default on the CPU): the LJ model's half list
 (models/lj.py ``newton``; summed in the list's (bin, id) order, so memory order changes no bit),
@@ -120,12 +121,16 @@ def shuffle(sim, seed: int = 7) -> None:
     s.ids = torch.arange(s.n_atoms, device=s.device)
 
 
-def apply_newton(sim, on: bool) -> None:
+def apply_newton(sim, mode) -> None:
     """The model's half list on (``newton``) or off, and the engine's list built to match: the
-    hook the engine lacks (``domain.nl.half = not model_config.neighbors.full`` on the CPU)."""
+    hook the engine lacks (``domain.nl.half = not model_config.neighbors.full`` on the CPU).
+    ``mode``: "on" (True), "off" (False), or "filter": the model's half list with the engine's
+    full list left as it is, filtered by the model once per rebuild (what ``shardmd run`` does
+    until the engine sets the flag)."""
+    on = mode in (True, "on", "filter")
     lj = getattr(sim.model, "lj", sim.model)   # the LennardJones behind the engine's op wrapper
     lj.newton = on
-    sim.domain.nl.half = on and str(sim.state.positions.device) == "cpu"
+    sim.domain.nl.half = on and mode != "filter" and str(sim.state.positions.device) == "cpu"
 
 
 def run_ours(n: int, policy: str, args) -> dict:
@@ -133,7 +138,7 @@ def run_ours(n: int, policy: str, args) -> dict:
     from shardmd.engine.simulation import Simulation
 
     sim = Simulation(compose_config(overrides(n, policy, args)))
-    apply_newton(sim, args.newton == "on")
+    apply_newton(sim, args.newton)
     if args.shuffle:
         shuffle(sim)
     sim.setup()  # first list and forces: outside the timed loop, as in LAMMPS's "Loop time"
@@ -187,7 +192,7 @@ def run_ours_mpi(n: int, policy: str, args) -> dict:
 
 def rank_worker(argv: list[str]) -> int:
     """One rank of :func:`run_ours_mpi`: the engine's run (as ``python -m engine run`` under
-    mpiexec) with :func:`apply_newton` before it. argv: on|off, then the config overrides."""
+    mpiexec) with :func:`apply_newton` before it. argv: on|off|filter, then the config overrides."""
     from shardmd.domain.comm import init_comm, shutdown
     from shardmd.engine.config import compose_config
     from shardmd.engine.simulation import Simulation
@@ -196,7 +201,7 @@ def rank_worker(argv: list[str]) -> int:
     comm = init_comm(cfg.device)
     cfg.domains = comm.size
     sim = Simulation(cfg, comm=comm)
-    apply_newton(sim, argv[0] == "on")
+    apply_newton(sim, argv[0])
     sim.run()
     del sim
     shutdown(comm)
@@ -268,7 +273,7 @@ def profile(n: int, args) -> None:
         return best
 
     sim = Simulation(compose_config(overrides(n, "lammps", args)))
-    apply_newton(sim, args.newton == "on")
+    apply_newton(sim, args.newton)
     if args.shuffle:
         shuffle(sim)
     sim.setup()
@@ -336,8 +341,9 @@ def main(argv=None) -> int:
                     help="instead of the runs: time the pieces of a step (synchronised), see profile()")
     ap.add_argument("--sort", default="spatial", choices=["spatial", "id", "none"],
                     help="the engine's neighbor.sort (atoms' memory order, set at every rebuild)")
-    ap.add_argument("--newton", default="on", choices=["on", "off"],
-                    help="LJ half neighbour list with Newton's third law (on) or the full list (off)")
+    ap.add_argument("--newton", default="on", choices=["on", "off", "filter"],
+                    help="LJ half neighbour list with Newton's third law (on), the full list (off), or the "
+                         "half list filtered by the model from the engine's full list (filter: shardmd run today)")
     ap.add_argument("--shuffle", action="store_true",
                     help="start from the atoms in random order, numbered in that order (a packed structure file)")
     args = ap.parse_args(argv)

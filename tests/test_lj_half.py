@@ -167,9 +167,9 @@ def test_half_on_domains(splits):
 def test_half_sums_do_not_follow_memory_order(name, built):
     """The same points in another memory order (ids travelling with them): every atom's force and
     energy, bit for bit. The kernel visits the points in the list's (bin, id) order and a pair
-    belongs to the point visited first (models/lj_kernels.py), so each row is summed in an order
-    that depends on ids and positions only. Lists without that order (``order=None``) still give
-    the right forces, to rounding."""
+    belongs to the point visited first (models/lj_kernels.py), so each row, and the energy and
+    virial totals, are summed in an order that depends on ids and positions only. Lists without
+    that order (``order=None``) still give the right forces, to rounding."""
     pos, cell, pbc, numbers, two = _case(name)
     p, c, b, z = to_t(pos, cell, pbc, numbers, torch.float64)
     ids = torch.arange(len(p)) * 7 + 3
@@ -181,8 +181,8 @@ def test_half_sums_do_not_follow_memory_order(name, built):
         nl = build_neighbor_list(p[perm], c, b, CUTOFF + 0.7, ids=ids[perm], half=built)
         out = lj.compute(p[perm], c, b, z[perm], nl)
         inv = torch.argsort(perm)
-        rows.append((out["forces"][inv], out["energies"][inv]))
+        rows.append((out["forces"][inv], out["energies"][inv], out["energy"], out["virial"]))
         no_order = lj.compute(p[perm], c, b, z[perm], nl.replace(order=None))
         assert torch.allclose(no_order["forces"][inv], rows[0][0], rtol=0, atol=1e-12)
-    for f, e in rows[1:]:
-        assert torch.equal(f, rows[0][0]) and torch.equal(e, rows[0][1])
+    for got in rows[1:]:   # the totals too: summed in the kernel, in visit order
+        assert all(torch.equal(a, b) for a, b in zip(got, rows[0]))
