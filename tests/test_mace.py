@@ -71,9 +71,10 @@ def _reference(model, numbers, positions, cell):
 
 
 # "::cueq": the same model converted by mace-torch to cuEquivariance (its torch fallback on CPU)
+# (8 domains, 2x2x2, went in session 12: 64 s of an 8-rank world on two cores. MACE on eight
+# domains against one is test_readme's verbatim `+model=mace +domains=8`, to 1e-10 Å.)
 CASES = {2: ["ortho.extxyz:1x1x2", "tri.extxyz", "tri.extxyz::cueq"], 3: ["ortho.extxyz:3x1x1"],
-         4: ["ortho.extxyz:2x2x1", "tri.extxyz"],
-         8: ["ortho.extxyz"]}
+         4: ["ortho.extxyz:2x2x1", "tri.extxyz"]}
 
 
 def _spec(c):
@@ -150,7 +151,7 @@ def test_mace_single_domain_engine_equals_mace_calculator(mace_setup, tmp_path):
 
 
 def validate_jobs(item):
-    """The wrapper's trace_and_validate at 2 and 4 ranks, in the shared validate_many launches
+    """The wrapper's trace_and_validate at 2 ranks, in the shared validate_many launches
     (conftest.ValidateBatches); trace_and_validate(f, atoms, world_size=k, ...) is this job."""
     if item.originalname != "test_trace_and_validate_mace_wrapper":
         return []
@@ -163,18 +164,18 @@ def validate_jobs(item):
     atoms.rattle(0.08, seed=5)
     job = dict(model_factory=shipped_mace, sample_system=atoms, atol=0.0, rtol=1e-10, spec=None, ghost_width=None,
                skin=0.5, grid=None, auto_fix=True)
-    return [(k, "shipped_mace", [job]) for k in (2, 4)]
+    return [(2, "shipped_mace", [job])]
 
 
 @pytest.mark.mpi
 @pytest.mark.slow
 def test_trace_and_validate_mace_wrapper(validated):
-    """The MACE wrapper with its spec passes the validator at 2 and 4 ranks (forces and
-    energies to 1e-10 relative against one process, halo complete)."""
-    for k in (2, 4):
-        (rep,) = validated(k, "shipped_mace")
-        assert rep.ok, rep.next_action
-        assert rep.fix_applied is None
+    """The MACE wrapper with its spec passes the validator at 2 ranks (forces and energies to
+    1e-10 relative against one process, halo complete). (4 ranks went in session 12: ~40 s of
+    CPU; MACE on 3 and 4 domains is test_mace_on_k_domains_equals_mace_calculator's.)"""
+    (rep,) = validated(2, "shipped_mace")
+    assert rep.ok, rep.next_action
+    assert rep.fix_applied is None
 
 
 MIXED_EXECUTORS = """
