@@ -331,10 +331,6 @@ def _regularise_open_axes(cell: torch.Tensor, pbc, positions: torch.Tensor, cuto
     return cell
 
 
-#: the 8 corners of the unit cube: corner k of a cell is ``_CORNERS[k] @ cell``
-_CORNERS = torch.tensor([[i, j, k] for i in (0, 1) for j in (0, 1) for k in (0, 1)], dtype=torch.float64)
-
-
 class SkinNeighborList:
     """Verlet-skin bookkeeping around :func:`build_neighbor_list`.
 
@@ -342,14 +338,10 @@ class SkinNeighborList:
     ``needs_rebuild`` is true when any point moved more than ``skin / 2`` (on the positions
     the caller integrates, never wrapped between builds) or the cell changed.
 
-    box_check: a changing cell (a barostat) keeps the list as LAMMPS's Neighbor::check_distance
-    does with a changing box: the trigger becomes ``(skin - d1 - d2) / 2`` with d1, d2 the two
-    largest displacements of the cell's 8 corners since the build (the origin corner stays put).
-    An edge's vector ``x_j + S h - x_i`` changes by the two points' displacements (which
-    include the affine motion the barostat gives them) plus ``S (h - h0)``, a difference of two
-    corner displacements when every component of S is -1, 0 or 1, so it stays within the skin.
-    Lists that may hold an image beyond the first (a perpendicular width of the cell not above
-    the list radius) keep the rule "another cell: rebuild".
+    box_check: the cell changes every step (a barostat) and the caller measures displacements
+    against the cell's deformation since the build (the engine's ``RankDomain.displacement``;
+    the bound is derived in docs/design.md, "NPT under decomposition"): this list then only
+    keeps the build's positions and cell for it. Without it another cell means a new list.
     """
 
     def __init__(self, cutoff: float, skin: float, box_check: bool = False):
@@ -358,7 +350,6 @@ class SkinNeighborList:
         self.cutoff = float(cutoff)
         self.skin = float(skin)
         self.box_check = bool(box_check)
-        self._unit_shifts = False   # every edge's image S has components in {-1, 0, 1}
         self.current: NeighborList | None = None
         self._x0: torch.Tensor | None = None
         self._cell0: torch.Tensor | None = None
@@ -402,33 +393,17 @@ class SkinNeighborList:
             return False
         return not torch.equal(cell, self._cell0)
 
-    def box_margin(self, cell: torch.Tensor) -> float:
-        """d1 + d2 (Å): the two largest displacements of the cell's corners since the build
-        (0 for the build's cell); inf where the box check does not apply (see the class)."""
-        if not self.cell_changed(cell):
-            return 0.0
-        if not (self.box_check and self._unit_shifts):
-            return math.inf
-        d = cell.double() - self._cell0.to(cell.device).double()
-        corners = torch.linalg.vector_norm(_CORNERS.to(d.device) @ d, dim=1)
-        top = torch.topk(corners, 2).values
-        return float(top.sum())
-
-    def trigger(self, cell: torch.Tensor) -> float:
-        """Largest displacement (Å) a point may have made since the build with the list still
-        complete: skin / 2, less half the cell's corner term (LAMMPS's boxcheck)."""
-        return 0.5 * (self.skin - self.box_margin(cell))
-
     def stale(self, positions: torch.Tensor, cell: torch.Tensor) -> bool:
         """True when the list cannot serve these points at all: none built, another number of
-        points, or another cell the box check cannot follow (no displacement is measured)."""
+        points, or another cell (a changing cell is the caller's to measure: ``box_check``)."""
         return (self.current is None or self._x0 is None or self._x0.shape != positions.shape
-                or (self.cell_changed(cell) and not (self.box_check and self._unit_shifts)))
+                or self.cell_changed(cell))
 
     def needs_rebuild(self, positions: torch.Tensor, cell: torch.Tensor) -> bool:
+        """The fixed-cell rule: stale, or a point moved more than skin / 2 since the build."""
         if self.stale(positions, cell):
             return True
-        return bool(self.max_displacement(positions) > self.trigger(cell))
+        return bool(self.max_displacement(positions) > 0.5 * self.skin)
 
     def build(self, positions, cell, pbc, ids=None, n_query=None) -> NeighborList:
         self.current = build_neighbor_list(positions, cell, pbc, self.radius, ids=ids, n_query=n_query,
@@ -437,11 +412,5 @@ class SkinNeighborList:
         self._x0 = positions[: self.current.n_query].detach().clone()
         self._cell0 = cell.detach().clone()
         self._cell_seen = (cell, cell._version)
-        if self.box_check:
-            # points wrapped on the list's periodic axes (a rebuild wraps; ghosts carry their own
-            # images on the split axes) have images beyond the first only when the radius reaches
-            # a perpendicular width: decided from the cell, without unpacking the edges' shifts
-            w = perpendicular_widths(cell).tolist()
-            self._unit_shifts = all(w[k] > self.radius or not bool(pbc[k]) for k in range(3))
         self.n_builds += 1
         return self.current

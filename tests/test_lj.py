@@ -43,12 +43,24 @@ def tables(species):
     return eps, sig, type_of
 
 
+_CONFIGS: dict = {}
+
+
 def make_config(seed, n=16, pbc=(True, True, True), two_species=True, lengths=(9.5, 11.0),
                 tilt=0.7, rotate=False, fd_margin=0.0):
     """Random sequential insertion with every pair distance >= 0.85 sigma_ij.
 
     With ``fd_margin`` > 0 the seed is advanced until no pair distance lies within
-    ``fd_margin`` of the cutoff (so finite differences never cross it)."""
+    ``fd_margin`` of the cutoff (so finite differences never cross it). Made once per process
+    and argument set (the brute-force insertion of a tilted, rotated cell took ~16 s of CPU, and
+    test_lj_half asks for the same configuration in four tests); callers get copies."""
+    key = (seed, n, tuple(bool(b) for b in pbc), two_species, tuple(lengths), tilt, rotate, fd_margin)
+    if key not in _CONFIGS:
+        _CONFIGS[key] = _make_config(seed, n, pbc, two_species, lengths, tilt, rotate, fd_margin)
+    return tuple(np.copy(a) for a in _CONFIGS[key])
+
+
+def _make_config(seed, n, pbc, two_species, lengths, tilt, rotate, fd_margin):
     while True:
         rng = np.random.default_rng(seed)
         cell = random_cell(rng, lengths=lengths, max_tilt=tilt, rotate=rotate)
