@@ -9,7 +9,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# Two xdist workers share this machine's cores, and the full suite is CPU-bound: every engine a
+# xdist workers share this machine's cores, and the full suite is CPU-bound: every engine a
 # test starts takes one torch thread (threads=0 follows OMP_NUM_THREADS), and an OpenMP thread
 # waiting for work sleeps instead of spinning. Two threads per process oversubscribed the
 # cores: a 1-domain LJ run used 15-25 % more CPU for the same steps (session 12).
@@ -85,7 +85,7 @@ except ImportError:   # without pytest-xdist, tests run in one process (`-p no:x
     pass
 else:
     class _ModuleScheduling(LoadScopeScheduling):
-        """Work units for the two workers (pyproject addopts ``-n 2``): a test module runs on
+        """Work units for the workers (pyproject addopts ``-n 4``): a test module runs on
         one worker (its module fixtures are made once), and the modules that use the shared
         MPI worlds or validate batches run on one worker together: a worker launches each
         k-rank world with the tasks of all selected tests, so two workers asking for it would

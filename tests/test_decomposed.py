@@ -1,13 +1,10 @@
 """Domain decomposition on real MPI ranks (gloo, oversubscribed): N domains give the
 1-domain answer.  Several systems and grids run per launch to keep the suite fast."""
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import WorldTask, mpiexec_cmd, run_in_process
+from conftest import WorldTask
 from reference import lj_reference, mix_lorentz_berthelot
 from systems import make_system
 
@@ -81,97 +78,6 @@ def test_lj_on_k_domains_equals_reference(k, mpi_world, reference):
         assert abs(d32["energy"] - e_ref) <= 1e-5 * abs(e_ref), case
 
 
-def _unwrapped(frames):
-    return [f.positions + f.arrays["image"] @ f.cell.array for f in frames]
-
-
-# threads=1: the 1- and 4-domain runs go side by side (ranks of several domains use one thread)
-COMMON = ["model=lj", "system.repeat=[6,6,6]", "steps=200", "trajectory.every=50", "thermo.every=50",
-          "quiet=true", "temperature=90", "dt=2.0", "neighbor.skin=0.6", "threads=1"]
-
-
-_PAIRS: dict = {}
-
-
-@pytest.fixture(scope="module")
-def one_and_four(tmp_path_factory):
-    """``one_and_four(integrator)``: a folder with COMMON's run on 1 domain (d1.h5) and
-    self-launched on 4 (``+domains=4``, d4.h5), run side by side. The verlet pair also serves
-    test_self_launch_equals_mpiexec (one 4-rank launch fewer)."""
-    def runs(integrator):
-        if integrator not in _PAIRS:
-            d = tmp_path_factory.mktemp(f"pair_{integrator}")
-            procs = [subprocess.Popen([sys.executable, "-m", "engine", "run", *COMMON, f"integrator={integrator}",
-                                       *extra], cwd=d, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-                     for extra in (["output=d1.h5"], ["+domains=4", "output=d4.h5"])]    # side by side
-            errs = [p.communicate(timeout=300)[1] for p in procs]
-            assert [p.returncode for p in procs] == [0, 0], errs
-            _PAIRS[integrator] = d
-        return _PAIRS[integrator]
-    return runs
-
-
-@pytest.mark.mpi
-# langevin in the full suite only: the fast tier checks its noise keyed by atom id, not memory
-# order or rank (test_dynamics, test_integrators), and 2-domain langevin restarts to the bit
-@pytest.mark.parametrize("integrator", ["verlet", pytest.param("langevin", marks=pytest.mark.slow)])
-def test_trajectories_1_vs_4_domains(integrator, one_and_four):
-    tmp_path = one_and_four(integrator)
-    a, b = read_frames(tmp_path / "d1.h5"), read_frames(tmp_path / "d4.h5")
-    assert [f.info["step"] for f in a] == [f.info["step"] for f in b] == [0, 50, 100, 150, 200]
-    for ua, ub in zip(_unwrapped(a), _unwrapped(b)):
-        assert np.abs(ua - ub).max() < 1e-8
-    assert "neighbour builds" in (tmp_path / "d4.log").read_text()
-
-
-@pytest.mark.mpi
-def test_self_launch_equals_mpiexec(tmp_path, one_and_four):
-    """``mpiexec -n 4 python -m engine run ...`` and the self-launched ``+domains=4`` run of the
-    same job (test_trajectories_1_vs_4_domains' verlet run): the same bits."""
-    args = ["-m", "engine", "run", "+model=lj", *COMMON[1:], "integrator=verlet", "output=m.h5"]
-    r = subprocess.run(mpiexec_cmd(4, args), cwd=tmp_path, capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr
-    m, s = read_frames(tmp_path / "m.h5"), read_frames(one_and_four("verlet") / "d4.h5")
-    assert [f.info["step"] for f in m] == [f.info["step"] for f in s] == [0, 50, 100, 150, 200]
-    for fa, fb in zip(m, s):
-        assert np.array_equal(fa.positions, fb.positions)
-        assert np.array_equal(fa.get_velocities(), fb.get_velocities())
-
-
-@pytest.mark.mpi
-@pytest.mark.slow
-def test_hot_gas_migration_stress_on_8_domains(tmp_path):
-    """A hot dilute gas crossing faces and periodic corners for 600 steps (~290 atom
-    migrations; 3,000 steps until session 11, ~1,450: 8 ranks on 2 cores took 3.5 minutes;
-    1,000 in session 11):
-    the atom count and id checksum are verified at every rebuild (a mismatch stops the run);
-    NVE energy behaves as on one domain."""
-    gas = ["model=lj", "system.a=11.0", "system.repeat=[4,4,4]", "temperature=2500", "dt=2.0",
-           "steps=600", "neighbor.skin=1.0", "trajectory.every=0", "thermo.every=60", "quiet=true",
-           "model.cutoff=5.0", "threads=1"]
-    # side by side: the 8 ranks wait on each other much of the time, the 1-domain run fills it
-    p8, p1 = (subprocess.Popen([sys.executable, "-m", "engine", "run", *gas, *extra], cwd=tmp_path, text=True,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-              for extra in (["domains=8", "grid=[2,2,2]", "output=g8.h5"], ["output=g1.h5"]))
-    errs = [p.communicate(timeout=900)[1] for p in (p8, p1)]
-    assert p8.returncode == 0 and p1.returncode == 0, errs
-    log = (tmp_path / "g8.log").read_text()
-    migrations = int(log.split(" atom migrations")[0].split()[-1])
-    assert migrations > 150, log[-500:]
-    e8 = np.array([float(line.split()[5]) for line in log.splitlines() if line.strip()[:1].isdigit()])
-    log1 = (tmp_path / "g1.log").read_text()
-    e1 = np.array([float(line.split()[5]) for line in log1.splitlines() if line.strip()[:1].isdigit()])
-    assert len(e8) == len(e1) == 11
-    # before chaos separates them, the two runs are the same trajectory
-    assert np.allclose(e8[:2], e1[:2], rtol=1e-9, atol=0)
-    # afterwards both conserve energy alike: velocity Verlet's error at dt = 2 fs in a
-    # 2,500 K gas (collisions resolved by ~20 steps) stays far below 2e-4 of the kinetic
-    # energy (3/2 N kT ~ 83 eV); a lost or duplicated atom, or a missing ghost, breaks it
-    ke = 1.5 * 256 * 8.617e-5 * 2500
-    drift8, drift1 = np.abs(e8 - e8[0]).max(), np.abs(e1 - e1[0]).max()
-    assert drift8 < 2e-4 * ke and drift1 < 2e-4 * ke, (drift8, drift1)
-
-
 @pytest.mark.mpi
 def test_empty_domains_run(mpi_world):
     """Atoms only in the lower part of the box: two of four z-slabs start empty. The run is
@@ -179,43 +85,3 @@ def test_empty_domains_run(mpi_world):
     its launch; launching is what test_self_launch_equals_mpiexec and the 1-vs-4 runs test)."""
     frames = read_frames(mpi_world(4, "empty_domains") / "run.h5")
     assert len(frames) == 3 and len(frames[-1]) == len(make_system("vacuum"))
-
-
-@pytest.mark.mpi
-@pytest.mark.slow
-def test_thin_domains_error_names_largest_count(tmp_path, capfd, monkeypatch):
-    """Refused before any rank starts: in this process (cli.main, stderr at the fd)."""
-    code, lines = run_in_process(["run", "model=lj", "system.repeat=[3,3,3]", "domains=16", "steps=5"], tmp_path,
-                                 capfd, monkeypatch)
-    assert code == 2
-    assert len(lines) == 1 and lines[0].startswith("error:") and "at most domains=" in lines[0], lines
-
-
-@pytest.mark.mpi
-def test_launcher_count_mismatch_is_one_line(tmp_path):
-    r = subprocess.run(mpiexec_cmd(2, ["-m", "engine", "run", "model=lj", "domains=3", "steps=5"]),
-                       cwd=tmp_path, capture_output=True, text=True, timeout=120)
-    assert r.returncode != 0
-    errors = [line for line in r.stderr.splitlines() if line.startswith("error")]
-    assert len(errors) == 1 and "domains=3" in errors[0] and "2 ranks" in errors[0], r.stderr
-
-
-@pytest.mark.mpi
-def test_failure_on_one_rank_ends_all_ranks(tmp_path):
-    """An exception on rank 1 ends all three ranks within 10 s, non-zero, message shown once
-    (the exception comes from a test-only wrapper of the step: tests/helpers/inject_failure.py)."""
-    helper = str(Path(__file__).parent / "helpers" / "inject_failure.py")
-    p = subprocess.Popen(mpiexec_cmd(3, [helper, "1:20", "run", "model=lj", "system.repeat=[6,6,6]",
-                                         "steps=100000", "quiet=true"]), cwd=tmp_path,
-                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    lines = []
-    t_fail = None
-    for line in p.stderr:
-        lines.append(line)
-        if "injected failure" in line and t_fail is None:
-            t_fail = time.time()
-    code = p.wait(timeout=60)
-    t_end = time.time()
-    assert code != 0
-    assert t_fail is not None and t_end - t_fail < 10, (t_end - (t_fail or 0))
-    assert sum("injected failure at step 20" in line for line in lines) == 1, lines

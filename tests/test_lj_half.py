@@ -7,7 +7,7 @@ model filtering the engine's full list (models/lj.py ``half_list``) and the buil
 directly (``build_neighbor_list(half=True)``, packed words and arrays). Domains are emulated in
 this process: each slab's owned atoms plus ghost images within the cutoff, a list with
 ``n_query = n_owned`` on the axes left periodic, as the engine builds it (engine/rank_domain.py),
-so no MPI launch is needed; the engine's own N-domain runs are tests/test_decomposed.py.
+so no MPI launch is needed; the engine's own N-domain runs are tests/test_decomposed*.py.
 """
 from __future__ import annotations
 

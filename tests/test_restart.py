@@ -48,9 +48,9 @@ _FIRST: dict = {}
 def first_runs(tmp_path_factory):
     """``first_runs(integrator, domains)``: a folder holding the 200-step run (straight.h5) and
     the first 100 steps (split.h5, its checkpoint at step 100), made once, side by side. The
-    langevin 4-domain pair is also test_restart_on_other_domain_counts' reference and start
-    (the same runs it made itself: BASE, langevin, 4 domains, 200 and 100 steps). Tests copy
-    the folder before they add to it."""
+    langevin 2-domain pair is also test_restart_on_other_domain_counts' reference and start
+    (BASE, langevin, 2 domains, 200 and 100 steps). Tests copy the folder before they add to
+    it. (4 domains until session 12: three launches of five processes each per integrator.)"""
     def get(integrator, domains):
         if (integrator, domains) not in _FIRST:
             d = tmp_path_factory.mktemp(f"first_{integrator}_{domains}")
@@ -64,8 +64,8 @@ def first_runs(tmp_path_factory):
 
 
 @pytest.mark.mpi
-# the 4-domain cases run in the full suite only (fast tier <= 10 min); 1 domain stays fast
-@pytest.mark.parametrize("domains", [1, pytest.param(4, marks=pytest.mark.slow)])
+# the 2-domain cases run in the full suite only (fast tier <= 5 min); 1 domain stays fast
+@pytest.mark.parametrize("domains", [1, pytest.param(2, marks=pytest.mark.slow)])
 @pytest.mark.parametrize("integrator", ["verlet", "langevin"])
 def test_bit_exact_continuation(tmp_path, domains, integrator, first_runs):
     """200 steps straight == 100 + restart + 100 (the checkpoint at 100 is not a rebuild step)."""
@@ -82,12 +82,12 @@ def test_bit_exact_continuation(tmp_path, domains, integrator, first_runs):
 @pytest.mark.slow
 def test_restart_on_other_domain_counts(tmp_path, first_runs):
     args = [*BASE, "integrator=langevin"]
-    shutil.copytree(first_runs("langevin", 4), tmp_path, dirs_exist_ok=True)
+    shutil.copytree(first_runs("langevin", 2), tmp_path, dirs_exist_ok=True)
     ck = tmp_path / "split.ckpt" / "step-000000000100.h5"
     ref = _frames(tmp_path / "straight.h5")
     results = _side_by_side([["run", *args, f"domains={d}", "steps=200", f"output=b{d}.h5", f"restart={ck}"]
-                             for d in (2, 1)], tmp_path)
-    for d, r in zip((2, 1), results):
+                             for d in (4, 1)], tmp_path)
+    for d, r in zip((4, 1), results):
         assert r.returncode == 0, r.stderr
         got = _frames(tmp_path / f"b{d}.h5")
         u = lambda f: f.positions + f.arrays["image"] @ f.cell.array  # noqa: E731
