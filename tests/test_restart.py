@@ -119,10 +119,10 @@ def _kill_trials(tmp_path, trials, seed):
 
 @pytest.mark.mpi
 @pytest.mark.slow
-def test_sigkill_sixteen_trials(tmp_path):
+def test_sigkill_twelve_trials(tmp_path):
     # (a three-trial twin, also in the slow tier only, went in session 11: a subset of this;
-    # twenty trials of 3-9 s each became sixteen of 2.5-7 s in session 12: 158 -> ~90 s)
-    _kill_trials(tmp_path, 16, seed=2)
+    # twenty trials of 3-9 s each became twelve of 2.5-7 s in session 12: 158 -> ~70 s)
+    _kill_trials(tmp_path, 12, seed=2)
 
 
 @pytest.mark.mpi
@@ -146,7 +146,9 @@ def test_sigterm_checkpoints_and_restarts_exactly(tmp_path, target):
             os.kill(pid, signal.SIGTERM)
     t0 = time.time()
     code = p.wait(timeout=60)
-    assert time.time() - t0 < 10
+    # prompt, not the run's 100,000 steps: ~2 s on a quiet machine; 15.6 s once with four xdist
+    # workers on two cores (load 10), hence the margin
+    assert time.time() - t0 < 30, time.time() - t0
     assert code == 75, p.stderr.read()
     assert "Stopped by SIGTERM" in log.read_text()
     stop = int(sorted((tmp_path / "r.ckpt").iterdir())[-1].stem.split("-")[1])
