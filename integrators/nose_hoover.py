@@ -136,7 +136,9 @@ class NoseHoover:
         return max(3 * n_atoms - 3, 1)
 
     # -- the chain ---------------------------------------------------------------------
-    def _measure(self, velocities, masses) -> None:
+    def measure(self, velocities, masses) -> None:
+        """The current temperature (``t_current``, K) and ``dof`` from the velocities (N, 3) Å/fs
+        and masses (N,) amu of every rank (NPT's iso barostat measures through it too)."""
         if self._columns is None:   # per rank: one that fails keeps torch's row sum, the same bits
             self._columns = columns_sum_agrees(velocities)
         mv2, n = exact_mv2_sum(velocities, masses, self.sum_fn, self._scratch, self._columns)
@@ -145,7 +147,7 @@ class NoseHoover:
 
     def _setup(self, velocities, masses) -> None:
         """fix_nh's setup(): temperature, masses and the upper links' forces."""
-        self._measure(velocities, masses)
+        self.measure(velocities, masses)
         q = self._masses()
         kt = KB * self.temperature
         for i in range(1, self.chain):
@@ -205,7 +207,7 @@ class NoseHoover:
     def second_half(self, velocities: torch.Tensor, forces: torch.Tensor, masses: torch.Tensor) -> None:
         """Half kick, the temperature of the kicked velocities, NHC(dt/2); in place."""
         velocities.add_(forces / masses[:, None], alpha=0.5 * self.dt * FORCE_TO_ACCEL)
-        self._measure(velocities, masses)
+        self.measure(velocities, masses)
         self._nhc(velocities)
 
     def conserved_energy(self) -> float:

@@ -199,7 +199,7 @@ class NPT:
         temperature, and (aniso, tri) the tensor the pressure and mtk1 use."""
         th = self.thermostat
         if self.pstyle == "iso":
-            th._measure(velocities, masses)   # m v^2 by column adds in kept arrays (nose_hoover.py)
+            th.measure(velocities, masses)   # m v^2 by column adds in kept arrays (nose_hoover.py)
             return
         self._mvv = exact_kinetic_tensor(velocities, masses, self.sum_fn, self._scratch)
         th.t_current = (self._mvv[0] + self._mvv[1] + self._mvv[2]) / (th.dof * KB)
