@@ -393,11 +393,14 @@ class SkinNeighborList:
             return False
         return not torch.equal(cell, self._cell0)
 
+    def serves(self, positions: torch.Tensor) -> bool:
+        """True when a list was built for as many points as ``positions`` holds."""
+        return self.current is not None and self._x0 is not None and self._x0.shape == positions.shape
+
     def stale(self, positions: torch.Tensor, cell: torch.Tensor) -> bool:
         """True when the list cannot serve these points at all: none built, another number of
         points, or another cell (a changing cell is the caller's to measure: ``box_check``)."""
-        return (self.current is None or self._x0 is None or self._x0.shape != positions.shape
-                or self.cell_changed(cell))
+        return not self.serves(positions) or self.cell_changed(cell)
 
     def needs_rebuild(self, positions: torch.Tensor, cell: torch.Tensor) -> bool:
         """The fixed-cell rule: stale, or a point moved more than skin / 2 since the build."""

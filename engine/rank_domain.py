@@ -218,7 +218,7 @@ class RankDomain:
                 return None, half
             return nl.max_displacement(s.positions), half
         x0, x = nl.reference, s.positions
-        if nl.current is None or x0 is None or x0.shape != x.shape:
+        if not nl.serves(x):
             return None, half
         try:
             t = matmul3(inv3(nl.build_cell.double().cpu().tolist()), s.cell.double().cpu().tolist())

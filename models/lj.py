@@ -227,13 +227,20 @@ class LennardJones:
         self._half_cache = (key, src, half)
         return half
 
+    @staticmethod
+    def _canonical_order(nl: NeighborList) -> torch.Tensor | None:
+        """The list's canonical order of its query points (``NeighborList.order``), or None for
+        a list without a usable one (built elsewhere)."""
+        order = getattr(nl, "order", None)
+        return order if order is not None and int(order.shape[0]) == nl.n_query else None
+
     def _visit_order(self, nl: NeighborList) -> torch.Tensor:
         """(n_query,) int32: the order the half-list kernel visits the query points in: the
-        list's canonical order (``NeighborList.order``), or memory order for a list without one."""
-        order = getattr(nl, "order", None)
-        nq = nl.n_query
-        if order is not None and int(order.shape[0]) == nq:
+        list's canonical order, or memory order for a list without one."""
+        order = self._canonical_order(nl)
+        if order is not None:
             return order
+        nq = nl.n_query
         kept = self._identity
         if kept is None or kept.shape[0] != nq or kept.device != nl.offsets.device:
             kept = self._identity = torch.arange(nq, dtype=torch.int32, device=nl.offsets.device)
@@ -289,8 +296,7 @@ class LennardJones:
         # the row of a point is complete when its visit ends if the pairs belong to the point
         # visited first: a list filtered here (ownership by the visit order's rank), or one the
         # build made that carries its order (ownership by that order)
-        order = getattr(nl, "order", None)
-        final = not nl.half or (order is not None and int(order.shape[0]) == nl.n_query)
+        final = not nl.half or self._canonical_order(nl) is not None
         nl = self.half_list(nl)
         dtype, device = positions.dtype, positions.device
         nq = nl.n_query
