@@ -60,8 +60,10 @@ def remove_stale_segments(env=os.environ, shm: Path = SHM, started: float | None
     """Remove this job step's MPICH segments last written before ``started`` - MARGIN_S (this
     process's start by default) and owned by this user; the paths removed."""
     prefixes = segment_prefixes(env)
+    if not prefixes:   # not in a SLURM step: nothing to read
+        return []
     started = process_start_time() if started is None else started
-    if not prefixes or started is None:
+    if started is None:
         return []
     removed = []
     try:
