@@ -8,5 +8,6 @@ if sys.argv[1:2] == ["run"]:
     install_early()
 
 from shardmd.engine.cli import main
+from shardmd.engine.parallel import exit_now
 
-sys.exit(main())
+exit_now(main())

@@ -247,6 +247,30 @@ def job_comm(device: str = "cpu"):
 _JOB_COMM = None
 
 
+def exit_now(code: int | None) -> None:
+    """End a ``python -m engine`` process with ``code`` once its work is done: streams flushed,
+    MPI finalized, then ``os._exit``, skipping the interpreter's teardown of torch, Warp and
+    every module, which was most of the time between a SIGTERM stop's checkpoint and the rank's
+    end (scripts/bench_stop.py; why: docs/design.md, "Ending the process"). Taken only when
+    nothing is left to lose: with an HDF5 file still open (HDF5 writes data out on close) the
+    normal exit runs instead."""
+    code = 0 if code is None else code
+    if not isinstance(code, int):   # sys.exit's rule: a message is printed, the status is 1
+        sys.exit(code)
+    h5py = sys.modules.get("h5py")
+    if h5py is not None and h5py.h5f.get_obj_ids(types=h5py.h5f.OBJ_FILE):
+        sys.exit(code)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):   # a closed or broken pipe: nothing more can reach it
+            pass
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
+        mpi.Finalize()   # MPICH removes its node segment here; mpiexec sees a clean end
+    os._exit(code)
+
+
 def _end_job_comm() -> None:
     from shardmd.domain.comm import shutdown
 
@@ -254,4 +278,4 @@ def _end_job_comm() -> None:
         shutdown(_JOB_COMM)
 
 
-__all__ = ["env_rank", "env_size", "find_mpiexec", "job_comm", "launch_self", "under_launcher"]
+__all__ = ["env_rank", "env_size", "exit_now", "find_mpiexec", "job_comm", "launch_self", "under_launcher"]

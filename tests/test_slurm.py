@@ -158,6 +158,17 @@ def engine_pids(cwd: Path) -> list[int]:
     return out
 
 
+def _rank_states(cwd: Path) -> str:
+    """For a failure message: each remaining rank's state and where it waits in the kernel."""
+    def read(pid, name):
+        try:
+            return Path(f"/proc/{pid}/{name}").read_text().strip()
+        except OSError as e:
+            return f"({e.strerror})"
+    return "".join(f"rank pid {p}: stat {read(p, 'stat')[:80]} wchan {read(p, 'wchan')}\n"
+                   for p in engine_pids(cwd))
+
+
 def unwrapped(frames) -> np.ndarray:
     """Positions (Å) in id order, unwrapped with the image flags: (frames, atoms, 3)."""
     return np.stack([(f.positions + f.arrays["image"] @ f.cell.array)[np.argsort(f.arrays["id"])]
@@ -281,11 +292,15 @@ def _ended(slurm, jobid) -> dict:
 
 @pytest.mark.mpi
 @pytest.mark.slow
-def test_scancel_ends_every_rank_within_10_s(slurm, tmp_path):
+def test_scancel_ends_every_rank_before_slurms_own_kill(slurm, tmp_path):
     jobid = _running_job(slurm, tmp_path)
     sh(["scancel", jobid], slurm, tmp_path)
     t0 = time.time()
-    wait_until("every rank to end", lambda: not engine_pids(tmp_path), 10)
+    # the ranks end by themselves: SLURM's SIGKILL follows only KillWait = 30 s after its
+    # SIGTERM. Under a second quiet; the interpreter's teardown once made it over 10 s in
+    # CI's run of four workers (now skipped: engine/parallel.py exit_now)
+    wait_until("every rank to end", lambda: not engine_pids(tmp_path), 20,
+               why=lambda: _rank_states(tmp_path) + job_output(slurm, tmp_path, jobid))
     print(f"scancel: ranks gone in {time.time() - t0:.1f} s")
     info = _ended(slurm, jobid)
     assert info["JobState"] == "CANCELLED" and info["Restarts"] == "0", info     # cancelled for good

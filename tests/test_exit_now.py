@@ -1,0 +1,71 @@
+"""``exit_now``: how ``python -m engine`` ends once its work is done (engine/parallel.py). It
+skips the interpreter's teardown, so these check that nothing is lost by skipping it: the exit
+status, text still in Python's buffers, an HDF5 file a caller left open (the normal exit runs
+then), and MPI's own end under mpiexec."""
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+
+from shardmd.engine.parallel import find_mpiexec
+
+
+def _script(tmp_path, body: str) -> list[str]:
+    path = tmp_path / "s.py"
+    path.write_text("from shardmd.engine.parallel import exit_now\n" + textwrap.dedent(body))
+    return [sys.executable, str(path)]
+
+
+def test_status_and_buffered_output_survive(tmp_path):
+    # stdout to a pipe is block-buffered: without the flush this text would be lost
+    r = subprocess.run(_script(tmp_path, """
+        import sys
+        print("written before the end", end="")
+        sys.stderr.write("and to stderr")
+        exit_now(3)
+    """), capture_output=True, text=True, timeout=60)
+    assert (r.returncode, r.stdout, r.stderr) == (3, "written before the end", "and to stderr")
+
+
+@pytest.mark.parametrize("code, status", [(None, 0), (0, 0), (75, 75)])
+def test_status(tmp_path, code, status):
+    r = subprocess.run(_script(tmp_path, f"exit_now({code!r})"), capture_output=True, timeout=60)
+    assert r.returncode == status, r.stderr
+
+
+def test_an_open_hdf5_file_is_written_out(tmp_path):
+    # os._exit with this file open leaves it unreadable ("bad object header version number")
+    out = tmp_path / "open.h5"
+    r = subprocess.run(_script(tmp_path, f"""
+        import h5py, numpy as np
+        f = h5py.File({str(out)!r}, "w")
+        f["x"] = np.arange(10.0)
+        exit_now(0)
+    """), capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    with h5py.File(out) as f:
+        assert np.array_equal(f["x"][:], np.arange(10.0))
+
+
+@pytest.mark.mpi
+def test_mpi_ranks_finalize(tmp_path):
+    # MPICH removes its node segment (/dev/shm/mpich_shm_*) in MPI_Finalize: a rank that ends
+    # without it leaves the segment behind (as a SIGKILLed one does: domain/stale_shm.py)
+    mpiexec = find_mpiexec()
+    if mpiexec is None:
+        pytest.skip("no mpiexec (pip install mpich)")
+    r = subprocess.run([mpiexec, "-n", "2", *_script(tmp_path, """
+        from mpi4py import MPI
+        MPI.COMM_WORLD.Barrier()
+        maps = open("/proc/self/maps").read().split()
+        print(*sorted({w for w in maps if w.startswith("/dev/shm/mpich_shm_")}), flush=True)
+        exit_now(5)
+    """)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 5, (r.stdout, r.stderr)
+    segments = set(r.stdout.split())
+    assert segments, r.stdout                                # what the check below relies on
+    assert not [s for s in segments if Path(s).exists()], segments
