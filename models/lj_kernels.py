@@ -323,10 +323,13 @@ def _lj_half_kernel(one_species: bool, pair_virial: bool, packed_edges: bool):
                 d += image
             if wp.static(not one_species):
                 params = table[row + types[j]]
-            r2 = wp.dot(d, d)
-            if r2 >= cutoff2:  # a branch here (unlike the full kernel): it also skips j's update
-                continue
-            u, fpr = _lj_pair(r2, params, cutoff2)
+            # no branch on the cutoff: beyond it u and g are zeros (the select in _lj_pair) and
+            # j's update adds them, which changes no bit (x + 0 == x; the rows start at +0). In a
+            # liquid ~30 % of a skin list's edges lie beyond the cutoff in no pattern, and the
+            # mispredicted branch cost more than the update it skipped; on a perfect lattice it
+            # is predictable, which is why calls on the start lattice did not show it
+            # (docs/benchmarks.md, issue 24: "the in-loop gap")
+            u, fpr = _lj_pair(wp.dot(d, d), params, cutoff2)
             g = fpr * d  # force on j from i
             hu = half * u
             e += hu
