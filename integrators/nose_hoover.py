@@ -32,6 +32,7 @@ from collections.abc import Callable
 
 import torch
 
+from . import fused
 from .units import FORCE_TO_ACCEL, KB, MVV_TO_EV
 
 _HI, _LO = 2.0 ** 32, 2.0 ** 31
@@ -75,10 +76,17 @@ def exact_mv2_sum(velocities: torch.Tensor, masses: torch.Tensor, sum_fn: Callab
     columns: form v_x^2 + v_y^2 + v_z^2 as (a + b) + c on the columns instead of torch's sum
     over the rows of 3.  That reduction costs ~5 ms at 256,000 atoms on the CPU (an inner loop of
     3), the two column adds ~0.4 ms; torch's CPU sum adds such a row left to right, the same bits,
-    which the caller checks on its data before it asks for this once (:func:`columns_sum_agrees`)."""
+    which the caller checks on its data before it asks for this once (:func:`columns_sum_agrees`).
+    With columns, on the CPU in float64, one fused pass makes the same words (integrators/fused.py)."""
     scratch = scratch or Scratch()
     v = velocities.double()
     n, dev = v.shape[0], v.device
+    if columns and fused.usable(v, masses):   # the columns path in one pass (integrators/fused.py)
+        part = scratch.get("mv2_part", (fused.chunks(n), 2), torch.int64, dev)
+        local = torch.cat([fused.mv2_words(v, masses, MVV_TO_EV, _HI, _LO, part),
+                           torch.tensor([n], dtype=torch.int64, device=dev)])
+        tot = sum_fn(local).cpu().tolist()
+        return (tot[0] + tot[1] / _LO) / _HI, int(tot[2])
     vv = torch.mul(v, v, out=scratch.get("vv", (n, 3), torch.float64, dev))
     x = scratch.get("x", (n,), torch.float64, dev)
     if columns:

@@ -71,6 +71,7 @@ from collections.abc import Callable
 
 import torch
 
+from . import fused
 from .nose_hoover import _HI, _LO, NoseHoover, Scratch, _identity
 from .units import FORCE_TO_ACCEL, KB, MVV_TO_EV
 
@@ -90,11 +91,16 @@ def exact_kinetic_tensor(velocities: torch.Tensor, masses: torch.Tensor, sum_fn:
     split into an integer high word and a rounded 2^-31 low word; the words are summed as int64,
     exactly, so neither the summation order nor the layout changes a bit.  The terms are laid out
     (6, N), a contiguous row per component, in ``scratch``'s arrays (made once, not per step); the
-    low word is made in place.  256,000 atoms: 42-44 -> 7-9 ms of CPU against the (N, 6) stack."""
+    low word is made in place.  256,000 atoms: 42-44 -> 7-9 ms of CPU against the (N, 6) stack.
+    On the CPU in float64 one fused pass makes the same words (integrators/fused.py): 0.7-0.9 ms."""
     scratch = scratch or Scratch()
     v = velocities.double()
     n, dev = v.shape[0], v.device
     m = torch.mul(masses.double(), MVV_TO_EV * _HI, out=scratch.get("m", (n,), torch.float64, dev))
+    if fused.usable(v, m):   # the same words in one pass (integrators/fused.py)
+        local = fused.kinetic_words(v, m, _LO, scratch.get("kt_part", (fused.chunks(n), 12), torch.int64, dev))
+        tot = sum_fn(local).cpu().tolist()
+        return [(tot[k] + tot[6 + k] / _LO) / _HI for k in range(6)]
     comps = scratch.get("comps", (6, n), torch.float64, dev)
     for k, (a, b) in enumerate(_PAIRS):
         torch.mul(v[:, a], v[:, b], out=comps[k])
@@ -308,8 +314,11 @@ class NPT:
         """nh_v_press(): the barostat's half-step scaling of the velocities, in place."""
         dt4, dthalf = 0.25 * self.dt, 0.5 * self.dt
         od = self.omega_dot
-        f = torch.tensor([math.exp(-dt4 * (od[i] + self.mtk_term2)) for i in range(3)],
-                         dtype=velocities.dtype, device=velocities.device)
+        factors = [math.exp(-dt4 * (od[i] + self.mtk_term2)) for i in range(3)]
+        if fused.usable(velocities):   # one pass, the same bits (integrators/fused.py)
+            fused.v_press(velocities, factors, od, dthalf, self.pstyle == "tri")
+            return
+        f = torch.tensor(factors, dtype=velocities.dtype, device=velocities.device)
         velocities.mul_(f)
         if self.pstyle == "tri":
             self._tilt_coupling(velocities, dthalf, od)
@@ -378,6 +387,10 @@ class NPT:
             positions.mul_(e)         # x' = x c^-1 (e c): fractions kept
         else:
             m = matmul3(inv3(c), new)   # x' = x c^-1 new, lower-triangular for LAMMPS's form
+            if fused.usable(positions):   # one pass, the same bits (integrators/fused.py)
+                fused.remap(positions, m)
+                self.cell = torch.tensor(new, dtype=old.dtype, device=old.device)
+                return
             x, y, z = positions[:, 0], positions[:, 1], positions[:, 2]
             x.mul_(m[0][0]).add_(y, alpha=m[1][0]).add_(z, alpha=m[2][0])   # x first: it reads the old y, z
             y.mul_(m[1][1]).add_(z, alpha=m[2][1])

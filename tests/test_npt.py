@@ -357,3 +357,37 @@ def test_a_cell_shrunk_below_the_grid_is_refused_in_one_line():
         d._check_grid(torch.diag(torch.tensor([18.0, 30.0, 30.0], dtype=torch.float64)))
     msg = str(err.value)
     assert "\n" not in msg and "9.00 Å thin" in msg and "fewer domains" in msg, msg
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_fused_passes_give_the_torch_bits(seed, monkeypatch):
+    """integrators/fused.py's one-pass kernels (CPU, float64) against the torch expressions they
+    replace, bit for bit: NPT's nh_v_press (iso, tri), tri's remap, the kinetic tensor's and m v^2's
+    fixed-point sums; random velocities over four decades, strain rates of both signs, a tilted cell."""
+    from shardmd.integrators import fused
+    from shardmd.integrators.nose_hoover import exact_mv2_sum
+    from shardmd.integrators.npt import NPT, exact_kinetic_tensor
+
+    if not fused.usable(torch.zeros(1, 3, dtype=torch.float64)):
+        pytest.skip("Warp is not available: the torch code runs")
+    g = torch.Generator().manual_seed(seed)
+    n = 3 * fused.CHUNK + 17   # several chunks and a partial one
+    v = torch.randn(n, 3, dtype=torch.float64, generator=g) * 10.0 ** torch.empty(n, 1).uniform_(-4, 0, generator=g)
+    masses = torch.rand(n, dtype=torch.float64, generator=g) * 100.0 + 1.0
+    x = torch.rand(n, 3, dtype=torch.float64, generator=g) * 40.0 - 5.0
+    od = (torch.rand(6, generator=g, dtype=torch.float64) * 2e-3 - 1e-3).tolist()
+
+    def run(enabled: bool, couple: str):
+        monkeypatch.setattr(fused, "ENABLED", enabled)
+        npt = NPT(2.0, 100.0, 0.0, 100.0, 1000.0, couple=couple)
+        npt.cell = torch.tensor([[40.0, 0.0, 0.0], [1.5, 38.0, 0.0], [-0.7, 2.1, 41.0]], dtype=torch.float64)
+        npt.omega_dot, npt.mtk_term2 = list(od), od[0] * 0.1
+        vv, xx = v.clone(), x.clone()
+        npt._v_press(vv)
+        npt._remap(xx)
+        return (vv, xx, npt.cell, torch.tensor(exact_kinetic_tensor(v, masses, lambda t: t)),
+                torch.tensor(exact_mv2_sum(v, masses, lambda t: t, columns=True)[0]))
+
+    for couple in ("iso", "tri"):
+        for a, b in zip(run(True, couple), run(False, couple)):
+            assert torch.equal(a, b), couple

@@ -1,0 +1,116 @@
+"""One pass over the atoms instead of several: Warp CPU kernels for the thermostats' and NPT's
+per-atom work, bit for bit the torch expressions they replace (integrators/npt.py,
+integrators/nose_hoover.py).
+
+Why: each torch operation is a pass over the arrays, and at 256,000 atoms on the CPU a pass over
+an (N, 3) float64 array (6 MB) or one of its columns costs 0.15-0.8 ms (a broadcast over rows
+of 3 and strided columns do not vectorise).  npt tri's kinetic tensor took ~10 passes over
+(6, N) terms (5.5-7.5 ms), its ``nh_v_press`` 7 (1.5-2.5 ms, twice a step), its remap 5 (0.7-1.1
+ms, twice).  Fused: 0.7-0.9, 0.45-0.5, 0.4-0.5 ms (scripts/bench_npt.py's split and the pieces
+timed alone: docs/design.md, "NPT under decomposition").
+
+Same bits: every kernel does the same IEEE operations in the same order as the torch code.
+torch's ``add_(y, alpha=a)`` is a fused multiply-add (fma(a, y, x): checked against exact
+rational arithmetic), so the kernels call ``fma`` there and nowhere else; Warp's CPU code is one
+statement per operation, which the compiler does not contract (tests/test_npt.py compares
+each kernel with its torch expression on random data).  Products and the floor / round-half-even
+of the fixed-point words are the same operations, and the words are summed as int64 (exact in
+any order), in chunks of ``CHUNK`` atoms, one partial sum per chunk.
+
+Used on the CPU for contiguous float64 arrays (:func:`usable`); elsewhere (CUDA, float32) the
+torch code runs: on a GPU the passes are cheap, and Warp's CUDA compiler contracts multiply-adds.
+Units are those of the callers (Å, Å/fs, amu, eV).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+CHUNK = 4096   # atoms per partial sum of the fixed-point words
+ENABLED = True  # False: always the torch code (tests compare the two)
+
+_wp = None     # the warp module once loaded; False when it cannot be
+_kernels: dict = {}
+
+
+def _warp():
+    """Warp, initialised quietly (the engine has usually done it already); None without it."""
+    global _wp
+    if _wp is None:
+        try:
+            import warp as wp
+        except ImportError:
+            _wp = False
+            return None
+        if hasattr(wp.config, "log_level"):
+            wp.config.log_level = getattr(wp, "LOG_WARNING", 30)
+        else:
+            wp.config.quiet = True
+        wp.init()
+        _wp = wp
+    return _wp or None
+
+
+def usable(*tensors: torch.Tensor) -> bool:
+    """True when the fused kernels serve these arrays: CPU, float64, contiguous, Warp present."""
+    if not ENABLED or not all(t.device.type == "cpu" and t.dtype == torch.float64 and t.is_contiguous() for t in tensors):
+        return False
+    return _warp() is not None and bool(_get())
+
+
+def _get() -> dict:
+    """The kernels (integrators/fused_kernels.py; Warp compiles them once into its cache)."""
+    if not _kernels:
+        from . import fused_kernels as k
+
+        _kernels.update(v_press=k.v_press, remap=k.remap, kinetic_tensor=k.kinetic_tensor, mv2=k.mv2)
+    return _kernels
+
+
+def v_press(velocities: torch.Tensor, f: list[float], od: list[float], dthalf: float, tri: bool) -> None:
+    """npt.py's ``_v_press`` in one pass, in place: velocities (N, 3) Å/fs, f the three factors,
+    od omega_dot (Voigt, 1/fs; tri's tilt terms use od[3:6]), dthalf fs."""
+    wp = _warp()
+    wp.launch(_get()["v_press"], dim=velocities.shape[0], device="cpu",
+              inputs=[wp.from_torch(velocities), f[0], f[1], f[2], od[3], od[4], od[5], -dthalf, int(tri)])
+
+
+def remap(positions: torch.Tensor, m: list[list[float]]) -> None:
+    """x' = x m for a lower-triangular m (rows), in place on positions (N, 3) Å, as npt.py's remap."""
+    wp = _warp()
+    wp.launch(_get()["remap"], dim=positions.shape[0], device="cpu",
+              inputs=[wp.from_torch(positions), m[0][0], m[1][0], m[2][0], m[1][1], m[2][1], m[2][2]])
+
+
+def _chunks(n: int) -> int:
+    return max(math.ceil(n / CHUNK), 1)
+
+
+def kinetic_words(velocities: torch.Tensor, m_scaled: torch.Tensor, lo: float, out: torch.Tensor) -> torch.Tensor:
+    """(12,) int64: the local sums of the hi words (xx yy zz xy xz yz) then the lo words of
+    (v_a v_b) m_scaled; velocities (N, 3), m_scaled (N,) (m MVV_TO_EV 2^32), ``out`` a kept
+    (>= chunks, 12) int64 work array."""
+    wp = _warp()
+    n = velocities.shape[0]
+    part = out[:_chunks(n)]
+    wp.launch(_get()["kinetic_tensor"], dim=part.shape[0], device="cpu",
+              inputs=[wp.from_torch(velocities), wp.from_torch(m_scaled), n, lo, wp.from_torch(part)])
+    return part.sum(0)
+
+
+def mv2_words(velocities: torch.Tensor, masses: torch.Tensor, scale: float, hi: float, lo: float,
+              out: torch.Tensor) -> torch.Tensor:
+    """(2,) int64: the local sums of the hi and lo words of ((m (v.v)) scale) hi, v.v by column
+    adds; velocities (N, 3), masses (N,), ``out`` a kept (>= chunks, 2) int64 work array."""
+    wp = _warp()
+    n = velocities.shape[0]
+    part = out[:_chunks(n)]
+    wp.launch(_get()["mv2"], dim=part.shape[0], device="cpu",
+              inputs=[wp.from_torch(velocities), wp.from_torch(masses), n, scale, hi, lo, wp.from_torch(part)])
+    return part.sum(0)
+
+
+def chunks(n: int) -> int:
+    """Rows of the work array :func:`kinetic_words` and :func:`mv2_words` need for n atoms."""
+    return _chunks(n)

@@ -1,0 +1,112 @@
+"""The Warp kernels of integrators/fused.py (its docstring says what each replaces and why the
+bits are the same).  Imported on first use only: loading this module initialises Warp."""
+from __future__ import annotations
+
+from .fused import CHUNK, _warp
+
+wp = _warp()
+f64 = wp.float64
+
+
+@wp.func_native("return fma(a, b, c);")
+def fma(a: f64, b: f64, c: f64) -> f64:   # a * b + c, one rounding (torch's add with alpha)
+    ...
+
+
+@wp.kernel(enable_backward=False)
+def v_press(v: wp.array2d(dtype=f64), f0: f64, f1: f64, f2: f64, od3: f64, od4: f64, od5: f64,
+            mdthalf: f64, tri: int):
+    # npt.py's _v_press: v *= f; (tri) vx += ((vy od5 + vz od4) (-dthalf)), vy += (vz (-dthalf)) od3; v *= f
+    i = wp.tid()
+    vx = v[i, 0] * f0
+    vy = v[i, 1] * f1
+    vz = v[i, 2] * f2
+    if tri != 0:
+        a = vy * od5
+        b = vz * od4
+        a = a + b
+        a = a * mdthalf
+        vx = vx + a
+        a = vz * mdthalf
+        a = a * od3
+        vy = vy + a
+    v[i, 0] = vx * f0
+    v[i, 1] = vy * f1
+    v[i, 2] = vz * f2
+
+
+@wp.kernel(enable_backward=False)
+def remap(x: wp.array2d(dtype=f64), m00: f64, m10: f64, m20: f64, m11: f64, m21: f64, m22: f64):
+    # npt.py's x.mul_(m00).add_(y, alpha=m10).add_(z, alpha=m20); y.mul_(m11).add_(z, alpha=m21); z.mul_(m22)
+    i = wp.tid()
+    a = x[i, 0]
+    b = x[i, 1]
+    c = x[i, 2]
+    x[i, 0] = fma(m20, c, fma(m10, b, a * m00))
+    x[i, 1] = fma(m21, c, b * m11)
+    x[i, 2] = c * m22
+
+
+@wp.func
+def words(c: f64, lo_scale: f64):
+    h = wp.floor(c)
+    return wp.int64(h), wp.int64(wp.rint((c - h) * lo_scale))   # rint: half to even, as torch.round
+
+
+@wp.kernel(enable_backward=False)
+def kinetic_tensor(v: wp.array2d(dtype=f64), m: wp.array(dtype=f64), n: int, lo_scale: f64,
+                   out: wp.array2d(dtype=wp.int64)):
+    # exact_kinetic_tensor's words of (v_a v_b) m, xx yy zz xy xz yz, summed over a chunk
+    t = wp.tid()
+    s = wp.vector(wp.int64(0), length=12, dtype=wp.int64)
+    for i in range(t * CHUNK, wp.min(t * CHUNK + CHUNK, n)):
+        vx = v[i, 0]
+        vy = v[i, 1]
+        vz = v[i, 2]
+        mi = m[i]
+        h, lo = words((vx * vx) * mi, lo_scale)
+        s[0] += h
+        s[6] += lo
+        h, lo = words((vy * vy) * mi, lo_scale)
+        s[1] += h
+        s[7] += lo
+        h, lo = words((vz * vz) * mi, lo_scale)
+        s[2] += h
+        s[8] += lo
+        h, lo = words((vx * vy) * mi, lo_scale)
+        s[3] += h
+        s[9] += lo
+        h, lo = words((vx * vz) * mi, lo_scale)
+        s[4] += h
+        s[10] += lo
+        h, lo = words((vy * vz) * mi, lo_scale)
+        s[5] += h
+        s[11] += lo
+    for k in range(12):
+        out[t, k] = s[k]
+
+
+@wp.kernel(enable_backward=False)
+def mv2(v: wp.array2d(dtype=f64), m: wp.array(dtype=f64), n: int, scale: f64, hi_scale: f64,
+        lo_scale: f64, out: wp.array2d(dtype=wp.int64)):
+    # exact_mv2_sum's columns path: x = ((vx vx + vy vy) + vz vz); x = ((m x) MVV_TO_EV) 2^32; words
+    t = wp.tid()
+    sh = wp.int64(0)
+    sl = wp.int64(0)
+    for i in range(t * CHUNK, wp.min(t * CHUNK + CHUNK, n)):
+        vx = v[i, 0]
+        vy = v[i, 1]
+        vz = v[i, 2]
+        a = vx * vx
+        b = vy * vy
+        c = vz * vz
+        x = a + b
+        x = x + c
+        x = m[i] * x
+        x = x * scale
+        x = x * hi_scale
+        h, lo = words(x, lo_scale)
+        sh += h
+        sl += lo
+    out[t, 0] = sh
+    out[t, 1] = sl
