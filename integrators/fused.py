@@ -54,7 +54,8 @@ def _warp():
 
 def usable(*tensors: torch.Tensor) -> bool:
     """True when the fused kernels serve these arrays: CPU, float64, contiguous, Warp present."""
-    if not ENABLED or not all(t.device.type == "cpu" and t.dtype == torch.float64 and t.is_contiguous() for t in tensors):
+    if not ENABLED or not all(t.device.type == "cpu" and t.dtype == torch.float64 and t.is_contiguous()
+                              for t in tensors):
         return False
     return _warp() is not None and bool(_get())
 
@@ -64,7 +65,9 @@ def _get() -> dict:
     if not _kernels:
         from . import fused_kernels as k
 
-        _kernels.update(v_press=k.v_press, remap=k.remap, kinetic_tensor=k.kinetic_tensor, mv2=k.mv2)
+        _kernels.update(v_press=k.v_press, remap=k.remap, kinetic_tensor=k.kinetic_tensor, mv2=k.mv2,
+                        press_kick=k.press_kick, remap_drift_remap=k.remap_drift_remap,
+                        kick_press_measure=k.kick_press_measure)
     return _kernels
 
 
@@ -114,3 +117,51 @@ def mv2_words(velocities: torch.Tensor, masses: torch.Tensor, scale: float, hi: 
 def chunks(n: int) -> int:
     """Rows of the work array :func:`kinetic_words` and :func:`mv2_words` need for n atoms."""
     return _chunks(n)
+
+
+# -- whole half steps of npt.py ------------------------------------------------------------------
+def press_kick(velocities: torch.Tensor, forces: torch.Tensor, masses: torch.Tensor, f: list[float],
+               od: list[float], dthalf: float, tri: bool, alpha: float) -> None:
+    """npt.py's first half on the velocities, in place: ``_v_press`` (factors f, omega_dot od,
+    dthalf fs), then v += alpha F / m (alpha = dt/2 FORCE_TO_ACCEL).  (N, 3) Å/fs, eV/Å; (N,) amu."""
+    wp = _warp()
+    wp.launch(_get()["press_kick"], dim=velocities.shape[0], device="cpu",
+              inputs=[wp.from_torch(velocities), wp.from_torch(forces), wp.from_torch(masses), wp.vec3d(*f),
+                      wp.vec3d(od[3], od[4], od[5]), -dthalf, int(tri), alpha])
+
+
+def _remap_args(m) -> tuple:
+    """(diagonal, m10 m20 m21, iso) of a remap: a float (iso's scale) or a lower-triangular matrix."""
+    wp = _warp()
+    if isinstance(m, float):
+        return wp.vec3d(m, m, m), wp.vec3d(0.0, 0.0, 0.0), 1
+    return wp.vec3d(m[0][0], m[1][1], m[2][2]), wp.vec3d(m[1][0], m[2][0], m[2][1]), 0
+
+
+def remap_drift_remap(positions: torch.Tensor, velocities: torch.Tensor, m1, dt: float, m2) -> None:
+    """npt.py's remap (m1), x += dt v, remap (m2) in one pass, in place on positions (N, 3) Å;
+    m1, m2: iso's scale factor (float) or the lower-triangular matrix (rows) of x' = x m."""
+    wp = _warp()
+    r1, s1, iso = _remap_args(m1)
+    r2, s2, _ = _remap_args(m2)
+    wp.launch(_get()["remap_drift_remap"], dim=positions.shape[0], device="cpu",
+              inputs=[wp.from_torch(positions), wp.from_torch(velocities), r1, s1, dt, r2, s2, iso])
+
+
+def kick_press_measure(velocities: torch.Tensor, forces: torch.Tensor, masses: torch.Tensor, alpha: float,
+                       f: list[float], od: list[float], dthalf: float, tri: bool, tensor: bool,
+                       consts: tuple[float, float, float, float], out: torch.Tensor) -> torch.Tensor:
+    """npt.py's second half on the velocities, in place (v += alpha F / m, ``_v_press``), with the
+    local fixed-point sums of what it measures next: (12,) int64, the kinetic tensor's hi then lo
+    words (``tensor``, as :func:`kinetic_words`), else m v^2's hi and lo words first (as
+    :func:`mv2_words`).  consts: (MVV_TO_EV 2^32, MVV_TO_EV, 2^32, 2^31); ``out`` a kept
+    (>= chunks, 12) int64 work array."""
+    wp = _warp()
+    n = velocities.shape[0]
+    part = out[:_chunks(n)]
+    mscale, scale, hi, lo = consts
+    wp.launch(_get()["kick_press_measure"], dim=part.shape[0], device="cpu",
+              inputs=[wp.from_torch(velocities), wp.from_torch(forces), wp.from_torch(masses), n, alpha,
+                      wp.vec3d(*f), wp.vec3d(od[3], od[4], od[5]), -dthalf, int(tri), int(tensor), mscale, scale,
+                      hi, lo, wp.from_torch(part)])
+    return part.sum(0)

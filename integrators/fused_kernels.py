@@ -110,3 +110,116 @@ def mv2(v: wp.array2d(dtype=f64), m: wp.array(dtype=f64), n: int, scale: f64, hi
         sl += lo
     out[t, 0] = sh
     out[t, 1] = sl
+
+
+# -- whole half steps of npt.py (the same operations as its torch path, in its order) ----------------
+@wp.func
+def press(vx: f64, vy: f64, vz: f64, fac: wp.vec3d, od: wp.vec3d, mdthalf: f64, tri: int):
+    # _v_press on one atom (od: omega_dot yz xz xy, Voigt 3 4 5)
+    vx = vx * fac[0]
+    vy = vy * fac[1]
+    vz = vz * fac[2]
+    if tri != 0:
+        a = vy * od[2]
+        b = vz * od[1]
+        a = a + b
+        a = a * mdthalf
+        vx = vx + a
+        a = vz * mdthalf
+        a = a * od[0]
+        vy = vy + a
+    return vx * fac[0], vy * fac[1], vz * fac[2]
+
+
+@wp.func
+def kick(v: f64, f: f64, m: f64, alpha: f64):
+    # velocities.add_(forces / masses[:, None], alpha=alpha): the quotient rounded, then fma
+    q = f / m
+    return fma(alpha, q, v)
+
+
+@wp.kernel(enable_backward=False)
+def press_kick(v: wp.array2d(dtype=f64), f: wp.array2d(dtype=f64), m: wp.array(dtype=f64), fac: wp.vec3d,
+               od: wp.vec3d, mdthalf: f64, tri: int, alpha: f64):
+    # first_half: _v_press, then the half kick
+    i = wp.tid()
+    vx, vy, vz = press(v[i, 0], v[i, 1], v[i, 2], fac, od, mdthalf, tri)
+    mi = m[i]
+    v[i, 0] = kick(vx, f[i, 0], mi, alpha)
+    v[i, 1] = kick(vy, f[i, 1], mi, alpha)
+    v[i, 2] = kick(vz, f[i, 2], mi, alpha)
+
+
+@wp.func
+def apply_remap(a: f64, b: f64, c: f64, r: wp.vec3d, s: wp.vec3d, iso: int):
+    # npt.py's remap of one atom: iso x *= e (r[0]); else the lower-triangular product, r the
+    # diagonal (m00 m11 m22), s the rest (m10 m20 m21)
+    if iso != 0:
+        return a * r[0], b * r[0], c * r[0]
+    return fma(s[1], c, fma(s[0], b, a * r[0])), fma(s[2], c, b * r[1]), c * r[2]
+
+
+@wp.kernel(enable_backward=False)
+def remap_drift_remap(x: wp.array2d(dtype=f64), v: wp.array2d(dtype=f64), r1: wp.vec3d, s1: wp.vec3d,
+                      dt: f64, r2: wp.vec3d, s2: wp.vec3d, iso: int):
+    # first_half: remap, x += dt v (positions.add_(velocities, alpha=dt): fma), remap
+    i = wp.tid()
+    a, b, c = apply_remap(x[i, 0], x[i, 1], x[i, 2], r1, s1, iso)
+    a = fma(dt, v[i, 0], a)
+    b = fma(dt, v[i, 1], b)
+    c = fma(dt, v[i, 2], c)
+    a, b, c = apply_remap(a, b, c, r2, s2, iso)
+    x[i, 0] = a
+    x[i, 1] = b
+    x[i, 2] = c
+
+
+@wp.kernel(enable_backward=False)
+def kick_press_measure(v: wp.array2d(dtype=f64), f: wp.array2d(dtype=f64), m: wp.array(dtype=f64), n: int,
+                       alpha: f64, fac: wp.vec3d, od: wp.vec3d, mdthalf: f64, tri: int, tensor: int,
+                       mscale: f64, scale: f64, hi_scale: f64, lo_scale: f64, out: wp.array2d(dtype=wp.int64)):
+    # second_half: the half kick, _v_press, then the words of the kinetic tensor (tensor != 0, as
+    # kinetic_tensor with m mscale) or of m v^2 (as mv2), summed over the chunk
+    t = wp.tid()
+    s = wp.vector(wp.int64(0), length=12, dtype=wp.int64)
+    for i in range(t * CHUNK, wp.min(t * CHUNK + CHUNK, n)):
+        mi = m[i]
+        vx, vy, vz = press(kick(v[i, 0], f[i, 0], mi, alpha), kick(v[i, 1], f[i, 1], mi, alpha),
+                           kick(v[i, 2], f[i, 2], mi, alpha), fac, od, mdthalf, tri)
+        v[i, 0] = vx
+        v[i, 1] = vy
+        v[i, 2] = vz
+        if tensor != 0:
+            ms = mi * mscale
+            h, lo = words((vx * vx) * ms, lo_scale)
+            s[0] += h
+            s[6] += lo
+            h, lo = words((vy * vy) * ms, lo_scale)
+            s[1] += h
+            s[7] += lo
+            h, lo = words((vz * vz) * ms, lo_scale)
+            s[2] += h
+            s[8] += lo
+            h, lo = words((vx * vy) * ms, lo_scale)
+            s[3] += h
+            s[9] += lo
+            h, lo = words((vx * vz) * ms, lo_scale)
+            s[4] += h
+            s[10] += lo
+            h, lo = words((vy * vz) * ms, lo_scale)
+            s[5] += h
+            s[11] += lo
+        else:
+            a = vx * vx
+            b = vy * vy
+            c = vz * vz
+            x = a + b
+            x = x + c
+            x = mi * x
+            x = x * scale
+            x = x * hi_scale
+            h, lo = words(x, lo_scale)
+            s[0] += h
+            s[1] += lo
+    for k in range(12):
+        out[t, k] = s[k]

@@ -310,11 +310,15 @@ class NPT:
                 if self.p_flag[i]:
                     od[i] += self.p_current[i] * vol / w[i] * dthalf
 
+    def _press_factors(self) -> list[float]:
+        """nh_v_press()'s three scaling factors exp(-dt/4 (omega_dot_a + mtk2))."""
+        dt4, od = 0.25 * self.dt, self.omega_dot
+        return [math.exp(-dt4 * (od[i] + self.mtk_term2)) for i in range(3)]
+
     def _v_press(self, velocities: torch.Tensor) -> None:
         """nh_v_press(): the barostat's half-step scaling of the velocities, in place."""
-        dt4, dthalf = 0.25 * self.dt, 0.5 * self.dt
-        od = self.omega_dot
-        factors = [math.exp(-dt4 * (od[i] + self.mtk_term2)) for i in range(3)]
+        dthalf, od = 0.5 * self.dt, self.omega_dot
+        factors = self._press_factors()
         if fused.usable(velocities):   # one pass, the same bits (integrators/fused.py)
             fused.v_press(velocities, factors, od, dthalf, self.pstyle == "tri")
             return
@@ -340,7 +344,12 @@ class NPT:
         vy.add_(a.mul_(od[3]))
 
     def _remap(self, positions: torch.Tensor) -> None:
-        """remap(): the cell by half a step (dto = dt/2), the atoms with it (fractions kept).
+        """remap(): the cell by half a step (dto = dt/2), the atoms with it (fractions kept)."""
+        self._apply_remap(positions, self._remap_cell())
+
+    def _remap_cell(self) -> float | list[list[float]]:
+        """remap()'s cell half: omega and ``self.cell`` advanced by half a step; returns the map
+        of the positions, x' = x c^-1 new: iso's scale factor, else the lower-triangular matrix.
         The 3 x 3 algebra is done in Python floats and applied to the atoms by broadcasting:
         no LAPACK/BLAS call on tiny matrices (with several threads those wait on their workers)."""
         dto = 0.5 * self.dt
@@ -383,19 +392,24 @@ class NPT:
             h[1] *= e1
             h[2] *= e2
             new = [[h[0], 0.0, 0.0], [h[5], h[1], 0.0], [h[4], h[3], h[2]]]
-        if self.pstyle == "iso":
-            positions.mul_(e)         # x' = x c^-1 (e c): fractions kept
-        else:
-            m = matmul3(inv3(c), new)   # x' = x c^-1 new, lower-triangular for LAMMPS's form
-            if fused.usable(positions):   # one pass, the same bits (integrators/fused.py)
-                fused.remap(positions, m)
-                self.cell = torch.tensor(new, dtype=old.dtype, device=old.device)
-                return
-            x, y, z = positions[:, 0], positions[:, 1], positions[:, 2]
-            x.mul_(m[0][0]).add_(y, alpha=m[1][0]).add_(z, alpha=m[2][0])   # x first: it reads the old y, z
-            y.mul_(m[1][1]).add_(z, alpha=m[2][1])
-            z.mul_(m[2][2])
         self.cell = torch.tensor(new, dtype=old.dtype, device=old.device)
+        if self.pstyle == "iso":
+            return e                      # x' = x c^-1 (e c): fractions kept
+        return matmul3(inv3(c), new)      # lower-triangular for LAMMPS's form
+
+    @staticmethod
+    def _apply_remap(positions: torch.Tensor, m: float | list[list[float]]) -> None:
+        """x' = x m in place on positions (N, 3) Å; m from :meth:`_remap_cell`."""
+        if isinstance(m, float):
+            positions.mul_(m)
+            return
+        if fused.usable(positions):   # one pass, the same bits (integrators/fused.py)
+            fused.remap(positions, m)
+            return
+        x, y, z = positions[:, 0], positions[:, 1], positions[:, 2]
+        x.mul_(m[0][0]).add_(y, alpha=m[1][0]).add_(z, alpha=m[2][0])   # x first: it reads the old y, z
+        y.mul_(m[1][1]).add_(z, alpha=m[2][1])
+        z.mul_(m[2][2])
 
     # -- the step ------------------------------------------------------------------------------
     def first_half(self, positions: torch.Tensor, velocities: torch.Tensor, forces: torch.Tensor,
@@ -411,6 +425,12 @@ class NPT:
         # factor, so it is the carried one scaled by factor^2 (the same to round-off, no reduction)
         self._pressure(th.dof * KB * th.t_current if self.pstyle == "iso" else self._mvv)
         self._omega_dot()
+        if fused.usable(positions, velocities, forces, masses):   # two passes, the same bits (fused.py)
+            fused.press_kick(velocities, forces, masses, self._press_factors(), self.omega_dot, 0.5 * self.dt,
+                             self.pstyle == "tri", 0.5 * self.dt * FORCE_TO_ACCEL)
+            m1 = self._remap_cell()
+            fused.remap_drift_remap(positions, velocities, m1, self.dt, self._remap_cell())
+            return
         self._v_press(velocities)
         velocities.add_(forces / masses[:, None], alpha=0.5 * self.dt * FORCE_TO_ACCEL)
         self._remap(positions)
@@ -420,13 +440,38 @@ class NPT:
     def second_half(self, velocities: torch.Tensor, forces: torch.Tensor, masses: torch.Tensor) -> None:
         """fix_nh's final_integrate (``self.virial`` is the new forces' virial)."""
         th = self.thermostat
-        velocities.add_(forces / masses[:, None], alpha=0.5 * self.dt * FORCE_TO_ACCEL)
-        self._v_press(velocities)
-        self._measure(velocities, masses)
+        if not self._fused_second(velocities, forces, masses):
+            velocities.add_(forces / masses[:, None], alpha=0.5 * self.dt * FORCE_TO_ACCEL)
+            self._v_press(velocities)
+            self._measure(velocities, masses)
         self._pressure(th.dof * KB * th.t_current if self.pstyle == "iso" else self._mvv)
         self._omega_dot()
         self._chain(velocities)
         self._nhc_press()
+
+    def _fused_second(self, velocities, forces, masses) -> bool:
+        """second_half's kick, nh_v_press and measurement in one pass (integrators/fused.py), the
+        same bits as the torch path; False where that path must run (not the CPU in float64, or
+        iso on a rank whose m v^2 keeps torch's row sum: nose_hoover.columns_sum_agrees)."""
+        th = self.thermostat
+        tensor = self.pstyle != "iso"
+        if not fused.usable(velocities, forces, masses) or not (tensor or th._columns):
+            return False
+        n, dev = velocities.shape[0], velocities.device
+        words = fused.kick_press_measure(
+            velocities, forces, masses, 0.5 * self.dt * FORCE_TO_ACCEL, self._press_factors(), self.omega_dot,
+            0.5 * self.dt, self.pstyle == "tri", tensor, (MVV_TO_EV * _HI, MVV_TO_EV, _HI, _LO),
+            self._scratch.get("half_part", (fused.chunks(n), 12), torch.int64, dev))
+        if tensor:   # as _measure with exact_kinetic_tensor
+            tot = self.sum_fn(words).cpu().tolist()
+            self._mvv = [(tot[k] + tot[6 + k] / _LO) / _HI for k in range(6)]
+            th.t_current = (self._mvv[0] + self._mvv[1] + self._mvv[2]) / (th.dof * KB)
+            return True
+        # as _measure with NoseHoover.measure (exact_mv2_sum's sums and the global atom count)
+        tot = self.sum_fn(torch.cat([words[:2], torch.tensor([n], dtype=torch.int64, device=dev)])).cpu().tolist()
+        th.dof = th.degrees_of_freedom(int(tot[2]))
+        th.t_current = (tot[0] + tot[1] / _LO) / _HI / (th.dof * KB)
+        return True
 
     def conserved_energy(self) -> float:
         """fix_nh's compute_scalar (eV): the chains' and the barostat's energy, P (V - V0) included;
