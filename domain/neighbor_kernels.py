@@ -172,6 +172,11 @@ def scan_neighbors(
     each hit; ``counts[i]`` = number of hits.
     ``write == 1`` (emit): visit only the set bits, in candidate order, and write those
     neighbours from ``offsets[i]`` on.
+    ``write == 3`` (mark and emit packed, one pass; CPU only): mode 0, and each hit also
+    written as in mode 2 at a running cursor kept in ``offsets[n_query]``; ``offsets[i]`` gets
+    the row's start. Only a serial launch (Warp's CPU launch: one thread runs the rows in
+    order) makes that cursor give the two-pass layout; edges past ``packed``'s length are
+    counted, not written (the caller then emits with mode 2 from the same mask and offsets).
     ``write == 2`` (emit packed): the same edges, each as one int64 (:func:`_pack`), for
     :func:`unpack_edges`. Each thread writes its own stretch of the list, so a warp's stores
     land in 32 places and their number, not their bytes, sets the cost: one 8-byte store per
@@ -195,8 +200,16 @@ def scan_neighbors(
     bits = wp.uint32(0)
     c = int(0)
     n_found = int(0)
-    if write != 0:
+    if write == 1 or write == 2:
         n_found = offsets[i]
+    # mode 3: the row starts at the cursor; its edges go to packed[start ...]
+    n_q = offsets.shape[0] - 1
+    start = int(0)
+    if write == 3:
+        start = offsets[n_q]
+    n_out = start
+    capacity = packed.shape[0]
+    shift_i = img[i]
     # the d2 extent of every row: all of it on a periodic axis, clipped to the grid if open
     lo2 = -reach[2]
     hi2 = reach[2]
@@ -233,7 +246,8 @@ def scan_neighbors(
                 s_pos = s0 > 0 or (s0 == 0 and (s1 > 0 or (s1 == 0 and s2 > 0)))
                 if half == 2:
                     first = wp.min(wp.max(first, wp.where(s_pos, slot, slot + 1)), last)
-                if write == 0:
+                if write == 0 or write == 3:
+                    shift = wp.vec3i(s0, s1, s2) + shift_i
                     offset = type(zero)(s0) * h[0] + type(zero)(s1) * h[1] + type(zero)(s2) * h[2] - xi
                     # i itself is no neighbour of its own zero image
                     own = -1
@@ -246,6 +260,13 @@ def scan_neighbors(
                             if not (p > slot or (p == slot and s_pos) or order[p] >= n_newton):
                                 hit = 0
                         bits = bits | (wp.uint32(hit) << wp.uint32(c & 31))
+                        if write == 3:
+                            # branch-free: every candidate is stored, a hit moves the cursor
+                            # (a branch on the hit, mispredicted, cost what the emit pass did)
+                            if n_out < capacity:
+                                j = order[p]
+                                packed[n_out] = _pack(j, shift - img[j])
+                            n_out += hit
                         c += 1
                         if (c & 31) == 0:
                             mask[first_word + (c >> 5) - 1] = bits
@@ -271,11 +292,14 @@ def scan_neighbors(
                             n_found += 1
                             w = w & (w - wp.uint32(1))
                         c += n_bits
-    if write == 0:
+    if write == 0 or write == 3:
         if (c & 31) != 0:
             mask[first_word + (c >> 5)] = bits
             n_found += wp.bit_count(bits)
         counts[i] = n_found
+    if write == 3:
+        offsets[i] = start
+        offsets[n_q] = n_out
 
 
 for _vec, _mat, _s in (

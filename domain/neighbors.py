@@ -205,6 +205,11 @@ def _candidates_per_bin(per_bin: torch.Tensor, nb, reach, pbc) -> torch.Tensor:
     return c.reshape(-1)
 
 
+#: the CPU's one-pass search (mark and emit together, ``scan_neighbors`` mode 3); False: the
+#: two passes every device runs (tests compare the two lists)
+ONE_PASS_ON_CPU = True
+
+
 def build_neighbor_list(
     positions: torch.Tensor,
     cell: torch.Tensor,
@@ -213,6 +218,7 @@ def build_neighbor_list(
     ids: torch.Tensor | None = None,
     n_query: int | None = None,
     half: bool = False,
+    capacity: int | None = None,
 ) -> NeighborList:
     """Build a full neighbour list.
 
@@ -225,6 +231,10 @@ def build_neighbor_list(
     n_query:   build lists for the first ``n_query`` points only (default: all)
     half:      one edge per pair of query points (Newton's third law; edges to the other
                points all kept): see ``scan_neighbors`` in domain/neighbor_kernels.py
+    capacity:  on the CPU, the edges expected (e.g. the last build's, scaled): the search
+               writes up to that many in its one pass over the candidates; more cost the second
+               (emit) pass, a larger reserve only untouched memory. None: a third of the
+               candidates (a sphere fills ~27 % of the scanned cube of bins)
     """
     n = int(positions.shape[0])
     dtype, device = positions.dtype, positions.device
@@ -285,14 +295,29 @@ def build_neighbor_list(
               as_vec3i(img), cell_w, pbc_v, nb_v, reach_v, scal(float(cutoff) ** 2),
               as_array(word_start.to(torch.int32)), (2 if nq == n else 1) if half else 0, nq]
     mask_w = wp.from_torch(mask, dtype=wp.uint32)
-    wp.launch(nk.scan_neighbors, dim=nq, device=dev,
-              inputs=common + [0, mask_w, as_array(offsets), as_array(counts), as_array(dummy_n),
-                               as_vec3i(dummy_s), as_array(dummy_p)])
-    offsets[1:] = torch.cumsum(counts, 0)
-    n_edges = int(offsets[-1])
     # a shift component is (bin periods folded, at most ceil(reach / nb)) + img_i - img_j
     fold = max((-(-reach[k] // nb[k]) for k in range(3) if pbc_t[k]), default=0)
-    if fold + 2 * max_img < nk.PACK_LIMIT:   # packed edges only: arrays unpacked when asked for
+    packable = fold + 2 * max_img < nk.PACK_LIMIT
+    if packable and device.type == "cpu" and ONE_PASS_ON_CPU:
+        # one pass (mark and emit at a running cursor): a CPU launch runs the rows in order, so
+        # the list is the two-pass one, bit for bit; the emit pass cost ~40 % of a build
+        cap = max(int(capacity) if capacity is not None else (32 * n_words) // 3, 1)
+        packed = torch.empty(cap, dtype=torch.int64, device=device)
+        wp.launch(nk.scan_neighbors, dim=nq, device=dev,
+                  inputs=common + [3, mask_w, as_array(offsets), as_array(counts), as_array(dummy_n),
+                                   as_vec3i(dummy_s), as_array(packed)])
+        n_edges = int(offsets[-1])
+        if n_edges <= cap:
+            return NeighborList(offsets=offsets, cutoff=float(cutoff), n_points=n, packed=packed[:n_edges],
+                                half=half, order=visit)
+        # more edges than reserved: the offsets and the mask are complete; emit as below
+    else:
+        wp.launch(nk.scan_neighbors, dim=nq, device=dev,
+                  inputs=common + [0, mask_w, as_array(offsets), as_array(counts), as_array(dummy_n),
+                                   as_vec3i(dummy_s), as_array(dummy_p)])
+        offsets[1:] = torch.cumsum(counts, 0)
+    n_edges = int(offsets[-1])
+    if packable:   # packed edges only: arrays unpacked when asked for
         packed = torch.empty(max(n_edges, 1), dtype=torch.int64, device=device)
         wp.launch(nk.scan_neighbors, dim=nq, device=dev,
                   inputs=common + [2, mask_w, as_array(offsets), as_array(counts), as_array(dummy_n),
@@ -409,8 +434,13 @@ class SkinNeighborList:
         return bool(self.max_displacement(positions) > 0.5 * self.skin)
 
     def build(self, positions, cell, pbc, ids=None, n_query=None) -> NeighborList:
+        last = self.current
+        nq = int(positions.shape[0] if n_query is None else n_query)
+        # the last build's edges per query point, 10 % more: the CPU search's one-pass reserve
+        cap = (None if last is None or last.n_query == 0 or last.half != self.half
+               else int(1.1 * last.n_edges * nq / last.n_query) + 64)
         self.current = build_neighbor_list(positions, cell, pbc, self.radius, ids=ids, n_query=n_query,
-                                           half=self.half)
+                                           half=self.half, capacity=cap)
         # displacements are checked on the query (owned) points; ghosts mirror their owners
         self._x0 = positions[: self.current.n_query].detach().clone()
         self._cell0 = cell.detach().clone()

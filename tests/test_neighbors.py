@@ -243,3 +243,29 @@ def test_reference_matches_ase(pbc):
     diff = ase_set ^ ref
     assert all(abs(pair_distance(pos, cell, *e) - 4.0) < 1e-9 for e in diff)
     assert len(ref) > 0
+
+
+@pytest.mark.parametrize("half", [False, True], ids=["full", "half"])
+@pytest.mark.parametrize("pbc", [(True, True, True), (True, False, True)], ids=["TTT", "TFT"])
+def test_cpu_one_pass_equals_two_passes(pbc, half, monkeypatch):
+    """The CPU's one-pass search (edges written at a running cursor while the candidates are
+    tested) gives the two-pass list bit for bit (offsets, packed edges, order), for every
+    reserve: ample, exact, one short and none (the emit pass takes over: counted past the end,
+    nothing written there). With ghosts (n_query < n) and ids out of memory order."""
+    import shardmd.domain.neighbors as nbm
+
+    rng = np.random.default_rng(5 + half)
+    cell = random_cell(rng, lengths=(9.0, 12.0), max_tilt=0.5, rotate=False)
+    pos = torch.tensor(random_positions(rng, 300, cell, list(pbc)))
+    ids = torch.randperm(300, generator=torch.Generator().manual_seed(3))
+    kw = dict(ids=ids, n_query=250, half=half)
+    cell_t = torch.tensor(cell)
+    monkeypatch.setattr(nbm, "ONE_PASS_ON_CPU", False)
+    ref = build_neighbor_list(pos, cell_t, pbc, 4.0, **kw)
+    assert ref.packed is not None and ref.n_edges > 1000
+    monkeypatch.setattr(nbm, "ONE_PASS_ON_CPU", True)
+    for cap in (None, 2 * ref.n_edges, ref.n_edges, ref.n_edges - 1, 1):
+        got = build_neighbor_list(pos, cell_t, pbc, 4.0, capacity=cap, **kw)
+        assert torch.equal(got.offsets, ref.offsets), cap
+        assert torch.equal(got.packed, ref.packed), cap
+        assert torch.equal(got.order, ref.order), cap
