@@ -215,7 +215,10 @@ class Minimize:
     dtmax: float = key(1.0, "FIRE's largest time step (ASE's dtmax)", number("give a dtmax > 0", gt=0))
     structure: Optional[str] = key(None, "the relaxed structure (extxyz, or any ASE format by its suffix); null: "
                                    "output with the suffix .extxyz", _text("give a file name", null=True))
-    cell: bool = key(False, "relax the cell too (not available yet: refused)", FLAG)
+    cell: bool = key(False, "relax the cell too: FIRE on the atoms and the cell as ASE's FIRE on its "
+                     "FrechetCellFilter (periodic cells; fmax applies to the cell's rows too)", FLAG)
+    pressure: float = key(0.0, "bar: target pressure of the cell relaxation (minimize.cell=true; ASE's "
+                          "scalar_pressure; negative: tension)", number("give a pressure in bar"))
 
 
 @dataclass

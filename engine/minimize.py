@@ -30,8 +30,21 @@ rebuilt when needed; the deferred skin check is not used.  The trajectory (``out
 gets a frame every ``trajectory.every`` steps and at the end (its step is the FIRE step, time
 0 fs, velocities 0.0: a relaxation has none); the potential energy is its observable.  The
 relaxed structure goes to ``minimize.structure`` (extxyz by default; energy, forces and the
-FixAtoms constraint attached).  Cell relaxation is not available (``minimize.cell=true`` is
-refused); checkpoints are not written and ``restart`` is refused.
+FixAtoms constraint attached).  Checkpoints are not written and ``restart`` is refused.
+
+Cell relaxation (``minimize.cell=true``, ``FIRE(sim, cell=True, pressure=bar)``): FIRE on the
+atoms and the cell together as ASE's FIRE on ``FrechetCellFilter(atoms, scalar_pressure=p)``
+(engine/cell_filter.py: why that filter, and its algebra).  The cell adds three rows to the
+3N components: its coordinates (the log of the deformation gradient, times N), its velocity and
+its generalized forces (the virial less p V, through the Frechet derivative, over N), so f.v,
+|f|, |v| and |dr| run over them too, and ``fmax`` applies to the atoms' filter forces (f F)
+and to the cell's rows, as ASE's convergence test on the filter.  Each rank holds the same cell
+(the same global virial and sums); the atoms move as x' = (x F^-T + dx) (I + (F' - I)^T), so
+fixed atoms (f = 0, v = 0) follow the cell with their fractional coordinates, as ASE's FixAtoms
+under the filter.  The neighbour list takes the box check of NPT (engine/rank_domain.py: the
+displacement less the cell's deformation), and a rebuild rechecks the domain grid against the new
+cell: a cell that shrinks below the grid ends the run with one line.  Needs a model with a virial
+and a cell periodic on all three axes (refused in one line otherwise).
 """
 from __future__ import annotations
 
@@ -41,7 +54,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from shardmd.integrators.units import EV_PER_A3_TO_BAR
+
 from . import health
+from .cell_filter import FrechetCell
 from .errors import UnhealthyRun, UserError
 
 #: ASE's FIRE defaults (ase/optimize/fire.py; maxstep from Optimizer.defaults)
@@ -54,7 +70,9 @@ class FIRE:
     model, decomposition, fixed atoms, writer and reporter).  Keyword arguments: ASE's FIRE
     parameters (:data:`ASE_DEFAULTS`; ``nmin`` is ASE's ``Nmin``)."""
 
-    def __init__(self, sim, **params):
+    def __init__(self, sim, cell: bool = False, pressure: float = 0.0, **params):
+        """cell: relax the cell too (FrechetCellFilter); pressure: its target, bar (as
+        ``integrator.pressure``; ASE's scalar_pressure in eV/Å^3 times EV_PER_A3_TO_BAR)."""
         unknown = sorted(set(params) - set(ASE_DEFAULTS))
         if unknown:
             raise UserError(f"FIRE has no parameter {unknown[0]!r}; use {', '.join(ASE_DEFAULTS)}")
@@ -69,57 +87,95 @@ class FIRE:
             raise UserError(f"FIRE nmin={p['nmin']!r}: give a whole number >= 0")
         if sim.started:
             raise UserError("FIRE needs a Simulation that has not run yet; make a new one")
+        if not isinstance(cell, bool):
+            raise UserError(f"minimize.cell={cell!r}: use true or false")
+        if not (isinstance(pressure, (int, float)) and math.isfinite(pressure)):
+            raise UserError(f"minimize.pressure={pressure!r}: give a finite pressure in bar")
+        if cell and not bool(sim.state.pbc.all()):
+            axes = "".join("xyz"[k] for k in range(3) if not bool(sim.state.pbc[k]))
+            raise UserError(f"minimize.cell=true needs a cell periodic on all three axes; axis {axes} is not: "
+                            "make it periodic or drop minimize.cell")
         self.sim = sim
         self.p = p
         self.dt, self.a, self.nsteps_pos = float(p["dt"]), float(p["a"]), 0   # ASE's dt, a, Nsteps
         self._first = True
+        self.cell = cell
+        self.pressure = float(pressure)   # bar
+        self.filter: FrechetCell | None = None   # the cell's part (set up in run)
+        self.vc = np.zeros((3, 3))                # the cell's FIRE velocity (the same on every rank)
 
     # -- global reductions ---------------------------------------------------------------
     def _sum(self, t: torch.Tensor) -> list[float]:
         comm = self.sim.comm
         return (comm.all_reduce(t, "sum") if comm.size > 1 else t).tolist()
 
-    def _forces(self) -> torch.Tensor:
-        """(n, 3) float64 forces with the fixed atoms' rows 0 (what FIRE and fmax see)."""
+    def _forces(self) -> tuple[torch.Tensor, np.ndarray | None]:
+        """(the atoms' (n, 3) float64 forces, fixed atoms' rows 0, as FIRE and fmax see them; None).
+        With the cell, the filter's: the atoms' f F and the cell's (3, 3) generalized forces (eV/Å)."""
         s = self.sim.state
         f = s.forces.double()
         zero = getattr(self.sim.integrator, "zero_fixed", None)
-        return zero(f, s.ids) if zero is not None else f
+        f = zero(f, s.ids) if zero is not None else f
+        if self.filter is None:
+            return f, None
+        cell = s.cell.double().cpu().numpy()
+        virial = self.sim.results["virial"].detach().double().cpu().numpy()
+        return _times(f, self.filter.deform_grad(cell)), self.filter.forces(virial, cell)
 
-    def fmax_now(self, f: torch.Tensor) -> float:
-        """Largest |f_i| over all atoms (eV/Å; collective)."""
+    def fmax_now(self, f: torch.Tensor, fc: np.ndarray | None = None) -> float:
+        """Largest |f_i| over all atoms (eV/Å; collective), and over the cell's rows ``fc``."""
         local = (f * f).sum(1).max() if f.shape[0] else torch.zeros((), dtype=torch.float64, device=f.device)
         comm = self.sim.comm
-        return math.sqrt(float((comm.all_reduce(local.reshape(1), "max") if comm.size > 1 else local.reshape(1))[0]))
+        fm = math.sqrt(float((comm.all_reduce(local.reshape(1), "max") if comm.size > 1 else local.reshape(1))[0]))
+        return fm if fc is None else max(fm, math.sqrt(float((fc * fc).sum(1).max())))
 
     # -- one step ---------------------------------------------------------------------------
-    def step(self, f: torch.Tensor) -> None:
-        """ASE's FIRE.step with forces ``f`` (fixed rows 0): moves the atoms, then the list."""
+    def step(self, f: torch.Tensor, fc: np.ndarray | None = None) -> None:
+        """ASE's FIRE.step with forces ``f`` (fixed rows 0) and, relaxing the cell, the cell's
+        ``fc``: moves the atoms (and the cell), then the list."""
         sim, p = self.sim, self.p
         s = sim.state
         v = s.velocities.double()
+        vc = self.vc
         if self._first:
             v = torch.zeros_like(v)
+            vc = np.zeros((3, 3))
             self._first = False
         else:
             vf, grad2, vv = self._sum(torch.stack([(f * v).sum(), (f * f).sum(), (v * v).sum()]))
+            if fc is not None:   # the cell's three rows (the same on every rank: added after the reduction)
+                vf, grad2, vv = vf + np.vdot(fc, vc), grad2 + np.vdot(fc, fc), vv + np.vdot(vc, vc)
             if vf > 0.0:
                 v = (1.0 - self.a) * v + self.a * f / math.sqrt(grad2) * math.sqrt(vv)
+                if fc is not None:
+                    vc = (1.0 - self.a) * vc + self.a * fc / math.sqrt(grad2) * math.sqrt(vv)
                 if self.nsteps_pos > p["nmin"]:
                     self.dt = min(self.dt * p["finc"], p["dtmax"])
                     self.a *= p["fa"]
                 self.nsteps_pos += 1
             else:
                 v = v * 0.0
+                vc = vc * 0.0
                 self.a = p["astart"]
                 self.dt *= p["fdec"]
                 self.nsteps_pos = 0
         v = v + self.dt * f
         dr = self.dt * v
-        normdr = math.sqrt(self._sum((dr * dr).sum().reshape(1))[0])
+        dr2 = self._sum((dr * dr).sum().reshape(1))[0]
+        if fc is not None:
+            vc = vc + self.dt * fc
+            drc = self.dt * vc
+            dr2 += float(np.vdot(drc, drc))
+        normdr = math.sqrt(dr2)
         if normdr > p["maxstep"]:
             dr = p["maxstep"] * dr / normdr
-        s.positions.add_(dr.to(s.dtype))
+            if fc is not None:
+                drc = p["maxstep"] * drc / normdr
+        if fc is None:
+            s.positions.add_(dr.to(s.dtype))
+        else:
+            self._move_with_cell(dr, drc)
+        self.vc = vc
         s.velocities.copy_(v.to(s.dtype))
         need, worst = sim.domain.check(s, 0.0)   # skin criterion; worst is inf for non-finite positions
         if not math.isfinite(worst):
@@ -131,6 +187,18 @@ class FIRE:
             sim.domain.refresh(s)
         sim.compute_forces()
         s.step += 1
+
+    def _move_with_cell(self, dr: torch.Tensor, drc: np.ndarray) -> None:
+        """The filter's move: cell coordinates + drc, atoms x' = (x F^-T + dr) (I + (F' - I)^T)."""
+        s = self.sim.state
+        cell = s.cell.double().cpu().numpy()
+        new_cell, a, b = self.filter.step(cell, drc)
+        if not np.all(np.isfinite(new_cell)):
+            raise UnhealthyRun(f"FIRE step {s.step + 1}: the cell became non-finite; check the model's virial "
+                               "(or lower minimize.maxstep)")
+        x = _times(_times(s.positions.double(), a) + dr, b)
+        s.positions.copy_(x.to(s.dtype))
+        s.cell = torch.tensor(new_cell, dtype=s.cell.dtype, device=s.cell.device)
 
     # -- the loop ------------------------------------------------------------------------------
     def run(self, fmax: float = 0.05, steps: int = 1000, structure: str | None = None) -> dict:
@@ -148,15 +216,15 @@ class FIRE:
         try:
             self._setup(fmax, steps)
             s = sim.state
-            f = self._forces()
-            fm, e = self.fmax_now(f), self._energy()
+            f, fc = self._forces()
+            fm, e = self.fmax_now(f, fc), self._energy()
             self._log(e, fm, force=True)
             self._frame(e)
             converged = fm < fmax
             while not converged and s.step < steps:
-                self.step(f)
-                f = self._forces()
-                fm, e = self.fmax_now(f), self._energy()
+                self.step(f, fc)
+                f, fc = self._forces()
+                fm, e = self.fmax_now(f, fc), self._energy()
                 converged = fm < fmax
                 last = converged or s.step >= steps
                 self._log(e, fm, force=last or (thermo > 0 and s.step % thermo == 0))
@@ -178,6 +246,10 @@ class FIRE:
         s.velocities.zero_()
         sim.neighbors.deferred = None   # the per-step skin check: FIRE steps are not replayed
         sim.started = True
+        if self.cell:   # NPT's box check: the displacement less the cell's deformation (engine/rank_domain.py)
+            sim.domain.nl.box_check = True
+            sim.domain.shrink_fix = (f"the relaxed cell does not fit {sim.comm.size} domains: relax on fewer (or "
+                                     "check minimize.pressure)")
         sim.rebuild()
         if sim._min_distance > 0:
             health.close_contacts(sim.comm, sim.domain.close_pairs(s, sim._min_distance), sim._min_distance)
@@ -188,8 +260,16 @@ class FIRE:
         n_fixed = getattr(sim.integrator, "n_fixed", 0)
         sim.reporter.line(f"ShardMD FIRE minimisation (as ASE's): {sim.n_global} atoms ({n_fixed} fixed), model "
                           f"{origin_text(sim.model_origin)}, fmax {fmax:g} eV/Å, at most {steps} steps, maxstep "
-                          f"{self.p['maxstep']:g} Å, {sim.cfg.precision} on {sim.device}, domains {sim.comm.size}")
+                          f"{self.p['maxstep']:g} Å, {sim.cfg.precision} on {sim.device}, domains {sim.comm.size}"
+                          + (f"; the cell relaxes too (FrechetCellFilter, {self.pressure:g} bar)" if self.cell else ""))
         sim.compute_forces()
+        if self.cell:
+            if sim.results.get("virial") is None:
+                raise UserError(f"minimize.cell=true needs the model's virial (the stress) and model "
+                                f"{origin_text(sim.model_origin)} returns none; use a model with a virial or drop "
+                                "minimize.cell")
+            self.filter = FrechetCell(s.cell.double().cpu().numpy(), sim.n_global,
+                                      self.pressure / EV_PER_A3_TO_BAR)
 
     def _energy(self) -> float:
         e = float(self.sim.results["energy"])
@@ -200,8 +280,9 @@ class FIRE:
 
     def _log(self, e: float, fm: float, force: bool) -> None:
         if force:
+            vol = f"  volume {abs(float(torch.linalg.det(self.sim.state.cell.double()))):.6f} Å^3" if self.cell else ""
             self.sim.reporter.line(f"FIRE {self.sim.state.step:6d}  energy {e:.10f} eV  fmax {fm:.6e} eV/Å  "
-                                   f"dt {self.dt:.4g}")
+                                   f"dt {self.dt:.4g}{vol}")
 
     def _frame(self, e: float) -> None:
         sim = self.sim
@@ -247,6 +328,14 @@ class FIRE:
                                   ) from None
 
 
+def _times(x: torch.Tensor, a: np.ndarray) -> torch.Tensor:
+    """x @ a for rows x (n, 3) and a (3, 3), by columns: each row's three products and two adds in a
+    fixed order, so an atom's result does not depend on which rank holds it or how many rows there are
+    (a BLAS product may block differently by size)."""
+    a = a.tolist()
+    return torch.stack([x[:, 0] * a[0][j] + x[:, 1] * a[1][j] + x[:, 2] * a[2][j] for j in range(3)], dim=1)
+
+
 def minimize_cfg(cfg):
     """The run configuration of ``python -m engine minimize``: no thermal velocities, no
     velocity field in frames, no checkpoints; refusals in one line."""
@@ -254,10 +343,6 @@ def minimize_cfg(cfg):
 
     from omegaconf import open_dict
 
-    m = cfg.minimize
-    if m.cell:
-        raise UserError("minimize.cell=true: cell relaxation is not available yet; relax the positions only "
-                        "(drop minimize.cell)")
     if cfg.restart.file is not None:
         raise UserError("python -m engine minimize does not restart from checkpoints; drop restart= (start "
                         "from the structure: system.file=...)")
@@ -279,6 +364,7 @@ def minimize_run(cfg, comm=None) -> int:
     m = cfg.minimize
     structure = m.structure if m.structure is not None else str(Path(cfg.output).with_suffix(".extxyz"))
     sim = Simulation(cfg, comm=comm)
-    FIRE(sim, dt=float(m.dt), maxstep=float(m.maxstep), dtmax=float(m.dtmax)).run(
+    FIRE(sim, cell=bool(m.cell), pressure=float(m.pressure), dt=float(m.dt), maxstep=float(m.maxstep),
+         dtmax=float(m.dtmax)).run(
         fmax=float(m.fmax), steps=int(m.steps), structure=structure)
     return 0

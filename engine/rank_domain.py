@@ -61,6 +61,8 @@ class RankDomain:
         #: (3, 3) Å: the cell of that rebuild when it differs from the state's (a barostat)
         self.restart_cell: torch.Tensor | None = None
         self._work: torch.Tensor | None = None   # (rows, 3): the box check's per-atom array, kept
+        #: what the one-line error of a cell that shrank below the grid advises (a relaxation has no checkpoints)
+        self.shrink_fix = "restart from the last checkpoint with fewer domains"
 
     # -- set-up ----------------------------------------------------------------------
     def distribute(self, full: State, reference: torch.Tensor | None = None,
@@ -157,7 +159,7 @@ class RankDomain:
         if thin and min(thin) < self.ghost_width:
             raise CollectiveError(
                 f"the cell shrank: domains are now {min(thin):.2f} Å thin, less than the ghost width "
-                f"{self.ghost_width:.2f} Å (cutoff + skin); restart from the last checkpoint with fewer domains "
+                f"{self.ghost_width:.2f} Å (cutoff + skin); {self.shrink_fix} "
                 f"(grid {list(shape)} no longer fits this cell)")
 
     def _order(self, s: State, where: torch.Tensor, cell: torch.Tensor | None = None) -> torch.Tensor | None:

@@ -5,7 +5,9 @@ import h5py
 import numpy as np
 import pytest
 from ase.build import bulk, fcc100, fcc111
+from ase.calculators.lj import LennardJones
 from ase.constraints import FixAtoms
+from ase.filters import FrechetCellFilter
 from ase.io import read, write
 from ase.optimize import FIRE as AseFIRE
 from conftest import run_engine, run_in_process
@@ -16,6 +18,7 @@ from shardmd.engine.errors import UserError
 from shardmd.engine.minimize import FIRE
 from shardmd.engine.simulation import Simulation
 from shardmd.engine.state import State
+from shardmd.integrators.units import EV_PER_A3_TO_BAR
 
 _REFERENCES: dict = {}
 
@@ -145,7 +148,9 @@ def test_minimize_cli_four_domains_mace_equals_ase(tmp_path):
     (["minimize.fmax=0"], "minimize.fmax=0.0 is invalid: give a force > 0 in eV/Å"),
     (["minimize.fmax=-1"], "minimize.fmax=-1.0 is invalid"),
     (["minimize.steps=-3"], "minimize.steps=-3 is invalid"),
-    (["minimize.cell=true"], "minimize.cell=true: cell relaxation is not available yet"),
+    (["minimize.cell=true", "minimize.pressure=nan"], "minimize.pressure=nan is invalid: give a pressure in bar"),
+    (["minimize.cell=true", "system.pbc=[true,true,false]"],
+     "minimize.cell=true needs a cell periodic on all three axes; axis z is not"),
     (["restart=auto"], "does not restart from checkpoints"),
 ])
 def test_minimize_cli_hostile(extra, needle, tmp_path, capfd, monkeypatch):
@@ -181,3 +186,113 @@ def test_fire_zero_steps_evaluates_only(tmp_path):
     r = FIRE(s).run(fmax=1e-3, steps=0, structure=str(tmp_path / "zero.extxyz"))
     assert r["steps"] == 0 and not r["converged"] and r["fmax"] > 1e-3
     assert np.abs(read(tmp_path / "zero.extxyz").positions - x0).max() < 1e-8   # extxyz keeps 8 decimals
+
+
+# -- cell relaxation: ASE's FIRE on its FrechetCellFilter as the reference ---------------------------------
+_STRAIN = np.array([[1.03, 0.01, 0.0], [0.0, 0.98, 0.02], [0.0, 0.0, 1.01]])   # 1-3 % and two shears
+
+
+def _strained_argon(repeat: int, fixed: bool = False):
+    a = bulk("Ar", "fcc", a=5.26, cubic=True).repeat((repeat,) * 3)
+    a.rattle(0.05, seed=repeat)
+    a.set_cell(a.cell.array @ _STRAIN, scale_atoms=True)
+    a.info.clear()
+    if fixed:
+        a.set_constraint(FixAtoms(indices=range(10)))
+    return a
+
+
+def _ase_lj():
+    """ASE's own Lennard-Jones with the engine's model=lj defaults (argon, cutoff 8.5 Å, shifted)."""
+    return LennardJones(epsilon=0.0104, sigma=3.4, rc=8.5, smooth=False)
+
+
+def _ase_cell_fire(atoms, calc, fmax, pressure_bar, steps=1000):
+    """(energy eV, steps, relaxed atoms) of ASE's FIRE on FrechetCellFilter(scalar_pressure)."""
+    import torch
+
+    torch.set_num_threads(1)
+    ref = atoms.copy()
+    ref.calc = calc
+    opt = AseFIRE(FrechetCellFilter(ref, scalar_pressure=pressure_bar / EV_PER_A3_TO_BAR), logfile=None)
+    assert opt.run(fmax=fmax, steps=steps)
+    return ref.get_potential_energy(), opt.nsteps, ref
+
+
+@pytest.mark.parametrize("pressure,fixed,calc", [(0.0, False, "ase"), (5000.0, True, "ours"), (-2000.0, False, "ours")])
+def test_fire_cell_equals_ase_frechet_filter(pressure, fixed, calc, tmp_path):
+    """FIRE on the atoms and the cell (minimize.cell) against ASE's FIRE on FrechetCellFilter: LJ
+    argon (108 atoms) strained by 1-3 % with shears, relaxed at 0 bar (ASE's own LJ calculator),
+    5000 bar with 10 atoms fixed and -2000 bar (tension), with our calculator.  The same number of
+    steps, energy <= 1e-6 eV, cell and positions <= 1e-4 Å; fixed atoms keep their fractional
+    coordinates (ASE's FixAtoms under the filter moves them with the cell)."""
+    a = _strained_argon(3, fixed)
+    e_ref, n_ref, ref = _ase_cell_fire(a, _ase_lj() if calc == "ase" else ShardMDCalculator(model="lj"), 1e-4,
+                                       pressure)
+    sim = Simulation(_cfg(tmp_path, "model=lj"), state=State.from_atoms(a))
+    f0 = sim.atoms().get_scaled_positions()
+    r = FIRE(sim, cell=True, pressure=pressure).run(fmax=1e-4, steps=1000)
+    got = sim.atoms()
+    print(f"\ncell FIRE {pressure} bar: ours {r['energy']:.12f} eV in {r['steps']} steps, ASE {e_ref:.12f} eV in "
+          f"{n_ref}; cell {np.abs(got.cell.array - ref.cell.array).max():.2e} Å")
+    assert r["converged"] and r["steps"] == n_ref
+    assert abs(r["energy"] - e_ref) <= 1e-6
+    assert np.abs(got.cell.array - ref.cell.array).max() <= 1e-4
+    assert np.abs(got.cell.array - a.cell.array).max() > 0.1   # the cell did relax
+    assert _same_positions(got, ref, 1e-4)
+    if fixed:
+        assert np.abs(got.get_scaled_positions()[:10] - f0[:10]).max() < 1e-12
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("k", [2, pytest.param(4, marks=pytest.mark.slow)])
+def test_minimize_cli_cell_on_k_domains_equals_ase(k, tmp_path):
+    """`python -m engine minimize minimize.cell=true domains=k` (256 argon atoms strained by 1-3 %):
+    ASE's FIRE on FrechetCellFilter with ASE's LJ on one process as the reference, energy <= 1e-6
+    eV and cell <= 1e-4 Å (the H5MD's last frame)."""
+    a = _strained_argon(4)
+    write(tmp_path / "ar.extxyz", a)
+    e_ref, n_ref, ref = _ase_cell_fire(a, _ase_lj(), 1e-4, 0.0)
+    r = run_engine(["minimize", "model=lj", "system.file=ar.extxyz", f"domains={k}", "minimize.cell=true",
+                    "minimize.fmax=1e-4", "minimize.steps=1000", "output=relax.h5", "quiet=true"],
+                   cwd=tmp_path, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    log = (tmp_path / "relax.log").read_text()
+    assert f"domains {k}" in log and f"FIRE converged: {n_ref} steps" in log
+    out = read(tmp_path / "relax.extxyz")
+    with h5py.File(tmp_path / "relax.h5") as f:
+        cell = f["particles/all/box/edges/value"][-1]
+    print(f"cell FIRE, {k} domains: ours {out.get_potential_energy():.12f} eV, ASE {e_ref:.12f} eV in {n_ref} steps; "
+          f"cell {np.abs(cell - ref.cell.array).max():.2e} Å")
+    assert abs(out.get_potential_energy() - e_ref) <= 1e-6
+    assert np.abs(cell - ref.cell.array).max() <= 1e-4
+
+
+@pytest.mark.mpi
+def test_minimize_cell_shrinking_below_the_grid_is_one_line(tmp_path):
+    """A target pressure that squeezes the cell below what 2 domains allow (ghost width 10.4 Å:
+    skin 1.9) ends the relaxation with one line (exit status 2), not a traceback or a hang."""
+    write(tmp_path / "ar.extxyz", _strained_argon(4))
+    r = run_engine(["minimize", "model=lj", "system.file=ar.extxyz", "domains=2", "minimize.cell=true",
+                    "minimize.pressure=100000", "neighbor.skin=1.9", "minimize.steps=1000", "quiet=true"],
+                   cwd=tmp_path, timeout=300)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1, r.stderr[-3000:]
+    assert "the cell shrank" in lines[0] and "the relaxed cell does not fit 2 domains: relax on fewer" in lines[0]
+
+
+def test_fire_cell_api_hostile(tmp_path):
+    def sim(atoms=None):
+        return Simulation(_cfg(tmp_path, "model=lj", "trajectory.every=0"),
+                          state=State.from_atoms(atoms if atoms is not None else _strained_argon(3)))
+
+    for kwargs, needle in [({"cell": True, "pressure": float("nan")}, "minimize.pressure=nan: give a finite"),
+                           ({"cell": True, "pressure": float("inf")}, "minimize.pressure=inf"),
+                           ({"cell": "yes"}, "minimize.cell='yes': use true or false")]:
+        with pytest.raises(UserError, match=needle):
+            FIRE(sim(), **kwargs)
+    slab = _strained_argon(3)
+    slab.pbc = [True, False, True]
+    with pytest.raises(UserError, match="axis y is not: make it periodic or drop minimize.cell"):
+        FIRE(sim(slab), cell=True)
+
