@@ -296,3 +296,13 @@ def test_fire_cell_api_hostile(tmp_path):
     with pytest.raises(UserError, match="axis y is not: make it periodic or drop minimize.cell"):
         FIRE(sim(slab), cell=True)
 
+
+
+def test_minimize_cell_without_a_virial_is_one_line(tmp_path, capfd, monkeypatch):
+    """docs/byo.md's tutorial model (energy and forces, no virial) cannot drive the cell."""
+    from test_npt import _byo_model
+
+    code, lines = run_in_process(["minimize", f"model=py:{_byo_model(tmp_path, monkeypatch)}:make",
+                                  "system.repeat=[3,3,3]", "minimize.cell=true", "quiet=true"], tmp_path, capfd,
+                                 monkeypatch)
+    assert code == 2 and len(lines) == 1 and "minimize.cell=true needs the model's virial" in lines[0], lines
