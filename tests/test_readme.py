@@ -94,10 +94,13 @@ def block_dirs(tmp_path_factory):
     from ase.build import bulk
 
     bin_dir = tmp_path_factory.mktemp("bin")
-    for name, code in STAND_INS.items():
+    # `python` in a README command is this interpreter: on some machines (the GPU image) the
+    # `python` beside sys.executable or first on PATH is another one, without torch
+    stand_ins = dict(STAND_INS, python=f'#!/bin/sh\nexec {shlex.quote(sys.executable)} "$@"\n')
+    for name, code in stand_ins.items():
         (bin_dir / name).write_text(code)
         (bin_dir / name).chmod((bin_dir / name).stat().st_mode | stat.S_IEXEC)
-    env = dict(os.environ, PATH=os.pathsep.join([str(Path(sys.executable).parent), str(bin_dir),
+    env = dict(os.environ, PATH=os.pathsep.join([str(bin_dir), str(Path(sys.executable).parent),
                                                  os.environ.get("PATH", "")]))
     dirs: dict[int, Path] = {}
 
