@@ -59,7 +59,9 @@ def engine(a, n: int, path: Path, out: Path) -> None:
                 "thermo.every=0", "quiet=true", f"output={out / f'run{steps}.h5'}", "overwrite=true"]
         cmd = [sys.executable, "-m", "engine", "run", *args]
         if a.ranks > 1:
-            cmd = [str(Path(sys.executable).parent / "mpiexec"), "-n", str(a.ranks), *cmd]
+            from shardmd.engine.parallel import find_mpiexec
+
+            cmd = [find_mpiexec() or "mpiexec", "-n", str(a.ranks), *cmd]
         r = subprocess.run(cmd, capture_output=True, text=True, cwd=out)
         if r.returncode != 0:
             print(f"engine n={n}: failed: {r.stderr.strip().splitlines()[-1] if r.stderr.strip() else r.returncode}")
@@ -67,9 +69,12 @@ def engine(a, n: int, path: Path, out: Path) -> None:
         log = (out / f"run{steps}.log").read_text()
         times.append(float(re.search(r"Loop: ([\d.]+) s", log).group(1)))
         mem = re.search(r"Memory: (.*)", log)
-    rate = n * a.steps / max(times[1] - times[0], 1e-9)
+    if times[1] - times[0] < 0.01:   # the log prints the loop time to 1 ms
+        print(f"engine   {n:7d} atoms: the timed steps took under 10 ms; raise --steps")
+        return
+    rate = n * a.steps / (times[1] - times[0])
     print(f"engine   {n:7d} atoms  ranks {a.ranks}  {rate:12.1f} atom-steps/s  "
-          f"peak {mem.group(1).strip() if mem else _children_rss()}")
+          f"{mem.group(1).strip() if mem else 'peak ' + _children_rss()}")   # the log's "peak GPU ..."
 
 
 def _children_rss() -> str:
