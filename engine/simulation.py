@@ -172,6 +172,11 @@ class Simulation:
         self._last_step = int(cfg.steps)
         self._step0 = 0
         self.results: dict[str, torch.Tensor] = {}
+        # inside run()'s loop a step with no output due asks a model that can skip them (LJ's
+        # forces_only) for the forces alone, as LAMMPS sums energy and virial on thermo steps
+        # only; observables() completes such a step's results when they are read after all
+        self._lazy_energy = False
+        self._energy_missing = False
         self.writer = None
         self.last_thermo: dict | None = None
         self.started = False
@@ -242,10 +247,20 @@ class Simulation:
                                         f"{obs['kinetic_energy']:.6g} eV")
         return obs
 
-    def compute_forces(self) -> None:
+    def compute_forces(self, energy: bool = True) -> None:
+        """This step's model outputs; ``energy=False``: the forces alone where the model can
+        skip the energy and virial (``forces_only``; the same forces), NaN in their place."""
         t = time.perf_counter()
         s, d = self.state, self.domain
-        out = self.dmodel.compute(d.ctx, d.padded_positions, d.padded_numbers, d.nl.current)
+        skip = not energy and hasattr(self.model, "forces_only")
+        if skip:
+            self.model.forces_only = True
+        try:
+            out = self.dmodel.compute(d.ctx, d.padded_positions, d.padded_numbers, d.nl.current)
+        finally:
+            if skip:
+                self.model.forces_only = False
+        self._energy_missing = skip
         if "forces" not in out or "energy" not in out:
             raise UserError(f"the model returned {sorted(out)}, without {'energy' if 'energy' not in out else 'forces'}"
                             "; return both, or declare model_config autograd_outputs={'forces': 'energy'} "
@@ -265,6 +280,8 @@ class Simulation:
         """Thermo observables of the current step; ``pressure`` and ``stress`` are None when the
         model gives no virial."""
         s = self.state
+        if self._energy_missing:   # a forces-only step read after all (a stop): complete it (collective)
+            self.compute_forces()
         virial = self.results.get("virial")
         if virial is None and not self._virial_missing_said:
             self._virial_missing_said = True
@@ -404,7 +421,7 @@ class Simulation:
     def _finish_step(self, kick: bool = True) -> None:
         """This step's forces, then the integrator's second half."""
         s = self.state
-        self.compute_forces()
+        self.compute_forces(energy=not self._lazy_energy or self._barostat or self._output_due(s.step))
         if not kick:
             return
         t = time.perf_counter()
@@ -431,6 +448,7 @@ class Simulation:
             t_run = time.perf_counter()
             stopping = False
             self._last_step, self._step0 = last, s.step
+            self._lazy_energy = True
             while s.step < last:
                 if not self.step():   # rolled back: the loop replays from the restored step
                     continue
@@ -446,6 +464,7 @@ class Simulation:
                 if self._ckpt_every and s.step % self._ckpt_every == 0 and s.step < last:
                     self.checkpoint()
             wall = time.perf_counter() - t_run  # the loop's rate excludes the final output
+            self._lazy_energy = False
             if not stopping:
                 self.checkpoint()
             if self.writer is not None and s.step % self._traj_every != 0 and not stopping:
@@ -456,6 +475,7 @@ class Simulation:
             self._summary(wall, self.nl.n_builds - builds0)
             return self.last_thermo or self.observables()
         finally:
+            self._lazy_energy = False
             self.close()
 
     def _summary(self, wall: float, builds: int) -> None:

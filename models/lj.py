@@ -58,6 +58,12 @@ class LennardJones:
                     visited first, so every row is summed in an order set by ids and positions
                     (tests/test_dynamics.py, tests/test_lj_half.py). A list without that order
                     (built elsewhere) is summed in memory order. ``newton=False``: the full list.
+
+    ``forces_only`` (attribute, default False): the engine sets it for a step whose energy
+    and virial nobody reads (engine/simulation.py: no output due, no barostat), as LAMMPS
+    computes them only on its thermo steps. The half-list kernel then skips their sums
+    (the forces are the same bits) and ``energy``, ``virial`` and ``energies`` are NaN, so a
+    stray read cannot pass for a value. The full-list kernel ignores it.
     """
 
     name = "lj"
@@ -93,6 +99,7 @@ class LennardJones:
         self._half_cache: tuple | None = None
         self._identity: torch.Tensor | None = None
         self._acc: torch.Tensor | None = None
+        self.forces_only = False
 
     # -- parameters -----------------------------------------------------------------
     def species(self) -> list[int]:
@@ -299,6 +306,7 @@ class LennardJones:
         final = not nl.half or self._canonical_order(nl) is not None
         nl = self.half_list(nl)
         dtype, device = positions.dtype, positions.device
+        forces_only = bool(self.forces_only)
         nq = nl.n_query
         acc = self._acc_buffer(nq, dtype, device)
         # with ghost points the virial is summed edge by edge; without, sum_a x_a (x) F_a plus
@@ -313,13 +321,20 @@ class LennardJones:
             packed = getattr(nl, "packed", None)
             edges = self._edge_arrays(nl, packed, device)
             wp.launch(
-                lk.LJ_HALF_KERNELS[t == 1, pair_virial, packed is not None], dim=nq, device=wp_device(positions),
+                lk.LJ_HALF_KERNELS[t == 1, pair_virial, packed is not None, not forces_only], dim=nq,
+                device=wp_device(positions),
                 inputs=[as_vec3(positions.contiguous()), as_mat33(cell.to(dtype).contiguous()[None]),
                         as_array(nl.offsets), *edges, as_array(types), as_vec3(table), t,
                         scalar_type(dtype)(self.cutoff**2), nq, as_array(self._visit_order(nl)),
                         wp.from_torch(acc, dtype=_VEC4[dtype]), as_mat33(virials), int(final),
                         as_vec3(forces), as_array(energies), as_array(tot_e), as_mat33(tot_w)],
             )
+        if forces_only:   # no sums: NaN, never a plausible number
+            nan = float("nan")
+            forces = forces if final else acc[:, :3].clone(memory_format=torch.contiguous_format)
+            return {"energy": torch.full((), nan, dtype=dtype, device=device), "forces": forces,
+                    "virial": torch.full((3, 3), nan, dtype=dtype, device=device),
+                    "energies": energies.fill_(nan)}
         if final:
             return {"energy": tot_e[0].clone(), "forces": forces, "virial": tot_w[0].clone(), "energies": energies}
         # copies (clone: never a view of acc, even with no rows; the op's outputs may not alias)

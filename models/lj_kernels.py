@@ -251,8 +251,10 @@ def _half_filter(packed_edges: bool, write: bool):
 HALF_FILTER = {(pk, w): _half_filter(pk, w) for pk in (True, False) for w in (True, False)}
 
 
-def _lj_half_kernel(one_species: bool, pair_virial: bool, packed_edges: bool):
-    """The Lennard-Jones kernel on a half list (see above), specialised as :func:`_lj_kernel`.
+def _lj_half_kernel(one_species: bool, pair_virial: bool, packed_edges: bool, energy: bool = True):
+    """The Lennard-Jones kernel on a half list (see above), specialised as :func:`_lj_kernel`,
+    and for ``energy``: False computes the forces alone (the same bits), leaving the energy,
+    per-atom energies and virial unsummed (zeros in ``acc``'s fourth column and the totals).
 
     ``acc`` (n_query, 4) is zero on entry and collects (force, per-atom energy) of each query
     point: its own edges' sums and what the edges of other points scatter into it.
@@ -342,18 +344,21 @@ def _lj_half_kernel(one_species: bool, pair_virial: bool, packed_edges: bool):
             # (docs/benchmarks.md, issue 24: "the in-loop gap")
             u, fpr = _lj_pair(wp.dot(d, d), params, cutoff2)
             g = fpr * d  # force on j from i
-            hu = half * u
-            e += hu
+            hu = zero
+            if wp.static(energy):
+                hu = half * u
+                e += hu
             f -= g
             if j < n_newton:   # Newton's third law: j's share now
                 aj = acc[j]
                 acc[j] = type(aj)(aj[0] + g[0], aj[1] + g[1], aj[2] + g[2], aj[3] + hu)
-                if wp.static(pair_virial):
-                    w += wp.outer(d, g)
-                elif shifted:
-                    virials[wrow] = virials[wrow] + wp.outer(image, g)
+                if wp.static(energy):
+                    if wp.static(pair_virial):
+                        w += wp.outer(d, g)
+                    elif shifted:
+                        virials[wrow] = virials[wrow] + wp.outer(image, g)
             else:              # one-sided edge to a ghost: half the pair is this rank's
-                if wp.static(pair_virial):
+                if wp.static(pair_virial and energy):
                     w += half * wp.outer(d, g)
         if wp.static(not pair_virial):
             w = virials[wrow]
@@ -363,10 +368,11 @@ def _lj_half_kernel(one_species: bool, pair_virial: bool, packed_edges: bool):
         if final != 0:
             forces[i] = fi
             energies[i] = ei
-            if wp.static(not pair_virial):
-                w += wp.outer(xi, fi)
-            tot_w[0] = tot_w[0] + w
-            tot_e[0] = tot_e[0] + ei
+            if wp.static(energy):
+                if wp.static(not pair_virial):
+                    w += wp.outer(xi, fi)
+                tot_w[0] = tot_w[0] + w
+                tot_e[0] = tot_e[0] + ei
         else:
             acc[i] = type(ai)(fi[0], fi[1], fi[2], ei)
             virials[i] = w
@@ -383,5 +389,5 @@ def _lj_half_kernel(one_species: bool, pair_virial: bool, packed_edges: bool):
     return lj_half_list
 
 
-#: ``LJ_HALF_KERNELS[one_species, pair_virial, packed_edges]``
+#: ``LJ_HALF_KERNELS[one_species, pair_virial, packed_edges, energy]``
 LJ_HALF_KERNELS = _Variants(_lj_half_kernel)

@@ -91,6 +91,15 @@ class LennardJonesOp:
     def cutoff(self) -> float:
         return self.lj.cutoff
 
+    @property
+    def forces_only(self) -> bool:
+        """The model's :attr:`LennardJones.forces_only` (the engine sets it per step)."""
+        return self.lj.forces_only
+
+    @forces_only.setter
+    def forces_only(self, value: bool) -> None:
+        self.lj.forces_only = bool(value)
+
     def check_species(self, numbers) -> None:
         self.lj.check_species(numbers)
 

@@ -186,3 +186,78 @@ def test_half_sums_do_not_follow_memory_order(name, built):
         assert torch.allclose(no_order["forces"][inv], rows[0][0], rtol=0, atol=1e-12)
     for got in rows[1:]:   # the totals too: summed in the kernel, in visit order
         assert all(torch.equal(a, b) for a, b in zip(got, rows[0]))
+
+
+@pytest.mark.parametrize("name", ["periodic", "images", "mixed"])
+@pytest.mark.parametrize("ghosts", [False, True], ids=["all-query", "ghosts"])
+def test_forces_only_same_forces_nan_sums(name, ghosts):
+    """``forces_only`` (a step whose energy nobody reads): the forces bit for bit as the full
+    call's, for every way to a half list (filtered, built, packed or arrays, and a list without
+    a canonical order: the kernel's non-final path), with and without ghost points; energy,
+    virial and per-atom energies NaN; the next full call unchanged."""
+    pos, cell, pbc, numbers, two = _case(name)
+    p, c, b, z = to_t(pos, cell, pbc, numbers, torch.float64)
+    nq = len(pos) - max(1, len(pos) // 5) if ghosts else None
+    lj = make_lj(two_species=two)
+    _, halves = _lists(p, c, b, CUTOFF + 0.7, n_query=nq)
+    halves["no-order"] = halves["built"].replace(order=None)
+    for kind, nl in halves.items():
+        ref = lj.compute(p, c, b, z, nl)
+        lj.forces_only = True
+        got = lj.compute(p, c, b, z, nl)
+        lj.forces_only = False
+        assert torch.equal(got["forces"], ref["forces"]), kind
+        assert torch.isnan(got["energy"]) and torch.isnan(got["virial"]).all(), kind
+        assert torch.isnan(got["energies"]).all() and got["energies"].shape == ref["energies"].shape, kind
+        again = lj.compute(p, c, b, z, nl)
+        for k in ref:
+            assert torch.equal(again[k], ref[k]), (kind, k)
+
+
+def _lj_sim(tmp_path, tag, steps=24):
+    from shardmd.engine.config import compose_config
+    from shardmd.engine.simulation import Simulation
+
+    return Simulation(compose_config([
+        "model=lj", "system.repeat=[3,3,3]", f"steps={steps}", "thermo.every=8", "trajectory.every=0",
+        "checkpoint.every=0", "quiet=true", "threads=1", "temperature=200", "dt=5", "neighbor.skin=0.6",
+        f"output={tmp_path / (tag + '.h5')}"]))
+
+
+def test_engine_forces_only_steps_change_no_bit(tmp_path, monkeypatch):
+    """The run loop asks LJ for the forces alone on steps with no output due: positions and
+    velocities after 24 steps, and the thermo energies at the output steps, bit for bit as a run
+    that computes everything at every step; a forces-only step's observables, read after all
+    (as a stop does), are completed, equal to the full step's."""
+    from shardmd.engine.simulation import Simulation
+
+    calls = []
+    lazy = _lj_sim(tmp_path, "lazy")
+    compute = lazy.model.lj.compute
+
+    def spy(*a, **kw):
+        calls.append(lazy.model.lj.forces_only)
+        return compute(*a, **kw)
+
+    monkeypatch.setattr(lazy.model.lj, "compute", spy)
+    obs_lazy = lazy.run()
+    assert calls.count(True) >= 18 and calls.count(False) >= 3, calls   # 21 of 24 steps skip the sums
+    full = _lj_sim(tmp_path, "full")
+    monkeypatch.setattr(Simulation, "_output_due", lambda self, step: True)
+    obs_full = full.run()
+    for key in ("positions", "velocities", "forces"):
+        assert torch.equal(getattr(lazy.state, key), getattr(full.state, key)), key
+    for key in ("potential_energy", "kinetic_energy", "pressure"):
+        assert obs_lazy[key] == obs_full[key], key
+    monkeypatch.undo()
+    # a forces-only step read after all: observables() completes it
+    a, b = _lj_sim(tmp_path, "a", steps=5), _lj_sim(tmp_path, "b", steps=5)
+    for sim in (a, b):
+        sim.setup()
+    a._lazy_energy = True
+    a.step()
+    b.step()
+    assert a._energy_missing and torch.isnan(a.results["energy"])
+    oa, ob = a.observables(), b.observables()
+    assert not a._energy_missing and torch.equal(a.state.forces, b.state.forces)
+    assert oa["potential_energy"] == ob["potential_energy"] and oa["pressure"] == ob["pressure"]
