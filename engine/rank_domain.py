@@ -19,6 +19,7 @@ from shardmd.domain.halo import build_halo, ghost_positions, local_pbc
 from shardmd.domain.migration import MigrationError, id_checksum, migrate, verify
 from shardmd.domain.neighbors import SkinNeighborList, build_neighbor_list
 from shardmd.domain.spatial_sort import spatial_order
+from shardmd.integrators import fused
 from shardmd.integrators.npt import inv3, matmul3
 
 from .errors import CollectiveError
@@ -229,6 +230,9 @@ class RankDomain:
         trigger = 0.5 * (nl.skin - strain_norm(t) * nl.radius)
         if not math.isfinite(trigger):
             return None, half
+        if fused.usable(x, x0):   # one pass (integrators/fused.py): 1.5-2 ms less at 256k atoms, tri
+            w = self._work_rows(x)
+            return fused.strain_displacement(x, x0, t, w.view(-1)), trigger
         w = self._work_rows(x)
         if t[0][1] == t[0][2] == t[1][0] == t[1][2] == t[2][0] == t[2][1] == 0.0:   # iso, aniso: a scaling
             torch.mul(x0, torch.tensor([t[0][0], t[1][1], t[2][2]], dtype=x.dtype, device=x.device), out=w)

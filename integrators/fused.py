@@ -67,7 +67,7 @@ def _get() -> dict:
 
         _kernels.update(v_press=k.v_press, remap=k.remap, kinetic_tensor=k.kinetic_tensor, mv2=k.mv2,
                         press_kick=k.press_kick, remap_drift_remap=k.remap_drift_remap,
-                        kick_press_measure=k.kick_press_measure)
+                        kick_press_measure=k.kick_press_measure, strain_displacement=k.strain_displacement)
     return _kernels
 
 
@@ -165,3 +165,18 @@ def kick_press_measure(velocities: torch.Tensor, forces: torch.Tensor, masses: t
                       wp.vec3d(*f), wp.vec3d(od[3], od[4], od[5]), -dthalf, int(tri), int(tensor), mscale, scale,
                       hi, lo, wp.from_torch(part)])
     return part.sum(0)
+
+
+def strain_displacement(x: torch.Tensor, x0: torch.Tensor, t: list[list[float]], out: torch.Tensor) -> torch.Tensor:
+    """0-d: max over the rows of |x - x0 T| (Å; NaN if any is), the barostat's box check
+    (engine/rank_domain.py) in one pass; x, x0 (N, 3) Å, t (3, 3) rows, ``out`` a kept (>= chunks,)
+    float64 work array.  Not bit for bit the torch expression (mm, sub, norm): the products and
+    sums of each row in another order, a few ulps of the displacement, which only decides whether
+    a list is rebuilt (its trigger is (skin - ||T - I|| R) / 2, not a bound to the ulp)."""
+    wp = _warp()
+    n = x.shape[0]
+    part = out[:_chunks(n)]
+    wp.launch(_get()["strain_displacement"], dim=part.shape[0], device="cpu",
+              inputs=[wp.from_torch(x), wp.from_torch(x0), wp.vec3d(*t[0]), wp.vec3d(*t[1]), wp.vec3d(*t[2]), n,
+                      float("nan"), wp.from_torch(part)])
+    return part.amax().sqrt()

@@ -223,3 +223,25 @@ def kick_press_measure(v: wp.array2d(dtype=f64), f: wp.array2d(dtype=f64), m: wp
             s[1] += lo
     for k in range(12):
         out[t, k] = s[k]
+
+
+# -- the barostat's box check (engine/rank_domain.py: RankDomain.displacement) -----------------------
+@wp.kernel(enable_backward=False)
+def strain_displacement(x: wp.array2d(dtype=f64), x0: wp.array2d(dtype=f64), t0: wp.vec3d, t1: wp.vec3d,
+                        t2: wp.vec3d, n: int, nan: f64, out: wp.array(dtype=f64)):
+    # max over a chunk of |x - x0 T|^2 (T's rows t0 t1 t2); NaN when any is NaN (as torch's amax)
+    t = wp.tid()
+    m = f64(0.0)
+    bad = int(0)
+    for i in range(t * CHUNK, wp.min(t * CHUNK + CHUNK, n)):
+        a = x0[i, 0]
+        b = x0[i, 1]
+        c = x0[i, 2]
+        dx = x[i, 0] - (a * t0[0] + b * t1[0] + c * t2[0])
+        dy = x[i, 1] - (a * t0[1] + b * t1[1] + c * t2[1])
+        dz = x[i, 2] - (a * t0[2] + b * t1[2] + c * t2[2])
+        d2 = dx * dx + dy * dy + dz * dz
+        if d2 != d2:
+            bad = 1
+        m = wp.max(m, d2)
+    out[t] = wp.where(bad != 0, nan, m)
