@@ -405,3 +405,26 @@ def test_fused_passes_give_the_torch_bits(seed, monkeypatch):
     for couple in ("iso", "aniso", "tri"):
         for a, b in zip(steps(True, couple), steps(False, couple)):
             assert torch.equal(a, b), couple
+
+
+def test_fused_box_check_matches_the_torch_norm():
+    """integrators/fused.py's one-pass box check (max |x - x0 T|) against torch's mm + norm + amax on
+    random rows (several chunks), a tilted T and a diagonal one: equal to 1e-14 relative; a NaN row
+    gives NaN (engine/health.py reads it as an unhealthy step)."""
+    from shardmd.integrators import fused
+
+    if not fused.usable(torch.zeros(1, 3, dtype=torch.float64)):
+        pytest.skip("Warp is not available: the torch code runs")
+    g = torch.Generator().manual_seed(5)
+    n = 2 * fused.CHUNK + 5
+    x0 = torch.rand(n, 3, dtype=torch.float64, generator=g) * 60.0
+    work = torch.empty(n, dtype=torch.float64)
+    for t in ([[1.01, 0.0, 0.0], [0.0, 0.99, 0.0], [0.0, 0.0, 1.002]],
+              [[1.01, 0.0, 0.0], [0.02, 0.99, 0.0], [-0.01, 0.03, 1.0]]):
+        tt = torch.tensor(t, dtype=torch.float64)
+        x = x0 @ tt + torch.randn(n, 3, dtype=torch.float64, generator=g) * 0.1
+        ref = torch.linalg.vector_norm(x0 @ tt - x, dim=1).amax()
+        got = fused.strain_displacement(x, x0, t, work)
+        assert abs(float(got - ref)) <= 1e-14 * float(ref), (float(got), float(ref))
+        x[n - 3, 2] = float("nan")
+        assert torch.isnan(fused.strain_displacement(x, x0, t, work))
