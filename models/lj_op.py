@@ -7,6 +7,9 @@ of owned atoms are complete (ghosts cover the cutoff); the energy and virial are
 rank's partial sums, so the adapter declares ``AllReduceSum`` on outputs 0 and 2.  With
 :data:`SPEC_LJ` (the pair-potential preset plus that adapter) ``DistributedModel`` needs no
 ``output_kinds``; the results are bit-identical to the direct call.
+``shardmd_lj::lennard_jones_forces`` is the same call with the model's ``forces_only`` on
+(steps without output, engine/simulation.py): NaN energy and virial, so its adapter sums
+nothing over ranks (two all-reduces per decomposed step saved).
 
     model = LennardJonesOp(LennardJones(...))      # or LennardJonesOp.from_config(cfg)
     DistributedModel(model).compute(ctx, positions, numbers, nl)
@@ -44,17 +47,41 @@ def lennard_jones(positions: torch.Tensor, cell: torch.Tensor, numbers: torch.Te
     empty (``neighbors`` and ``shifts`` are then not read, and may be empty), else the
     arrays (offsets, neighbors, shifts). ``order``: the list's canonical point order
     (``NeighborList.order``; the half list's visit order), None if it has none."""
+    return _call(positions, cell, numbers, offsets, neighbors, shifts, packed, cutoff, n_points, handle, half,
+                 order, False)
+
+
+def _call(positions, cell, numbers, offsets, neighbors, shifts, packed, cutoff, n_points, handle, half, order,
+          forces_only: bool):
     model = _MODELS.get(int(handle))
     if model is None:
-        raise RuntimeError(f"shardmd_lj::lennard_jones: no LennardJones model registered under handle {handle}")
+        raise RuntimeError(f"shardmd_lj: no LennardJones model registered under handle {handle}")
     if packed.shape[0]:
         nl = NeighborList(offsets=offsets, cutoff=float(cutoff), n_points=int(n_points), packed=packed, half=half,
                          order=order)
     else:
         nl = NeighborList(offsets=offsets, neighbors=neighbors, shifts=shifts, cutoff=float(cutoff),
                           n_points=int(n_points), half=half, order=order)
-    out = model.compute(positions, cell, None, numbers, nl)
+    kept = model.forces_only
+    model.forces_only = forces_only
+    try:
+        out = model.compute(positions, cell, None, numbers, nl)
+    finally:
+        model.forces_only = kept
     return out["energy"], out["forces"], out["virial"], out["energies"]
+
+
+@torch.library.custom_op("shardmd_lj::lennard_jones_forces", mutates_args=())
+def lennard_jones_forces(positions: torch.Tensor, cell: torch.Tensor, numbers: torch.Tensor, offsets: torch.Tensor,
+                         neighbors: torch.Tensor, shifts: torch.Tensor, packed: torch.Tensor, cutoff: float,
+                         n_points: int, handle: int, half: bool = False, order: torch.Tensor | None = None,
+                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`lennard_jones` with the model's ``forces_only`` on (a step whose energy nobody
+    reads): the same forces; energy, virial and per-atom energies NaN (the full-list kernel
+    ignores the flag and sums them). Its adapter sums nothing over ranks: a decomposed step
+    without output pays no all-reduce for them."""
+    return _call(positions, cell, numbers, offsets, neighbors, shifts, packed, cutoff, n_points, handle, half,
+                 order, True)
 
 
 @lennard_jones.register_fake
@@ -64,13 +91,23 @@ def _(positions, cell, numbers, offsets, neighbors, shifts, packed, cutoff, n_po
     return (positions.new_empty(()), positions.new_empty(nq, 3), positions.new_empty(3, 3), positions.new_empty(nq))
 
 
+@lennard_jones_forces.register_fake
+def _(positions, cell, numbers, offsets, neighbors, shifts, packed, cutoff, n_points, handle, half=False,
+      order=None):
+    nq = offsets.shape[0] - 1
+    return (positions.new_empty(()), positions.new_empty(nq, 3), positions.new_empty(3, 3), positions.new_empty(nq))
+
+
 OP = torch.ops.shardmd_lj.lennard_jones.default
+OP_FORCES = torch.ops.shardmd_lj.lennard_jones_forces.default
 defer_dynamo(lennard_jones)   # eager calls import no torch._dynamo (~1.5 s of CPU per process)
+defer_dynamo(lennard_jones_forces)
 
 #: the pair-potential preset with the kernel's adapter: energy and virial summed by the
 #: adapter (so not again by the output stage), forces and per-atom energies owned rows
 SPEC_LJ = SPEC_PAIR_HALO.replace(name="lj-op", all_reduce_outputs=frozenset()).with_custom_ops(
-    OpAdapter(OP, output_transforms={0: AllReduceSum(), 2: AllReduceSum()}, module=__name__))
+    OpAdapter(OP, output_transforms={0: AllReduceSum(), 2: AllReduceSum()}, module=__name__),
+    OpAdapter(OP_FORCES, module=__name__))
 
 
 class LennardJonesOp:
@@ -113,10 +150,11 @@ class LennardJonesOp:
         else:
             packed = nl.offsets.new_zeros(0, dtype=torch.int64)
             neighbors, shifts = nl.neighbors, nl.shifts
-        e, f, w, es = lennard_jones(positions, cell, numbers, nl.offsets, neighbors, shifts, packed,
-                                    float(nl.cutoff), int(nl.n_points), self.handle, bool(getattr(nl, "half", False)),
-                                    getattr(nl, "order", None))
+        op = lennard_jones_forces if self.lj.forces_only else lennard_jones
+        e, f, w, es = op(positions, cell, numbers, nl.offsets, neighbors, shifts, packed,
+                         float(nl.cutoff), int(nl.n_points), self.handle, bool(getattr(nl, "half", False)),
+                         getattr(nl, "order", None))
         return {"energy": e, "forces": f, "virial": w, "energies": es}
 
 
-__all__ = ["LennardJonesOp", "OP", "SPEC_LJ", "lennard_jones"]
+__all__ = ["LennardJonesOp", "OP", "OP_FORCES", "SPEC_LJ", "lennard_jones", "lennard_jones_forces"]
