@@ -91,10 +91,11 @@ def main() -> None:
             q.kill()
     print(f"# {platform.node()}, {os.cpu_count()} CPUs, {a.load} busy processes beside, "
           f"{a.repeats} repeats, {time.strftime('%Y-%m-%d')}")
-    print(f"| entry | ranks gone after SIGTERM (s) | mpiexec ended (s) |")
+    print("| entry | ranks gone after SIGTERM (s) | mpiexec ended (s) |")
     print("|---|---|---|")
     for name, rows in got.items():
-        print(f"| `{name}` | {statistics.median(r[0] for r in rows):.2f} | {statistics.median(r[1] for r in rows):.2f} |")
+        ranks, ended = (statistics.median(r[i] for r in rows) for i in (0, 1))
+        print(f"| `{name}` | {ranks:.2f} | {ended:.2f} |")
 
 
 if __name__ == "__main__":
