@@ -68,6 +68,12 @@ def make_integrator(cfg: DictConfig, comm=None):
     except ValueError as exc:
         raise UserError(str(exc)) from None
     _refuse_rollbacks(cfg, icfg.name)
+    if str(cfg.device) == "cpu":
+        # their per-atom passes run as Warp kernels on the CPU (integrators/fused.py): Warp
+        # started here the engine's way (quietly, without the "no CUDA driver" line)
+        from shardmd.domain.api import init_warp
+
+        init_warp()
     return integrator
 
 
