@@ -158,6 +158,7 @@ def scan_neighbors(
     neighbors: wp.array(dtype=wp.int32),
     shifts: wp.array(dtype=wp.vec3i),
     packed: wp.array(dtype=wp.int64),
+    slot_words: wp.array(dtype=wp.int64),
 ):
     """Neighbours of query point ``i`` in two passes over the same candidates.
 
@@ -177,6 +178,9 @@ def scan_neighbors(
     the row's start. Only a serial launch (Warp's CPU launch: one thread runs the rows in
     order) makes that cursor give the two-pass layout; edges past ``packed``'s length are
     counted, not written (the caller then emits with mode 2 from the same mask and offsets).
+    ``slot_words[p]`` (mode 3): ``_pack(order[p], -img[order[p]])``; the pack is linear in the
+    shift's fields, so a candidate's word is that plus the run's shift ``(s0, s1, s2) + img[i]``
+    in the fields: one sequential load per candidate instead of ``order`` and ``img``.
     ``write == 2`` (emit packed): the same edges, each as one int64 (:func:`_pack`), for
     :func:`unpack_edges`. Each thread writes its own stretch of the list, so a warp's stores
     land in 32 places and their number, not their bytes, sets the cost: one 8-byte store per
@@ -248,6 +252,8 @@ def scan_neighbors(
                     first = wp.min(wp.max(first, wp.where(s_pos, slot, slot + 1)), last)
                 if write == 0 or write == 3:
                     shift = wp.vec3i(s0, s1, s2) + shift_i
+                    run_word = ((wp.int64(shift[0]) * wp.int64(1024) + wp.int64(shift[1])) * wp.int64(1024)
+                                + wp.int64(shift[2])) * wp.int64(2147483648)
                     offset = type(zero)(s0) * h[0] + type(zero)(s1) * h[1] + type(zero)(s2) * h[2] - xi
                     # i itself is no neighbour of its own zero image
                     own = -1
@@ -264,8 +270,7 @@ def scan_neighbors(
                             # branch-free: every candidate is stored, a hit moves the cursor
                             # (a branch on the hit, mispredicted, cost what the emit pass did)
                             if n_out < capacity:
-                                j = order[p]
-                                packed[n_out] = _pack(j, shift - img[j])
+                                packed[n_out] = slot_words[p] + run_word
                             n_out += hit
                         c += 1
                         if (c & 31) == 0:
@@ -317,5 +322,5 @@ for _vec, _mat, _s in (
          wp.array(dtype=wp.int32), wp.array(dtype=wp.int32), wp.array(dtype=wp.vec3i),
          wp.array(dtype=_mat), wp.vec3i, wp.vec3i, wp.vec3i, _s, wp.array(dtype=wp.int32), int, int, int,
          wp.array(dtype=wp.uint32), wp.array(dtype=wp.int32), wp.array(dtype=wp.int32),
-         wp.array(dtype=wp.int32), wp.array(dtype=wp.vec3i), wp.array(dtype=wp.int64)],
+         wp.array(dtype=wp.int32), wp.array(dtype=wp.vec3i), wp.array(dtype=wp.int64), wp.array(dtype=wp.int64)],
     )

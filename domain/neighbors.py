@@ -303,9 +303,12 @@ def build_neighbor_list(
         # the list is the two-pass one, bit for bit; the emit pass cost ~40 % of a build
         cap = max(int(capacity) if capacity is not None else (32 * n_words) // 3, 1)
         packed = torch.empty(cap, dtype=torch.int64, device=device)
+        # each sorted slot's packed word with the run's shift zero (nk._pack(j, -img_j))
+        ims = 512 - img[order].to(torch.int64)
+        words = ((((ims[:, 0] << 10) | ims[:, 1]) << 10 | ims[:, 2]) << 31) | order
         wp.launch(nk.scan_neighbors, dim=nq, device=dev,
                   inputs=common + [3, mask_w, as_array(offsets), as_array(counts), as_array(dummy_n),
-                                   as_vec3i(dummy_s), as_array(packed)])
+                                   as_vec3i(dummy_s), as_array(packed), as_array(words.contiguous())])
         n_edges = int(offsets[-1])
         if n_edges <= cap:
             return NeighborList(offsets=offsets, cutoff=float(cutoff), n_points=n, packed=packed[:n_edges],
@@ -314,14 +317,14 @@ def build_neighbor_list(
     else:
         wp.launch(nk.scan_neighbors, dim=nq, device=dev,
                   inputs=common + [0, mask_w, as_array(offsets), as_array(counts), as_array(dummy_n),
-                                   as_vec3i(dummy_s), as_array(dummy_p)])
+                                   as_vec3i(dummy_s), as_array(dummy_p), as_array(dummy_p)])
         offsets[1:] = torch.cumsum(counts, 0)
     n_edges = int(offsets[-1])
     if packable:   # packed edges only: arrays unpacked when asked for
         packed = torch.empty(max(n_edges, 1), dtype=torch.int64, device=device)
         wp.launch(nk.scan_neighbors, dim=nq, device=dev,
                   inputs=common + [2, mask_w, as_array(offsets), as_array(counts), as_array(dummy_n),
-                                   as_vec3i(dummy_s), as_array(packed)])
+                                   as_vec3i(dummy_s), as_array(packed), as_array(dummy_p)])
         return NeighborList(offsets=offsets, cutoff=float(cutoff), n_points=n, packed=packed[:n_edges], half=half,
                             order=visit)
     # points many cells away from the cell (unwrapped input): write the edges directly
@@ -329,7 +332,7 @@ def build_neighbor_list(
     shifts = torch.empty(max(n_edges, 1), 3, dtype=torch.int32, device=device)
     wp.launch(nk.scan_neighbors, dim=nq, device=dev,
               inputs=common + [1, mask_w, as_array(offsets), as_array(counts), as_array(neighbors),
-                               as_vec3i(shifts), as_array(dummy_p)])
+                               as_vec3i(shifts), as_array(dummy_p), as_array(dummy_p)])
     return NeighborList(offsets=offsets, neighbors=neighbors[:n_edges], shifts=shifts[:n_edges],
                         cutoff=float(cutoff), n_points=n, half=half, order=visit)
 
