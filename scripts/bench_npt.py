@@ -138,9 +138,9 @@ def main() -> None:
           f"{os.cpu_count()} cores, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
     results: dict[str, list[dict]] = {c: [] for c in cases}
     for r in range(args.repeats):
-        # each repeat starts at another case (a fixed order put NVE first every time: the cases after
-        # it paid for the memory the earlier ones left, 10-25 % more in the force call), and the
-        # simulation of one case is collected before the next starts (its timers are cycles)
+        # each repeat starts at another case (a fixed order put NVE first every time, and a case
+        # may pay for memory an earlier one left), and the simulation of one case is collected
+        # before the next starts (its timers are reference cycles)
         for case in cases[r % len(cases):] + cases[:r % len(cases)]:
             results[case].append(run(n, case, args))
             gc.collect()
