@@ -22,6 +22,8 @@ refresh, loop).
     .venv/bin/python scripts/bench_npt.py                    # 32,000 atoms, 100 steps, 1 thread, 3 repeats
     .venv/bin/python scripts/bench_npt.py --atoms 256000 --steps 50
     .venv/bin/python scripts/bench_npt.py --atoms 256000 --steps 50 --cases verlet "npt iso" "npt tri"
+    .venv/bin/python scripts/bench_npt.py --atoms 256000 --steps 10 --interleave 16 \
+        --cases verlet "verlet sums" "npt iso" "npt tri"         # one process, the cases in turn
 """
 from __future__ import annotations
 
@@ -61,7 +63,7 @@ def overrides(n: int, case: str, args) -> list[str]:
             "system.lattice=fcc", "system.element=Ar", f"system.a={u['a']!r}", f"system.repeat=[{n},{n},{n}]",
             f"dt={u['dt_fs']!r}", f"temperature={u['T_K']!r}", f"steps={args.steps}", f"threads={args.threads}",
             "device=cpu", "quiet=true", "trajectory.every=0", "thermo.every=0", "checkpoint.every=0",
-            f"output={tempfile.gettempdir()}/bench_npt_{os.getpid()}.h5",
+            f"output={tempfile.gettempdir()}/bench_npt_{os.getpid()}_{case.replace(' ', '_')}.h5",
             *[c.format(**fill) for c in CASES[case]]]
 
 
@@ -122,6 +124,44 @@ def run(n: int, case: str, args) -> dict:
             "builds": sim.nl.n_builds - builds0, "volume": float(abs(sim.state.cell.det()))}
 
 
+def interleaved(n: int, cases: list[str], args) -> None:
+    """All cases' simulations in this process at once, stepped in turn ``--interleave`` rounds of
+    ``--steps`` steps (each round starting at the next case): every case sees the same load and
+    the same memory, and each round's CPU time per step is divided by that round's NVE one."""
+    from shardmd.engine.config import compose_config
+    from shardmd.engine.simulation import Simulation
+
+    sims = {}
+    for case in cases:
+        sim = Simulation(compose_config(overrides(n, case, args)))
+        if case == "verlet sums":
+            compute = sim.compute_forces
+            sim.compute_forces = lambda energy=True, compute=compute: compute(energy=True)
+        sim.setup()
+        sim.started = True
+        sim._lazy_energy = True   # as run()'s loop: force calls without the sums off output steps
+        sims[case] = (sim, sim.nl.n_builds)
+    per_step: dict[str, list[float]] = {c: [] for c in cases}
+    for r in range(args.interleave):
+        for case in cases[r % len(cases):] + cases[:r % len(cases)]:
+            sim = sims[case][0]
+            t = time.process_time()
+            for _ in range(args.steps):
+                sim.step()
+            per_step[case].append((time.process_time() - t) / args.steps)
+    print("| integrator | CPU ms/step | vs NVE, paired | builds |")
+    print("|---|---|---|---|")
+    for case in cases:
+        sim, b0 = sims[case]
+        paired = statistics.median(a / b for a, b in zip(per_step[case], per_step["verlet"]))
+        print(f"| {case} | {1e3 * statistics.median(per_step[case]):.2f} | {paired:.3f} | {sim.nl.n_builds - b0} |")
+    for sim, _ in sims.values():
+        sim.close()
+        out = Path(sim.output_path)
+        for path in (sim.log_path, out, out.with_name(out.stem + ".ckpt")):
+            shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--atoms", type=int, default=32000)
@@ -130,9 +170,18 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--cases", nargs="+", choices=list(CASES), default=list(CASES),
                     help="integrators to run (verlet, the reference, always runs)")
+    ap.add_argument("--interleave", type=int, default=0, metavar="ROUNDS",
+                    help="all cases in one process, stepped in turn ROUNDS rounds of --steps steps "
+                         "(interleaved(): the same load for every case); 0: separate runs")
     args = ap.parse_args()
     cases = ["verlet", *[c for c in args.cases if c != "verlet"]]
     n = cells_for(args.atoms)
+    if args.interleave:
+        print(f"in.lj argon, {4 * n ** 3} atoms, {args.interleave} interleaved rounds of {args.steps} steps, CPU, "
+              f"{args.threads} thread(s); {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
+              f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, load {os.getloadavg()[0]:.1f}")
+        interleaved(n, cases, args)
+        return
     print(f"in.lj argon, {4 * n ** 3} atoms, {args.steps} steps, CPU, {args.threads} thread(s), "
           f"{args.repeats} alternating repeats; {platform.processor() or platform.machine()}, "
           f"{os.cpu_count()} cores, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
