@@ -132,8 +132,10 @@ def interleaved(n: int, cases: list[str], args) -> None:
     from shardmd.engine.simulation import Simulation
 
     sims = {}
+    # steps= of the whole session: a step at or past it counts as an output step (energy and virial)
+    whole = argparse.Namespace(**{**vars(args), "steps": args.steps * args.interleave + 1})
     for case in cases:
-        sim = Simulation(compose_config(overrides(n, case, args)))
+        sim = Simulation(compose_config(overrides(n, case, whole)))
         if case == "verlet sums":
             compute = sim.compute_forces
             sim.compute_forces = lambda energy=True, compute=compute: compute(energy=True)
