@@ -2,12 +2,11 @@
 per-atom work, bit for bit the torch expressions they replace (integrators/npt.py,
 integrators/nose_hoover.py).
 
-Why: each torch operation is a pass over the arrays, and at 256,000 atoms on the CPU a pass over
-an (N, 3) float64 array (6 MB) or one of its columns costs 0.15-0.8 ms (a broadcast over rows
-of 3 and strided columns do not vectorise).  npt tri's kinetic tensor took ~10 passes over
-(6, N) terms (5.5-7.5 ms), its ``nh_v_press`` 7 (1.5-2.5 ms, twice a step), its remap 5 (0.7-1.1
-ms, twice).  Fused: 0.7-0.9, 0.45-0.5, 0.4-0.5 ms (scripts/bench_npt.py's split and the pieces
-timed alone: docs/design.md, "NPT under decomposition").
+Why: each torch operation is a pass over the arrays, and on the CPU at large N the passes that
+do not vectorise (a broadcast over rows of 3, strided columns) dominate: npt tri's kinetic tensor
+took ~10 passes over (6, N) terms, its ``nh_v_press`` 7 (twice a step), its remap 5 (twice).
+Figures: docs/benchmarks.md, "NPT step against NVE at 256k after the fused passes"; the design
+reasoning: docs/design.md, "NPT under decomposition".
 
 Same bits: every kernel does the same IEEE operations in the same order as the torch code.
 torch's ``add_(y, alpha=a)`` is a fused multiply-add (fma(a, y, x): checked against exact
