@@ -57,7 +57,8 @@ def _lists(p, c, b, radius, n_query=None):
                   "built-arrays": built.without_packed()}
 
 
-@pytest.mark.parametrize("name", list(CASES))
+# the periodic case's brute-force reference takes ~20 s: the full suite's
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n == "periodic" else n for n in CASES])
 def test_half_equals_full_and_reference(name):
     pos, cell, pbc, numbers, two = _case(name)
     ref, sc = run_ref(pos, cell, pbc, numbers)

@@ -245,7 +245,8 @@ def test_fire_cell_equals_ase_frechet_filter(pressure, fixed, calc, tmp_path):
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("k", [2, pytest.param(4, marks=pytest.mark.slow)])
+@pytest.mark.slow   # 20-30 s each: the full suite's (the fast tier keeps the 1-domain cases)
+@pytest.mark.parametrize("k", [2, 4])
 def test_minimize_cli_cell_on_k_domains_equals_ase(k, tmp_path):
     """`python -m engine minimize minimize.cell=true domains=k` (256 argon atoms strained by 1-3 %):
     ASE's FIRE on FrechetCellFilter with ASE's LJ on one process as the reference, energy <= 1e-6
@@ -269,6 +270,7 @@ def test_minimize_cli_cell_on_k_domains_equals_ase(k, tmp_path):
 
 
 @pytest.mark.mpi
+@pytest.mark.slow   # 20 s: four ranks relaxing until the cell collapses
 def test_minimize_cell_shrinking_below_the_grid_is_one_line(tmp_path):
     """A target pressure that squeezes the cell below what 2 domains allow (ghost width 10.4 Å:
     skin 1.9) ends the relaxation with one line (exit status 2), not a traceback or a hang."""

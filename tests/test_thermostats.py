@@ -179,6 +179,7 @@ def test_gamma_draws_follow_the_gamma_distribution():
     assert stats.kstest(xs, stats.gamma(a).cdf).pvalue > 1e-3
 
 
+@pytest.mark.slow   # a statistical test of ~15 s: the full suite's
 def test_csvr_resampling_is_bussis_distribution():
     """From any K, many steps of the exact resampling with tau = 0 give K ~ Gamma(dof/2, kT):
     (factor 0: K' = Kt (S + R^2)/dof), and for tau > 0 the stationary distribution is the same."""
