@@ -174,7 +174,8 @@ class Simulation:
         self.results: dict[str, torch.Tensor] = {}
         # inside run()'s loop a step with no output due asks a model that can skip them (LJ's
         # forces_only) for the forces alone, as LAMMPS sums energy and virial on thermo steps
-        # only; observables() completes such a step's results when they are read after all
+        # only (under npt, whose pressure needs it every step, the virial too: virial_only);
+        # observables() completes such a step's results when they are read after all
         self._lazy_energy = False
         self._energy_missing = False
         self.writer = None
@@ -249,18 +250,22 @@ class Simulation:
 
     def compute_forces(self, energy: bool = True) -> None:
         """This step's model outputs; ``energy=False``: the forces alone where the model can
-        skip the energy and virial (``forces_only``; the same forces), NaN in their place."""
+        skip the energy and virial (``forces_only``; the same forces), NaN in their place, or
+        under a barostat, whose pressure needs the virial every step, the forces and the virial
+        (``virial_only``; the same bits), NaN energies."""
         t = time.perf_counter()
         s, d = self.state, self.domain
-        skip = not energy and hasattr(self.model, "forces_only")
-        if skip:
-            self.model.forces_only = True
+        skip = None if energy else "virial_only" if self._barostat else "forces_only"
+        if skip is not None and not hasattr(self.model, skip):
+            skip = None
+        if skip is not None:
+            setattr(self.model, skip, True)
         try:
             out = self.dmodel.compute(d.ctx, d.padded_positions, d.padded_numbers, d.nl.current)
         finally:
-            if skip:
-                self.model.forces_only = False
-        self._energy_missing = skip
+            if skip is not None:
+                setattr(self.model, skip, False)
+        self._energy_missing = skip is not None
         if "forces" not in out or "energy" not in out:
             raise UserError(f"the model returned {sorted(out)}, without {'energy' if 'energy' not in out else 'forces'}"
                             "; return both, or declare model_config autograd_outputs={'forces': 'energy'} "
@@ -421,7 +426,7 @@ class Simulation:
     def _finish_step(self, kick: bool = True) -> None:
         """This step's forces, then the integrator's second half."""
         s = self.state
-        self.compute_forces(energy=not self._lazy_energy or self._barostat or self._output_due(s.step))
+        self.compute_forces(energy=not self._lazy_energy or self._output_due(s.step))
         if not kick:
             return
         t = time.perf_counter()

@@ -64,6 +64,10 @@ class LennardJones:
     computes them only on its thermo steps. The half-list kernel then skips their sums
     (the forces are the same bits) and ``energy``, ``virial`` and ``energies`` are NaN, so a
     stray read cannot pass for a value. The full-list kernel ignores it.
+
+    ``virial_only`` (attribute, default False): the same for npt's steps without output, whose
+    pressure needs the virial every step: the half-list kernel sums the virial (the same bits)
+    and skips the energy (``energy`` and ``energies`` NaN). ``forces_only`` wins if both are set.
     """
 
     name = "lj"
@@ -100,6 +104,7 @@ class LennardJones:
         self._identity: torch.Tensor | None = None
         self._acc: torch.Tensor | None = None
         self.forces_only = False
+        self.virial_only = False
         self._recorded: tuple | None = None
         self._tot: tuple[torch.Tensor, torch.Tensor] | None = None
 
@@ -308,7 +313,8 @@ class LennardJones:
         final = not nl.half or self._canonical_order(nl) is not None
         nl = self.half_list(nl)
         dtype, device = positions.dtype, positions.device
-        forces_only = bool(self.forces_only)
+        energy = not (self.forces_only or self.virial_only)   # the sums this call makes
+        virial = not self.forces_only
         nq = nl.n_query
         acc = self._acc_buffer(nq, dtype, device)
         # with ghost points the virial is summed edge by edge; without, sum_a x_a (x) F_a plus
@@ -320,24 +326,25 @@ class LennardJones:
         virials = self._virial_buffer(nq if not final else 1, dtype, device)
         if nq:
             self._launch_half(positions.contiguous(), cell.to(dtype).contiguous(), nl, types, table, t, acc,
-                              virials, final, pair_virial, forces_only, forces, energies, tot_e, tot_w)
-        if forces_only:   # no sums: NaN, never a plausible number
-            nan = float("nan")
-            forces = forces if final else acc[:, :3].clone(memory_format=torch.contiguous_format)
-            return {"energy": torch.full((), nan, dtype=dtype, device=device), "forces": forces,
-                    "virial": torch.full((3, 3), nan, dtype=dtype, device=device),
-                    "energies": energies.fill_(nan)}
-        if final:
-            return {"energy": tot_e[0].clone(), "forces": forces, "virial": tot_w[0].clone(), "energies": energies}
-        # copies (clone: never a view of acc, even with no rows; the op's outputs may not alias)
-        forces = acc[:, :3].clone(memory_format=torch.contiguous_format)
-        energies = acc[:, 3].clone(memory_format=torch.contiguous_format)
-        virial = virials.sum(0)
-        if not pair_virial:
-            virial = virial + positions[:nq].T @ forces
-        return {"energy": energies.sum(), "forces": forces, "virial": virial, "energies": energies}
+                              virials, final, pair_virial, (energy, virial), forces, energies, tot_e, tot_w)
+        if not final:   # copies (clone: never a view of acc, even with no rows; the op's outputs may not alias)
+            forces = acc[:, :3].clone(memory_format=torch.contiguous_format)
+            energies = acc[:, 3].clone(memory_format=torch.contiguous_format)
+        out = {"forces": forces, "energies": energies}
+        if energy:
+            out["energy"] = tot_e[0].clone() if final else energies.sum()
+        else:   # not summed: NaN, never a plausible number
+            out["energy"] = torch.full((), float("nan"), dtype=dtype, device=device)
+            energies.fill_(float("nan"))
+        if not virial:
+            out["virial"] = torch.full((3, 3), float("nan"), dtype=dtype, device=device)
+        elif final:
+            out["virial"] = tot_w[0].clone()
+        else:
+            out["virial"] = virials.sum(0) if pair_virial else virials.sum(0) + positions[:nq].T @ forces
+        return out
 
-    def _launch_half(self, x, cell, nl, types, table, t, acc, virials, final, pair_virial, forces_only,
+    def _launch_half(self, x, cell, nl, types, table, t, acc, virials, final, pair_virial, sums,
                      forces, energies, tot_e, tot_w) -> None:
         """Launch the half-list kernel. The launch is recorded (Warp's ``record_cmd``) and
         replayed while its inputs are the same tensors (their addresses and sizes, the
@@ -347,7 +354,7 @@ class LennardJones:
         visit = self._visit_order(nl)
         edge_t = (packed,) if packed is not None else (nl.neighbors, nl.shifts)
         held = (x, cell, nl.offsets, *edge_t, types, table, visit, acc, virials, tot_e, tot_w)
-        kernel = lk.LJ_HALF_KERNELS[t == 1, pair_virial, packed is not None, not forces_only]
+        kernel = lk.LJ_HALF_KERNELS[(t == 1, pair_virial, packed is not None, *sums)]   # sums: (energy, virial)
         key = (id(kernel), t, int(final), float(self.cutoff), x.dtype,
                tuple((a.data_ptr(), tuple(a.shape)) for a in held))
         kept = self._recorded

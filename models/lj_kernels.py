@@ -251,10 +251,15 @@ def _half_filter(packed_edges: bool, write: bool):
 HALF_FILTER = {(pk, w): _half_filter(pk, w) for pk in (True, False) for w in (True, False)}
 
 
-def _lj_half_kernel(one_species: bool, pair_virial: bool, packed_edges: bool, energy: bool = True):
+def _lj_half_kernel(one_species: bool, pair_virial: bool, packed_edges: bool, energy: bool = True,
+                    virial: bool | None = None):
     """The Lennard-Jones kernel on a half list (see above), specialised as :func:`_lj_kernel`,
-    and for ``energy``: False computes the forces alone (the same bits), leaving the energy,
-    per-atom energies and virial unsummed (zeros in ``acc``'s fourth column and the totals).
+    and for the sums: ``energy`` False leaves the energy and per-atom energies unsummed (zeros
+    in ``acc``'s fourth column and ``tot_e``), ``virial`` False (default: as ``energy``) the
+    virial (zeros in ``tot_w``); the forces are the same bits in every variant, and so is the
+    virial with or without the energy (the same additions in the same order). Forces alone
+    serve a step without output; the virial alone serves npt's steps without output (its
+    pressure needs the virial every step, nobody reads the energy).
 
     ``acc`` (n_query, 4) is zero on entry and collects (force, per-atom energy) of each query
     point: its own edges' sums and what the edges of other points scatter into it.
@@ -269,6 +274,8 @@ def _lj_half_kernel(one_species: bool, pair_virial: bool, packed_edges: bool, en
     ``final == 0``: ``acc`` keeps the rows and ``virials[i]``
     gets i's part of the virial (the image part only without ``pair_virial``: the caller adds
     ``sum_a x_a (x) F_a``); one-sided edges to ghosts count half the pair."""
+
+    with_virial = energy if virial is None else bool(virial)
 
     @wp.kernel(enable_backward=False, module="unique")
     def lj_half_list(
@@ -352,13 +359,13 @@ def _lj_half_kernel(one_species: bool, pair_virial: bool, packed_edges: bool, en
             if j < n_newton:   # Newton's third law: j's share now
                 aj = acc[j]
                 acc[j] = type(aj)(aj[0] + g[0], aj[1] + g[1], aj[2] + g[2], aj[3] + hu)
-                if wp.static(energy):
+                if wp.static(with_virial):
                     if wp.static(pair_virial):
                         w += wp.outer(d, g)
                     elif shifted:
                         virials[wrow] = virials[wrow] + wp.outer(image, g)
             else:              # one-sided edge to a ghost: half the pair is this rank's
-                if wp.static(pair_virial and energy):
+                if wp.static(pair_virial and with_virial):
                     w += half * wp.outer(d, g)
         if wp.static(not pair_virial):
             w = virials[wrow]
@@ -368,10 +375,11 @@ def _lj_half_kernel(one_species: bool, pair_virial: bool, packed_edges: bool, en
         if final != 0:
             forces[i] = fi
             energies[i] = ei
-            if wp.static(energy):
+            if wp.static(with_virial):
                 if wp.static(not pair_virial):
                     w += wp.outer(xi, fi)
                 tot_w[0] = tot_w[0] + w
+            if wp.static(energy):
                 tot_e[0] = tot_e[0] + ei
         else:
             acc[i] = type(ai)(fi[0], fi[1], fi[2], ei)
@@ -389,5 +397,5 @@ def _lj_half_kernel(one_species: bool, pair_virial: bool, packed_edges: bool, en
     return lj_half_list
 
 
-#: ``LJ_HALF_KERNELS[one_species, pair_virial, packed_edges, energy]``
+#: ``LJ_HALF_KERNELS[one_species, pair_virial, packed_edges, energy, virial]``
 LJ_HALF_KERNELS = _Variants(_lj_half_kernel)

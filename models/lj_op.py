@@ -9,7 +9,8 @@ rank's partial sums, so the adapter declares ``AllReduceSum`` on outputs 0 and 2
 ``output_kinds``; the results are bit-identical to the direct call.
 ``shardmd_lj::lennard_jones_forces`` is the same call with the model's ``forces_only`` on
 (steps without output, engine/simulation.py): NaN energy and virial, so its adapter sums
-nothing over ranks (two all-reduces per decomposed step saved).
+nothing over ranks (two all-reduces per decomposed step saved); ``lennard_jones_virial``
+with ``virial_only`` (npt's steps without output) sums the virial alone.
 
     model = LennardJonesOp(LennardJones(...))      # or LennardJonesOp.from_config(cfg)
     DistributedModel(model).compute(ctx, positions, numbers, nl)
@@ -48,11 +49,13 @@ def lennard_jones(positions: torch.Tensor, cell: torch.Tensor, numbers: torch.Te
     arrays (offsets, neighbors, shifts). ``order``: the list's canonical point order
     (``NeighborList.order``; the half list's visit order), None if it has none."""
     return _call(positions, cell, numbers, offsets, neighbors, shifts, packed, cutoff, n_points, handle, half,
-                 order, False)
+                 order, "all")
 
 
 def _call(positions, cell, numbers, offsets, neighbors, shifts, packed, cutoff, n_points, handle, half, order,
-          forces_only: bool):
+          sums: str):
+    """The model's compute with its flags set for ``sums``: 'all', 'virial' (virial_only) or
+    'none' (forces_only), restored afterwards."""
     model = _MODELS.get(int(handle))
     if model is None:
         raise RuntimeError(f"shardmd_lj: no LennardJones model registered under handle {handle}")
@@ -62,12 +65,12 @@ def _call(positions, cell, numbers, offsets, neighbors, shifts, packed, cutoff, 
     else:
         nl = NeighborList(offsets=offsets, neighbors=neighbors, shifts=shifts, cutoff=float(cutoff),
                           n_points=int(n_points), half=half, order=order)
-    kept = model.forces_only
-    model.forces_only = forces_only
+    kept = model.forces_only, model.virial_only
+    model.forces_only, model.virial_only = sums == "none", sums == "virial"
     try:
         out = model.compute(positions, cell, None, numbers, nl)
     finally:
-        model.forces_only = kept
+        model.forces_only, model.virial_only = kept
     return out["energy"], out["forces"], out["virial"], out["energies"]
 
 
@@ -81,7 +84,19 @@ def lennard_jones_forces(positions: torch.Tensor, cell: torch.Tensor, numbers: t
     ignores the flag and sums them). Its adapter sums nothing over ranks: a decomposed step
     without output pays no all-reduce for them."""
     return _call(positions, cell, numbers, offsets, neighbors, shifts, packed, cutoff, n_points, handle, half,
-                 order, True)
+                 order, "none")
+
+
+@torch.library.custom_op("shardmd_lj::lennard_jones_virial", mutates_args=())
+def lennard_jones_virial(positions: torch.Tensor, cell: torch.Tensor, numbers: torch.Tensor, offsets: torch.Tensor,
+                         neighbors: torch.Tensor, shifts: torch.Tensor, packed: torch.Tensor, cutoff: float,
+                         n_points: int, handle: int, half: bool = False, order: torch.Tensor | None = None,
+                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`lennard_jones` with the model's ``virial_only`` on (an npt step without output):
+    the same forces and virial; energy and per-atom energies NaN. Its adapter sums the virial
+    alone over ranks."""
+    return _call(positions, cell, numbers, offsets, neighbors, shifts, packed, cutoff, n_points, handle, half,
+                 order, "virial")
 
 
 @lennard_jones.register_fake
@@ -98,16 +113,25 @@ def _(positions, cell, numbers, offsets, neighbors, shifts, packed, cutoff, n_po
     return (positions.new_empty(()), positions.new_empty(nq, 3), positions.new_empty(3, 3), positions.new_empty(nq))
 
 
+@lennard_jones_virial.register_fake
+def _(positions, cell, numbers, offsets, neighbors, shifts, packed, cutoff, n_points, handle, half=False,
+      order=None):
+    nq = offsets.shape[0] - 1
+    return (positions.new_empty(()), positions.new_empty(nq, 3), positions.new_empty(3, 3), positions.new_empty(nq))
+
+
 OP = torch.ops.shardmd_lj.lennard_jones.default
 OP_FORCES = torch.ops.shardmd_lj.lennard_jones_forces.default
+OP_VIRIAL = torch.ops.shardmd_lj.lennard_jones_virial.default
 defer_dynamo(lennard_jones)   # eager calls import no torch._dynamo (~1.5 s of CPU per process)
 defer_dynamo(lennard_jones_forces)
+defer_dynamo(lennard_jones_virial)
 
 #: the pair-potential preset with the kernel's adapter: energy and virial summed by the
 #: adapter (so not again by the output stage), forces and per-atom energies owned rows
 SPEC_LJ = SPEC_PAIR_HALO.replace(name="lj-op", all_reduce_outputs=frozenset()).with_custom_ops(
     OpAdapter(OP, output_transforms={0: AllReduceSum(), 2: AllReduceSum()}, module=__name__),
-    OpAdapter(OP_FORCES, module=__name__))
+    OpAdapter(OP_FORCES, module=__name__), OpAdapter(OP_VIRIAL, output_transforms={2: AllReduceSum()}, module=__name__))
 
 
 class LennardJonesOp:
@@ -127,6 +151,15 @@ class LennardJonesOp:
     @property
     def cutoff(self) -> float:
         return self.lj.cutoff
+
+    @property
+    def virial_only(self) -> bool:
+        """The model's :attr:`LennardJones.virial_only` (the engine sets it per npt step)."""
+        return self.lj.virial_only
+
+    @virial_only.setter
+    def virial_only(self, value: bool) -> None:
+        self.lj.virial_only = bool(value)
 
     @property
     def forces_only(self) -> bool:
@@ -150,11 +183,13 @@ class LennardJonesOp:
         else:
             packed = nl.offsets.new_zeros(0, dtype=torch.int64)
             neighbors, shifts = nl.neighbors, nl.shifts
-        op = lennard_jones_forces if self.lj.forces_only else lennard_jones
+        op = (lennard_jones_forces if self.lj.forces_only else lennard_jones_virial if self.lj.virial_only
+              else lennard_jones)
         e, f, w, es = op(positions, cell, numbers, nl.offsets, neighbors, shifts, packed,
                          float(nl.cutoff), int(nl.n_points), self.handle, bool(getattr(nl, "half", False)),
                          getattr(nl, "order", None))
         return {"energy": e, "forces": f, "virial": w, "energies": es}
 
 
-__all__ = ["LennardJonesOp", "OP", "OP_FORCES", "SPEC_LJ", "lennard_jones", "lennard_jones_forces"]
+__all__ = ["LennardJonesOp", "OP", "OP_FORCES", "OP_VIRIAL", "SPEC_LJ", "lennard_jones", "lennard_jones_forces",
+           "lennard_jones_virial"]

@@ -195,7 +195,8 @@ def test_forces_only_same_forces_nan_sums(name, ghosts):
     """``forces_only`` (a step whose energy nobody reads): the forces bit for bit as the full
     call's, for every way to a half list (filtered, built, packed or arrays, and a list without
     a canonical order: the kernel's non-final path), with and without ghost points; energy,
-    virial and per-atom energies NaN; the next full call unchanged."""
+    virial and per-atom energies NaN; ``virial_only`` (npt's steps without output): the forces
+    and the virial bit for bit, energies NaN; the next full call unchanged."""
     pos, cell, pbc, numbers, two = _case(name)
     p, c, b, z = to_t(pos, cell, pbc, numbers, torch.float64)
     nq = len(pos) - max(1, len(pos) // 5) if ghosts else None
@@ -210,19 +211,54 @@ def test_forces_only_same_forces_nan_sums(name, ghosts):
         assert torch.equal(got["forces"], ref["forces"]), kind
         assert torch.isnan(got["energy"]) and torch.isnan(got["virial"]).all(), kind
         assert torch.isnan(got["energies"]).all() and got["energies"].shape == ref["energies"].shape, kind
+        lj.virial_only = True   # npt's steps without output: the virial too, the same bits
+        vir = lj.compute(p, c, b, z, nl)
+        lj.virial_only = False
+        assert torch.equal(vir["forces"], ref["forces"]) and torch.equal(vir["virial"], ref["virial"]), kind
+        assert torch.isnan(vir["energy"]) and torch.isnan(vir["energies"]).all(), kind
         again = lj.compute(p, c, b, z, nl)
         for k in ref:
             assert torch.equal(again[k], ref[k]), (kind, k)
 
 
-def _lj_sim(tmp_path, tag, steps=24):
+def _lj_sim(tmp_path, tag, steps=24, extra=()):
     from shardmd.engine.config import compose_config
     from shardmd.engine.simulation import Simulation
 
     return Simulation(compose_config([
         "model=lj", "system.repeat=[3,3,3]", f"steps={steps}", "thermo.every=8", "trajectory.every=0",
         "checkpoint.every=0", "quiet=true", "threads=1", "temperature=200", "dt=5", "neighbor.skin=0.6",
-        f"output={tmp_path / (tag + '.h5')}"]))
+        f"output={tmp_path / (tag + '.h5')}", *extra]))
+
+
+def test_engine_npt_virial_only_steps_change_no_bit(tmp_path, monkeypatch):
+    """Under npt (tri: every virial component drives the cell) the loop asks LJ for forces and
+    virial without the energy on steps with no output due: positions, velocities, cell and the
+    thermo at output steps bit for bit as a run that sums everything at every step."""
+    from shardmd.engine.simulation import Simulation
+
+    npt = ("integrator=npt", "integrator.couple=tri", "integrator.pressure=5000", "integrator.pdamp=500",
+           "integrator.tdamp=100")
+    calls = []
+    lazy = _lj_sim(tmp_path, "lazy", extra=npt)
+    cell0 = lazy.state.cell.clone()
+    compute = lazy.model.lj.compute
+
+    def spy(*a, **kw):
+        calls.append((lazy.model.lj.forces_only, lazy.model.lj.virial_only))
+        return compute(*a, **kw)
+
+    monkeypatch.setattr(lazy.model.lj, "compute", spy)
+    obs_lazy = lazy.run()
+    assert calls.count((False, True)) >= 18 and calls.count((False, False)) >= 3, calls
+    full = _lj_sim(tmp_path, "full", extra=npt)
+    monkeypatch.setattr(Simulation, "_output_due", lambda self, step: True)
+    obs_full = full.run()
+    assert not torch.equal(full.state.cell, cell0)   # the barostat moved the cell
+    for key in ("positions", "velocities", "forces", "cell"):
+        assert torch.equal(getattr(lazy.state, key), getattr(full.state, key)), key
+    for key in ("potential_energy", "kinetic_energy", "pressure", "volume"):
+        assert obs_lazy[key] == obs_full[key], key
 
 
 def test_engine_forces_only_steps_change_no_bit(tmp_path, monkeypatch):
