@@ -36,6 +36,12 @@ are in docs/design.md, "Trajectories: crash safety and write errors"):
   and rows of an interrupted frame read as fill values (step -1, time NaN) at which they stop.
   ``write_observables`` does the same per observable. ``mode="a"`` shrinks every element to
   its committed rows first. Files use HDF5's default (earliest) format: no SWMR.
+* ``mode="a"`` never opens for writing a file whose bytes reach past the end-of-allocation
+  address in its superblock (what a kill inside a flush, or a failed write, leaves: HDF5
+  would allocate over those bytes, which may be live metadata), nor gives up on one whose
+  ``"r+"`` reopen fails while it still opens read-only: it rebuilds the file from its
+  read-only view (every frame and observable row that counts) and appends to that, with a
+  one-line :class:`TrajectoryRebuilt` warning (:mod:`shardmd.engine.h5md_salvage`).
 * The file has no raw-data chunk cache and the writer holds its dataset handles, so every
   write fails inside the call that makes it. Any HDF5/OS error raises a one-line
   :class:`~shardmd.engine.errors.OutputError` (exit status 4) and poisons the writer: HDF5's
@@ -47,6 +53,7 @@ are in docs/design.md, "Trajectories: crash safety and write errors"):
 from __future__ import annotations
 
 import os
+import warnings
 from contextlib import contextmanager
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -82,10 +89,24 @@ from shardmd.engine.h5md_read import (  # noqa: F401  (re-exported reader API)
     read_observables,
     valid_rows,
 )
+from shardmd.engine.h5md_salvage import FileBusy, Unreadable, rebuild, tail_past_eoa
 from shardmd.engine.h5md_units import element_factor, write_units_module
-from shardmd.engine.safe_io import IO_ERRORS, check_output_path, fence_fd, free_bytes, output_error
+from shardmd.engine.safe_io import (
+    IO_ERRORS,
+    check_output_path,
+    fence_fd,
+    free_bytes,
+    os_reason,
+    output_error,
+)
 
-__all__ = ["H5MDWriter", "read_frames", "iter_frames", "read_observables", "file_summary"]
+__all__ = ["H5MDWriter", "TrajectoryRebuilt", "read_frames", "iter_frames", "read_observables",
+           "file_summary"]
+
+
+class TrajectoryRebuilt(UserWarning):
+    """``H5MDWriter(mode="a")`` rebuilt a file a killed writer had left unsafe to append to
+    (one line: why, and how many frames were kept; see :mod:`shardmd.engine.h5md_salvage`)."""
 
 class H5MDWriter:
     """Append-only H5MD 1.1 trajectory writer (see the module docstring for the layout).
@@ -111,10 +132,14 @@ class H5MDWriter:
         an interrupted frame are dropped, and fields missing from the file are added
         (their groups start at the next frame).  A restart from a checkpoint at step S
         should then call ``truncate_after(S)``, which also drops observable rows written
-        after S (they may lie beyond the last frame).
+        after S (they may lie beyond the last frame).  A file a killed writer left unsafe to
+        reopen for writing is first rebuilt from its read-only view (``rebuilt`` then holds
+        the one-line report, also given as a :class:`TrajectoryRebuilt` warning).
 
     Errors.  A path that is a directory, or whose directory does not exist, or (``mode="a"``)
     a file that is not a ShardMD trajectory: :class:`~shardmd.engine.errors.UserError`.
+    ``mode="a"`` on a file that does not open even read-only, or whose rebuild cannot be
+    written (the file is then unchanged): OutputError.
     Any OS/HDF5 failure while creating, writing, truncating, flushing or closing:
     :class:`~shardmd.engine.errors.OutputError` (exit status 4), one line with the path,
     the OS reason and the last intact step.  The first such failure poisons the writer
@@ -167,6 +192,29 @@ class H5MDWriter:
         self.mode = mode
         self._last_step: int | None = None
         self._fd: int | None = None
+        #: the one-line report when ``mode="a"`` had to rebuild the file (None otherwise)
+        self.rebuilt: str | None = None
+        self._open_failed: str | None = None
+        if mode == "a":
+            tail = tail_past_eoa(self.path)
+            if tail is not None:  # a killed writer's bytes past the EOA: "r+" would allocate over them
+                self._salvage(f"{tail[0] - tail[1]} bytes past HDF5's end of allocation, left by a writer "
+                              "killed or failed mid-write, which an append would overwrite", None)
+            else:
+                try:
+                    self._open(mode, config, author, creator, creator_version)
+                    return
+                except OutputError as exc:
+                    if self._open_failed is None:
+                        raise
+                    self._failed, self._fd = None, None
+                    self._salvage(f"reopening it for append failed: {self._open_failed}", exc)
+        self._open(mode, config, author, creator, creator_version)
+
+    def _open(self, mode: str, config, author, creator, creator_version) -> None:
+        """Open (mode "w": create; "a": "r+") and set up the file; one-line errors.  When an
+        "r+" open or its setup fails on an HDF5/OS error, ``_open_failed`` says why."""
+        self._open_failed = None
         try:
             # rdcc_nbytes=0: no raw-data chunk cache, so every chunk write happens (and fails)
             # inside the call that makes it, never later in a dataset close whose error h5py
@@ -174,8 +222,9 @@ class H5MDWriter:
             self._f = h5py.File(self.path, "w" if mode == "w" else "r+", rdcc_nbytes=0)
         except IO_ERRORS as exc:
             if "unable to lock file" in str(exc).lower():   # HDF5's lock: another process has it open
-                raise UserError(f"output {self.path!r} is open in another running process (HDF5 file lock); "
-                                "wait for that run to end or stop it, or choose another output=") from None
+                raise self._busy() from None
+            if mode == "a":
+                self._open_failed = os_reason(exc)
             raise output_error("create trajectory" if mode == "w" else "reopen trajectory",
                                self.path, exc) from None
         self._fd = self._vfd_handle()
@@ -184,8 +233,18 @@ class H5MDWriter:
                 if mode == "w":
                     self._create(config, author, creator, creator_version)
                 else:
-                    self._reopen(config)
-                self._f.flush()
+                    try:
+                        self._reopen(config)
+                        self._f.flush()  # the reopen's first metadata flush
+                    except TypeError as exc:  # metadata read back as garbage (a null dataspace)
+                        self._open_failed = f"damaged metadata ({' '.join(str(exc).split())})"
+                        raise self._poison("reopen", None, reason=self._open_failed,
+                                           fix="move it away or choose another output=") from None
+                    except IO_ERRORS as exc:
+                        self._open_failed = os_reason(exc)
+                        raise
+                if mode == "w":
+                    self._f.flush()
         except KeyError as exc:  # mode "a": an HDF5 file without our groups
             self._abandon()
             if mode != "a":
@@ -195,6 +254,37 @@ class H5MDWriter:
         except BaseException:
             self._abandon()
             raise
+
+    def _busy(self) -> UserError:
+        return UserError(f"output {self.path!r} is open in another running process (HDF5 file lock); "
+                         "wait for that run to end or stop it, or choose another output=")
+
+    def _salvage(self, why: str, first: OutputError | None) -> None:
+        """Rebuild the file from its read-only view (:mod:`shardmd.engine.h5md_salvage`) and
+        report it in one line (``self.rebuilt``, and a :class:`TrajectoryRebuilt` warning).
+
+        Errors, one line each, the file unchanged: another process holds it (UserError);
+        it does not open read-only either (``first``, the reopen's own error, or one naming
+        the read failure); the new file cannot be written (OutputError naming the OS reason).
+        """
+        try:
+            report = rebuild(self.path)
+        except FileBusy:
+            raise self._busy() from None
+        except KeyError as exc:
+            raise UserError(f"trajectory {self.path!r} is an HDF5 file but not a ShardMD/H5MD trajectory "
+                            f"({' '.join(str(exc).split())}); move it away or choose another output=") from None
+        except Unreadable as exc:
+            if first is not None:
+                raise first from None
+            raise output_error("reopen trajectory", self.path, exc.cause,
+                               fix="move it away or choose another output=",
+                               tail=f"it does not open read-only either ({why})") from None
+        except IO_ERRORS as exc:
+            raise output_error("rebuild trajectory", self.path, exc,
+                               tail=f"the file was not changed; it needed a rebuild: {why}") from None
+        self.rebuilt = report.line(self.path, why)
+        warnings.warn(self.rebuilt, TrajectoryRebuilt, stacklevel=3)
 
     def _vfd_handle(self) -> int | None:
         try:
@@ -292,7 +382,13 @@ class H5MDWriter:
         for name, rows in frame_extent(elements).items():
             _resize(elements[name], rows)
         if "observables" in f:
-            for g in f["observables"].values():
+            obs = f["observables"]
+            for name in obs:
+                try:
+                    g = obs[name]
+                except KeyError as exc:  # listed but its header unreadable (a killed writer's)
+                    raise OSError(f"observable {name!r} cannot be opened: "
+                                  f"{' '.join(str(exc).split())}") from None
                 _resize(g, valid_rows(g))
         for name in self.fields:
             if name not in p:

@@ -1,0 +1,250 @@
+"""Appending to a trajectory that a killed writer left unsafe to reopen for writing
+(engine/h5md_salvage.py, H5MDWriter(mode="a")).
+
+The damaged files are real HDF5 states, made with HDF5 itself, no mocks.  HDF5 writes a
+flush's metadata in address order and the superblock (which holds the end-of-allocation
+address, EOA) last (seen with strace on a real writer); a kill between the two leaves
+metadata past the stored EOA.  ``killed_before_superblock`` makes exactly that state: a
+new observable group created and flushed, then the superblock of the previous flush put
+back.  Read-only, HDF5 opens the file and our reader counts every frame; opened "r+", HDF5
+cannot open the new group ("len not positive after adjustment for EOA") and the earlier
+writer died in its reopen with a TypeError; and the first allocations of an append would
+land on the bytes past the EOA.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+
+from shardmd.engine.errors import OutputError, UserError
+from shardmd.engine.h5md import H5MDWriter, TrajectoryRebuilt, read_frames, read_observables
+from shardmd.engine.h5md_layout import ROW_CHUNK, _create_element
+from shardmd.engine.h5md_salvage import stored_eoa, tail_past_eoa
+
+HELPER = Path(__file__).parent / "helpers" / "h5md_writer_loop.py"
+_spec = importlib.util.spec_from_file_location("h5md_writer_loop", HELPER)
+loop = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(loop)
+
+N = 200
+ELEMENTS = ("position", "image", "velocity", "force", "box/edges")
+SB = 96  # bytes of a version-0 superblock with 8-byte addresses (root symbol table entry included)
+
+
+def writer(path, mode="w", **kw) -> H5MDWriter:
+    species, masses, ids = loop.system(N)
+    return H5MDWriter(path, species=species, masses=masses, ids=ids, pbc=[True, True, False],
+                      dtype="float32", config={"run": {"n_atoms": N}}, mode=mode, **kw)
+
+
+def write(w: H5MDWriter, step: int) -> None:
+    d = loop.frame_data(step, N)
+    w.write_observables(step, step * loop.DT_FS, {"potential_energy": d["potential_energy"]})
+    w.write_frame(step, step * loop.DT_FS, d["cell"], positions=d["positions"], images=d["images"],
+                  velocities=d["velocities"], forces=d["forces"])
+
+
+def raw(path) -> dict[str, tuple[np.ndarray, ...]]:
+    """Every element's step, time and value rows, and the observables, as stored."""
+    with h5py.File(path, "r", locking=False) as f:
+        out = {n: tuple(f[f"particles/all/{n}/{ds}"][()] for ds in ("step", "time", "value"))
+               for n in ELEMENTS}
+        out["obs"] = tuple(f[f"observables/potential_energy/{ds}"][()] for ds in ("step", "time", "value"))
+    return out
+
+
+def killed_before_superblock(path: Path, frames: int) -> dict:
+    """A trajectory of ``frames`` frames (steps 0, 10, ...), then the state a kill leaves after
+    HDF5 wrote a flush's metadata (a new observable group) but not its superblock.
+    Returns the rows of the frames (as stored) from before the damage."""
+    with writer(path) as w:
+        for k in range(frames):
+            write(w, loop.STRIDE * k)
+    before = raw(path)
+    superblock = path.read_bytes()[:SB]
+    with h5py.File(path, "r+", rdcc_nbytes=0) as f:   # phase 1 of a new observable's first row
+        g = _create_element(f["observables"], "temperature", (), np.float64, "K", (ROW_CHUNK,))
+        for ds, v in (("value", 300.0), ("time", frames * loop.STRIDE * loop.DT_FS)):
+            g[ds].resize((1,))
+            g[ds][0] = v
+        f.flush()
+        damaged = bytearray(path.read_bytes())
+    damaged[:SB] = superblock  # the kill came before HDF5 wrote the superblock
+    path.write_bytes(bytes(damaged))
+    return before
+
+
+def assert_rows_equal(path, before: dict, frames: int) -> None:
+    after = raw(path)
+    for name in (*ELEMENTS, "obs"):
+        for a, b in zip(after[name], before[name]):
+            assert a.dtype == b.dtype
+            assert np.array_equal(a[:frames], b[:frames]), name  # bit for bit (no NaN in these rows)
+
+
+def test_append_after_a_kill_before_the_superblock(tmp_path):
+    path = tmp_path / "run.h5"
+    frames = 7
+    before = killed_before_superblock(path, frames)
+    # the damage: bytes past the stored EOA; read-only the frames are all there
+    size, eoa = tail_past_eoa(path)
+    assert size > eoa == stored_eoa(path)
+    assert [a.info["step"] for a in read_frames(path)] == [loop.STRIDE * k for k in range(frames)]
+    with h5py.File(path, "r") as f, pytest.raises(KeyError, match="EOA"):
+        f["observables/temperature"]  # its header lies past the EOA
+    original = path.read_bytes()
+
+    with pytest.warns(TrajectoryRebuilt) as rec:
+        w = writer(path, mode="a")
+    assert len(rec) == 1
+    line = str(rec[0].message)
+    assert "\n" not in line and w.rebuilt == line
+    assert f"kept {frames} complete frames" in line and "past HDF5's end of allocation" in line
+    # the new group could not be read: the original's bytes are kept, by a clear name
+    assert "observable 'temperature'" in line and f"{path}.damaged-1" in line
+    assert Path(f"{path}.damaged-1").read_bytes() == original
+    assert tail_past_eoa(path) is None
+    assert w.n_frames == frames and w.last_step == loop.STRIDE * (frames - 1)
+    new = [loop.STRIDE * k for k in range(frames, frames + 3)]
+    with w:
+        for step in new:
+            write(w, step)
+    assert sorted(os.listdir(tmp_path)) == ["run.h5", "run.h5.damaged-1"]  # no leftover
+
+    steps = [loop.STRIDE * k for k in range(frames)] + new
+    assert_rows_equal(path, before, frames)
+    back = read_frames(path)
+    assert [a.info["step"] for a in back] == steps  # no gap, no duplicate
+    for a in back[frames:]:
+        d = loop.frame_data(a.info["step"], N)
+        assert np.array_equal(a.positions, d["positions"].astype(np.float32).astype(np.float64))
+    obs_steps, _, obs_values = read_observables(path)["potential_energy"]
+    assert list(obs_steps) == steps
+    assert np.array_equal(obs_values[:frames], before["obs"][2])
+    # a third-party reader: MDAnalysis keeps float32, the file's own precision: bit for bit
+    mda = pytest.importorskip("MDAnalysis")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        u = mda.Universe(str(path), format="H5MD", topology_format="MINIMAL", n_atoms=N)
+    assert u.trajectory.n_frames == len(steps)
+    for k, ts in enumerate(u.trajectory):
+        assert ts.data["step"] == steps[k]
+        if k < frames:
+            assert np.array_equal(ts.positions, before["position"][2][k])
+    u.trajectory.close()
+
+
+def test_append_when_the_reopen_fails_on_a_cut_file(tmp_path):
+    """The same damage with the file cut at its stored EOA (its tail lost): nothing lies past
+    the EOA, "r+" opens, and the append's reopen fails on the observable whose header is
+    gone; the file is rebuilt from the read-only view all the same."""
+    path = tmp_path / "cut.h5"
+    frames = 4
+    before = killed_before_superblock(path, frames)
+    os.truncate(path, stored_eoa(path))
+    assert tail_past_eoa(path) is None
+    assert len(read_frames(path)) == frames
+    with pytest.warns(TrajectoryRebuilt, match=f"reopening it for append failed: observable 'temperature' "
+                      f"cannot be opened.*kept {frames} complete frames"):
+        w = writer(path, mode="a")
+    with w:
+        write(w, loop.STRIDE * frames)
+    assert_rows_equal(path, before, frames)
+    assert [a.info["step"] for a in read_frames(path)] == [loop.STRIDE * k for k in range(frames + 1)]
+
+
+def test_a_killed_frame_is_dropped_and_the_original_not_kept(tmp_path):
+    """A kill between a frame's chunk writes and its flush (the common case: about half the
+    moments of a write loop): bytes of the unfinished frame past the EOA.  Every counted row is
+    copied, so the original is not kept."""
+    path = tmp_path / "k.h5"
+    with writer(path) as w:
+        for k in range(3):
+            write(w, loop.STRIDE * k)
+    before = raw(path)
+    superblock = path.read_bytes()[:SB]
+    with h5py.File(path, "r+", rdcc_nbytes=0) as f:  # a new chunk row of frame 3, unflushed
+        v = f["particles/all/position/value"]
+        row = v.chunks[0] * (v.shape[0] // v.chunks[0] + 1)  # the first row of a new chunk
+        v.resize((row + 1, *v.shape[1:]))
+        v[row] = 1.0
+        f.flush()
+        damaged = bytearray(path.read_bytes())
+    damaged[:SB] = superblock
+    path.write_bytes(bytes(damaged))
+    assert tail_past_eoa(path) is not None
+    with pytest.warns(TrajectoryRebuilt, match="kept 3 complete frames and 3 observable rows; the bytes "
+                      "dropped held no complete frame"):
+        w = writer(path, mode="a")
+    with w:
+        write(w, 30)
+    assert os.listdir(tmp_path) == ["k.h5"]
+    assert_rows_equal(path, before, 3)
+    assert [a.info["step"] for a in read_frames(path)] == [0, 10, 20, 30]
+
+
+def test_files_that_cannot_be_read_keep_their_one_line_errors(tmp_path):
+    bad = tmp_path / "notes.h5"
+    bad.write_text("not an HDF5 file\n" * 100)
+    with pytest.raises(UserError, match="not an HDF5 file") as e:
+        writer(bad, mode="a")
+    assert "\n" not in str(e.value) and "output=" in str(e.value)
+    # an HDF5 file cut short: it opens neither way; the error names the problem, the file stays
+    cut = tmp_path / "cut.h5"
+    with writer(cut) as w:
+        for k in range(3):
+            write(w, loop.STRIDE * k)
+    os.truncate(cut, cut.stat().st_size - 4096)
+    original = cut.read_bytes()
+    with pytest.raises(OutputError, match="truncated file") as e:
+        writer(cut, mode="a")
+    assert "\n" not in str(e.value) and "output=" in str(e.value)
+    assert cut.read_bytes() == original and sorted(os.listdir(tmp_path)) == ["cut.h5", "notes.h5"]
+
+
+_NO_WRITE = """
+import sys
+sys.path.insert(0, {tests!r})
+import test_h5md_salvage as t
+from shardmd.engine.errors import OutputError
+try:
+    t.writer({path!r}, mode="a")
+except OutputError as exc:
+    print("ERROR", exc)
+"""
+
+
+def test_unwritable_directory_gives_one_line_and_leaves_the_file(tmp_path):
+    """The rebuild cannot create its file: one-line OutputError, the original untouched."""
+    d = tmp_path / "ro"
+    d.mkdir()
+    path = d / "run.h5"
+    killed_before_superblock(path, 3)
+    original = path.read_bytes()
+    d.chmod(0o555)
+    cmd = [sys.executable, "-c", _NO_WRITE.format(tests=str(Path(__file__).parent), path=str(path))]
+    if os.geteuid() == 0:  # root writes anywhere: drop the capabilities that bypass permissions
+        if shutil.which("setpriv") is None:
+            pytest.skip("running as root without setpriv")
+        cmd = ["setpriv", "--bounding-set=-dac_override,-dac_read_search", "--inh-caps=-all", *cmd]
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=120,
+                           cwd=Path(__file__).parents[1])
+    finally:
+        d.chmod(0o755)
+    out = r.stdout.strip()
+    assert r.returncode == 0 and out.startswith("ERROR "), (out, r.stderr[-2000:])
+    assert "\n" not in out
+    assert f"cannot rebuild trajectory {str(path)!r}: Permission denied" in out
+    assert "make the directory writable or choose another output=" in out
+    assert "the file was not changed" in out
+    assert path.read_bytes() == original and os.listdir(d) == ["run.h5"]
