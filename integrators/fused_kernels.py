@@ -53,35 +53,56 @@ def words(c: f64, lo_scale: f64):
     return wp.int64(h), wp.int64(wp.rint((c - h) * lo_scale))   # rint: half to even, as torch.round
 
 
+vec12l = wp.types.vector(length=12, dtype=wp.int64)
+
+
+@wp.func
+def add_tensor_words(s: vec12l, vx: f64, vy: f64, vz: f64, m: f64, lo_scale: f64):
+    # the words of (v_a v_b) m, xx yy zz xy xz yz, added to s (high words 0-5, low words 6-11)
+    r = s
+    h, lo = words((vx * vx) * m, lo_scale)
+    r[0] += h
+    r[6] += lo
+    h, lo = words((vy * vy) * m, lo_scale)
+    r[1] += h
+    r[7] += lo
+    h, lo = words((vz * vz) * m, lo_scale)
+    r[2] += h
+    r[8] += lo
+    h, lo = words((vx * vy) * m, lo_scale)
+    r[3] += h
+    r[9] += lo
+    h, lo = words((vx * vz) * m, lo_scale)
+    r[4] += h
+    r[10] += lo
+    h, lo = words((vy * vz) * m, lo_scale)
+    r[5] += h
+    r[11] += lo
+    return r
+
+
+@wp.func
+def mv2_words(vx: f64, vy: f64, vz: f64, m: f64, scale: f64, hi_scale: f64, lo_scale: f64):
+    # the words of ((m ((vx vx + vy vy) + vz vz)) scale) hi_scale
+    a = vx * vx
+    b = vy * vy
+    c = vz * vz
+    x = a + b
+    x = x + c
+    x = m * x
+    x = x * scale
+    x = x * hi_scale
+    return words(x, lo_scale)
+
+
 @wp.kernel(enable_backward=False)
 def kinetic_tensor(v: wp.array2d(dtype=f64), m: wp.array(dtype=f64), n: int, lo_scale: f64,
                    out: wp.array2d(dtype=wp.int64)):
     # exact_kinetic_tensor's words of (v_a v_b) m, xx yy zz xy xz yz, summed over a chunk
     t = wp.tid()
-    s = wp.vector(wp.int64(0), length=12, dtype=wp.int64)
+    s = vec12l(wp.int64(0))
     for i in range(t * CHUNK, wp.min(t * CHUNK + CHUNK, n)):
-        vx = v[i, 0]
-        vy = v[i, 1]
-        vz = v[i, 2]
-        mi = m[i]
-        h, lo = words((vx * vx) * mi, lo_scale)
-        s[0] += h
-        s[6] += lo
-        h, lo = words((vy * vy) * mi, lo_scale)
-        s[1] += h
-        s[7] += lo
-        h, lo = words((vz * vz) * mi, lo_scale)
-        s[2] += h
-        s[8] += lo
-        h, lo = words((vx * vy) * mi, lo_scale)
-        s[3] += h
-        s[9] += lo
-        h, lo = words((vx * vz) * mi, lo_scale)
-        s[4] += h
-        s[10] += lo
-        h, lo = words((vy * vz) * mi, lo_scale)
-        s[5] += h
-        s[11] += lo
+        s = add_tensor_words(s, v[i, 0], v[i, 1], v[i, 2], m[i], lo_scale)
     for k in range(12):
         out[t, k] = s[k]
 
@@ -94,18 +115,7 @@ def mv2(v: wp.array2d(dtype=f64), m: wp.array(dtype=f64), n: int, scale: f64, hi
     sh = wp.int64(0)
     sl = wp.int64(0)
     for i in range(t * CHUNK, wp.min(t * CHUNK + CHUNK, n)):
-        vx = v[i, 0]
-        vy = v[i, 1]
-        vz = v[i, 2]
-        a = vx * vx
-        b = vy * vy
-        c = vz * vz
-        x = a + b
-        x = x + c
-        x = m[i] * x
-        x = x * scale
-        x = x * hi_scale
-        h, lo = words(x, lo_scale)
+        h, lo = mv2_words(v[i, 0], v[i, 1], v[i, 2], m[i], scale, hi_scale, lo_scale)
         sh += h
         sl += lo
     out[t, 0] = sh
@@ -181,7 +191,7 @@ def kick_press_measure(v: wp.array2d(dtype=f64), f: wp.array2d(dtype=f64), m: wp
     # second_half: the half kick, _v_press, then the words of the kinetic tensor (tensor != 0, as
     # kinetic_tensor with m mscale) or of m v^2 (as mv2), summed over the chunk
     t = wp.tid()
-    s = wp.vector(wp.int64(0), length=12, dtype=wp.int64)
+    s = vec12l(wp.int64(0))
     for i in range(t * CHUNK, wp.min(t * CHUNK + CHUNK, n)):
         mi = m[i]
         vx, vy, vz = press(kick(v[i, 0], f[i, 0], mi, alpha), kick(v[i, 1], f[i, 1], mi, alpha),
@@ -190,35 +200,9 @@ def kick_press_measure(v: wp.array2d(dtype=f64), f: wp.array2d(dtype=f64), m: wp
         v[i, 1] = vy
         v[i, 2] = vz
         if tensor != 0:
-            ms = mi * mscale
-            h, lo = words((vx * vx) * ms, lo_scale)
-            s[0] += h
-            s[6] += lo
-            h, lo = words((vy * vy) * ms, lo_scale)
-            s[1] += h
-            s[7] += lo
-            h, lo = words((vz * vz) * ms, lo_scale)
-            s[2] += h
-            s[8] += lo
-            h, lo = words((vx * vy) * ms, lo_scale)
-            s[3] += h
-            s[9] += lo
-            h, lo = words((vx * vz) * ms, lo_scale)
-            s[4] += h
-            s[10] += lo
-            h, lo = words((vy * vz) * ms, lo_scale)
-            s[5] += h
-            s[11] += lo
+            s = add_tensor_words(s, vx, vy, vz, mi * mscale, lo_scale)
         else:
-            a = vx * vx
-            b = vy * vy
-            c = vz * vz
-            x = a + b
-            x = x + c
-            x = mi * x
-            x = x * scale
-            x = x * hi_scale
-            h, lo = words(x, lo_scale)
+            h, lo = mv2_words(vx, vy, vz, mi, scale, hi_scale, lo_scale)
             s[0] += h
             s[1] += lo
     for k in range(12):
