@@ -108,6 +108,7 @@ class TrajectoryRebuilt(UserWarning):
     """``H5MDWriter(mode="a")`` rebuilt a file a killed writer had left unsafe to append to
     (one line: why, and how many frames were kept; see :mod:`shardmd.engine.h5md_salvage`)."""
 
+
 class H5MDWriter:
     """Append-only H5MD 1.1 trajectory writer (see the module docstring for the layout).
 

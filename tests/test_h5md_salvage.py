@@ -16,6 +16,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
+import struct
 import subprocess
 import sys
 import warnings
@@ -81,6 +82,22 @@ def killed_before_superblock(path: Path, frames: int) -> dict:
     damaged[:SB] = superblock  # the kill came before HDF5 wrote the superblock
     path.write_bytes(bytes(damaged))
     return before
+
+
+def killed_in_a_frame(path: Path, element: str = "position") -> None:
+    """The state of a kill after the next frame's first row of a new chunk of ``element`` was
+    written (past the EOA) and HDF5 flushed its metadata, but not the superblock."""
+    superblock = path.read_bytes()[:SB]
+    with h5py.File(path, "r+", rdcc_nbytes=0) as f:
+        v = f[f"particles/all/{element}/value"]
+        row = v.chunks[0] * (v.shape[0] // v.chunks[0] + 1)  # the first row of a new chunk
+        v.resize((row + 1, *v.shape[1:]))
+        v[row] = 1.0
+        f.flush()
+        damaged = bytearray(path.read_bytes())
+    damaged[:SB] = superblock
+    path.write_bytes(bytes(damaged))
+    assert tail_past_eoa(path) is not None
 
 
 def assert_rows_equal(path, before: dict, frames: int) -> None:
@@ -171,17 +188,7 @@ def test_a_killed_frame_is_dropped_and_the_original_not_kept(tmp_path):
         for k in range(3):
             write(w, loop.STRIDE * k)
     before = raw(path)
-    superblock = path.read_bytes()[:SB]
-    with h5py.File(path, "r+", rdcc_nbytes=0) as f:  # a new chunk row of frame 3, unflushed
-        v = f["particles/all/position/value"]
-        row = v.chunks[0] * (v.shape[0] // v.chunks[0] + 1)  # the first row of a new chunk
-        v.resize((row + 1, *v.shape[1:]))
-        v[row] = 1.0
-        f.flush()
-        damaged = bytearray(path.read_bytes())
-    damaged[:SB] = superblock
-    path.write_bytes(bytes(damaged))
-    assert tail_past_eoa(path) is not None
+    killed_in_a_frame(path)
     with pytest.warns(TrajectoryRebuilt, match="kept 3 complete frames and 3 observable rows; the bytes "
                       "dropped held no complete frame"):
         w = writer(path, mode="a")
@@ -190,6 +197,43 @@ def test_a_killed_frame_is_dropped_and_the_original_not_kept(tmp_path):
     assert os.listdir(tmp_path) == ["k.h5"]
     assert_rows_equal(path, before, 3)
     assert [a.info["step"] for a in read_frames(path)] == [0, 10, 20, 30]
+
+
+def test_frames_that_cannot_be_read_are_cut_and_the_original_kept(tmp_path):
+    """A committed frame whose chunk cannot be read (its address in the chunk B-tree points
+    past the file: HDF5 'addr overflow'): the rebuild keeps the frames before it, says which
+    were lost, and keeps the original's bytes."""
+    path = tmp_path / "c.h5"
+    frames = 30
+    with writer(path) as w:
+        for k in range(frames):
+            write(w, loop.STRIDE * k)
+    before = raw(path)
+    with h5py.File(path, "r") as f:
+        d = f["particles/all/position/value"]
+        per_chunk = d.chunks[0]
+        address = d.id.get_chunk_info(1).byte_offset  # the chunk of frames per_chunk, ...
+    assert per_chunk < frames
+    data = bytearray(path.read_bytes())
+    old = struct.pack("<Q", address)
+    assert data.count(old) == 1  # its entry in the B-tree node
+    i = data.index(old)
+    data[i:i + 8] = struct.pack("<Q", 1 << 40)
+    path.write_bytes(bytes(data))
+    killed_in_a_frame(path, "force")
+    original = path.read_bytes()
+    with pytest.warns(TrajectoryRebuilt) as rec:
+        w = writer(path, mode="a")
+    line = str(rec[0].message)
+    assert f"kept {per_chunk} of {frames} complete frames" in line
+    assert f"could not read frames from step {loop.STRIDE * per_chunk}" in line
+    assert Path(f"{path}.damaged-1").read_bytes() == original
+    with w:
+        assert w.last_step == loop.STRIDE * (per_chunk - 1)
+        w.truncate_after(w.last_step)  # as a restart does: observable rows after it go too
+        write(w, loop.STRIDE * per_chunk)
+    assert_rows_equal(path, before, per_chunk)
+    assert [a.info["step"] for a in read_frames(path)] == [loop.STRIDE * k for k in range(per_chunk + 1)]
 
 
 def test_files_that_cannot_be_read_keep_their_one_line_errors(tmp_path):
@@ -209,6 +253,27 @@ def test_files_that_cannot_be_read_keep_their_one_line_errors(tmp_path):
         writer(cut, mode="a")
     assert "\n" not in str(e.value) and "output=" in str(e.value)
     assert cut.read_bytes() == original and sorted(os.listdir(tmp_path)) == ["cut.h5", "notes.h5"]
+
+
+def test_a_file_another_process_holds_is_not_rebuilt(tmp_path):
+    """Bytes past the EOA while the file is locked (a writer still running, mid-frame): the
+    existing one-line 'open in another running process' error, the file untouched."""
+    import fcntl
+
+    path = tmp_path / "busy.h5"
+    with writer(path) as w:
+        write(w, 0)
+    killed_in_a_frame(path)
+    original = path.read_bytes()
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # the lock HDF5 takes for writing
+        with pytest.raises(UserError, match="open in another running process") as e:
+            writer(path, mode="a")
+        assert "\n" not in str(e.value)
+    finally:
+        os.close(fd)
+    assert path.read_bytes() == original and os.listdir(tmp_path) == ["busy.h5"]
 
 
 _NO_WRITE = """
