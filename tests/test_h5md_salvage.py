@@ -63,6 +63,23 @@ def raw(path) -> dict[str, tuple[np.ndarray, ...]]:
     return out
 
 
+def tree(path) -> dict[str, tuple]:
+    """Every object's kind, dtype, chunks, maxshape, fill value and attributes (not shapes)."""
+    out = {}
+
+    def visit(name, obj):
+        attrs = tuple(sorted((k, repr(obj.attrs[k])) for k in obj.attrs))
+        if isinstance(obj, h5py.Dataset):
+            out[name] = ("dataset", obj.dtype.str, obj.chunks, obj.maxshape, repr(obj.fillvalue), attrs)
+        else:
+            out[name] = ("group", attrs)
+
+    with h5py.File(path, "r", locking=False) as f:
+        visit("/", f)
+        f.visititems(visit)
+    return out
+
+
 def killed_before_superblock(path: Path, frames: int) -> dict:
     """A trajectory of ``frames`` frames (steps 0, 10, ...), then the state a kill leaves after
     HDF5 wrote a flush's metadata (a new observable group) but not its superblock.
@@ -71,6 +88,7 @@ def killed_before_superblock(path: Path, frames: int) -> dict:
         for k in range(frames):
             write(w, loop.STRIDE * k)
     before = raw(path)
+    before["tree"] = tree(path)
     superblock = path.read_bytes()[:SB]
     with h5py.File(path, "r+", rdcc_nbytes=0) as f:   # phase 1 of a new observable's first row
         g = _create_element(f["observables"], "temperature", (), np.float64, "K", (ROW_CHUNK,))
@@ -139,6 +157,7 @@ def test_append_after_a_kill_before_the_superblock(tmp_path):
 
     steps = [loop.STRIDE * k for k in range(frames)] + new
     assert_rows_equal(path, before, frames)
+    assert tree(path) == before["tree"]  # groups, datasets (dtype, chunks, fill), attributes as they were
     back = read_frames(path)
     assert [a.info["step"] for a in back] == steps  # no gap, no duplicate
     for a in back[frames:]:
