@@ -308,8 +308,10 @@ class Simulation:
     def _open_writer(self) -> None:
         if self.cfg.trajectory.every <= 0:
             return
+        import warnings
+
         from . import __version__
-        from .h5md import H5MDWriter
+        from .h5md import H5MDWriter, TrajectoryRebuilt
 
         static = self.domain.gather(self.state, ("numbers", "masses"))
         if not self.comm.is_root:
@@ -317,15 +319,19 @@ class Simulation:
             return
         self.output_path.parent.mkdir(parents=True, exist_ok=True)
         try:
-            self.writer = H5MDWriter(
-                self.output_path, species=static["numbers"], masses=static["masses"].astype("float64"),
-                ids=static["ids"], pbc=self.state.pbc.cpu().numpy(), dtype=self.cfg.precision,
-                config=self.record(), fields=tuple(self.cfg.trajectory.fields),
-                creator="ShardMD", creator_version=__version__, mode="a" if self.checkpoint_in else "w",
-            )
+            with warnings.catch_warnings():   # a rebuilt file is said in the run's log instead (below)
+                warnings.simplefilter("ignore", TrajectoryRebuilt)
+                self.writer = H5MDWriter(
+                    self.output_path, species=static["numbers"], masses=static["masses"].astype("float64"),
+                    ids=static["ids"], pbc=self.state.pbc.cpu().numpy(), dtype=self.cfg.precision,
+                    config=self.record(), fields=tuple(self.cfg.trajectory.fields),
+                    creator="ShardMD", creator_version=__version__, mode="a" if self.checkpoint_in else "w",
+                )
         except ValueError as exc:   # a restart onto an output of another system
             raise UserError(f"output {str(self.output_path)!r} does not belong to this run ({exc}); give the "
                             "run's own output= or start fresh with another output=") from None
+        if self.writer.rebuilt:
+            self.reporter.line(self.writer.rebuilt)
         if self.checkpoint_in is not None:  # frames a dead run wrote after its checkpoint go
             self.writer.truncate_after(self.state.step)
 

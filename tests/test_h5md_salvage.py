@@ -332,3 +332,30 @@ def test_unwritable_directory_gives_one_line_and_leaves_the_file(tmp_path):
     assert "make the directory writable or choose another output=" in out
     assert "the file was not changed" in out
     assert path.read_bytes() == original and os.listdir(d) == ["run.h5"]
+
+
+def test_engine_restart_says_the_rebuild_in_its_log(tmp_path, capfd, monkeypatch):
+    """A restart (restart=auto) onto a trajectory left past its EOA: the run continues, its
+    log has the one-line report, no Python warning reaches stderr, and the frames run on
+    without gap or duplicate."""
+    from conftest import run_in_process
+
+    base = ["run", "model=lj", "system.repeat=[3,3,3]", "dt=2.0", "temperature=100", "trajectory.every=5",
+            "thermo.every=0", "quiet=true", "checkpoint.every=10", "threads=1", "output=run.h5"]
+    code, lines = run_in_process([*base, "steps=20"], tmp_path, capfd, monkeypatch)
+    assert code == 0, lines
+    path = tmp_path / "run.h5"
+    superblock = path.read_bytes()[:SB]
+    with h5py.File(path, "r+", rdcc_nbytes=0) as f:   # metadata of a flush whose superblock never came
+        _create_element(f["observables"], "extra", (), np.float64, "K", (ROW_CHUNK,))
+        f.flush()
+        damaged = bytearray(path.read_bytes())
+    damaged[:SB] = superblock
+    path.write_bytes(bytes(damaged))
+    assert tail_past_eoa(path) is not None
+    code, lines = run_in_process([*base, "steps=30", "restart=auto"], tmp_path, capfd, monkeypatch)
+    assert code == 0, lines
+    assert not any("rebuilt" in ln for ln in lines), lines   # said in the log, not as a warning
+    log = (tmp_path / "run.log").read_text()
+    assert "was rebuilt before appending" in log, log
+    assert [a.info["step"] for a in read_frames(path)] == list(range(0, 31, 5))
