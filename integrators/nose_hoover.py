@@ -112,6 +112,37 @@ def columns_sum_agrees(velocities: torch.Tensor) -> bool:
     return torch.equal((vv[:, 0] + vv[:, 1]) + vv[:, 2], vv.sum(1))
 
 
+def chain_inward(ed: list[float], edd: list[float], m: int, dt4: float, dt8: float) -> float:
+    """fix_nh's chain update before the scaling (nhc_temp_integrate and nhc_press_integrate
+    share it): links m-1 .. 1, then link 0 with its new force ``edd[0]``; ``ed`` has m + 1
+    entries (the last 0). Returns link 0's exp factor, which :func:`chain_outward` reuses."""
+    for i in range(m - 1, 0, -1):
+        expfac = math.exp(-dt8 * ed[i + 1])
+        ed[i] *= expfac
+        ed[i] += edd[i] * dt4
+        ed[i] *= expfac
+    expfac = math.exp(-dt8 * ed[1])
+    ed[0] *= expfac
+    ed[0] += edd[0] * dt4
+    ed[0] *= expfac
+    return expfac
+
+
+def chain_outward(ed: list[float], edd: list[float], q: list[float], m: int, kt: float, expfac: float,
+                  dt4: float, dt8: float) -> None:
+    """fix_nh's chain update after the scaling: link 0 (its force ``edd[0]`` recomputed by
+    the caller), then links 1 .. m-1 with their forces from the link below (masses ``q``)."""
+    ed[0] *= expfac
+    ed[0] += edd[0] * dt4
+    ed[0] *= expfac
+    for i in range(1, m):
+        expfac = math.exp(-dt8 * ed[i + 1])
+        ed[i] *= expfac
+        edd[i] = (q[i - 1] * ed[i - 1] * ed[i - 1] - kt) / q[i]
+        ed[i] += edd[i] * dt4
+        ed[i] *= expfac
+
+
 class NoseHoover:
     name = "nose-hoover"
     conserves_momentum = True
@@ -176,15 +207,7 @@ class NoseHoover:
         ed, edd, eta = self.eta_dot, self.eta_dotdot, self.eta
         kecurrent = self.dof * KB * self.t_current
         edd[0] = (kecurrent - ke_target) / q[0] if q[0] > 0 else 0.0
-        for i in range(m - 1, 0, -1):
-            expfac = math.exp(-dt8 * ed[i + 1])
-            ed[i] *= expfac
-            ed[i] += edd[i] * dt4
-            ed[i] *= expfac
-        expfac = math.exp(-dt8 * ed[1])
-        ed[0] *= expfac
-        ed[0] += edd[0] * dt4
-        ed[0] *= expfac
+        expfac = chain_inward(ed, edd, m, dt4, dt8)
         factor = math.exp(-dthalf * ed[0])
         velocities.mul_(factor)
         self.t_current *= factor * factor
@@ -192,15 +215,7 @@ class NoseHoover:
         edd[0] = (kecurrent - ke_target) / q[0] if q[0] > 0 else 0.0
         for i in range(m):
             eta[i] += dthalf * ed[i]
-        ed[0] *= expfac
-        ed[0] += edd[0] * dt4
-        ed[0] *= expfac
-        for i in range(1, m):
-            expfac = math.exp(-dt8 * ed[i + 1])
-            ed[i] *= expfac
-            edd[i] = (q[i - 1] * ed[i - 1] * ed[i - 1] - kt) / q[i]
-            ed[i] += edd[i] * dt4
-            ed[i] *= expfac
+        chain_outward(ed, edd, q, m, kt, expfac, dt4, dt8)
 
     # -- the step ------------------------------------------------------------------------
     def first_half(self, positions: torch.Tensor, velocities: torch.Tensor, forces: torch.Tensor,

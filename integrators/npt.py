@@ -72,7 +72,7 @@ from collections.abc import Callable
 import torch
 
 from . import fused
-from .nose_hoover import _HI, _LO, NoseHoover, Scratch, _identity
+from .nose_hoover import _HI, _LO, NoseHoover, Scratch, _identity, chain_inward, chain_outward
 from .units import FORCE_TO_ACCEL, KB, MVV_TO_EV
 
 COUPLINGS = ("iso", "aniso", "tri")
@@ -262,15 +262,7 @@ class NPT:
         kecurrent = sum(w[i] * od[i] * od[i] for i in flagged)
         lkt_press = kt if self.pstyle == "iso" else len(flagged) * kt
         edd[0] = (kecurrent - lkt_press) / q[0]
-        for i in range(m - 1, 0, -1):
-            expfac = math.exp(-dt8 * ed[i + 1])
-            ed[i] *= expfac
-            ed[i] += edd[i] * dt4
-            ed[i] *= expfac
-        expfac = math.exp(-dt8 * ed[1])
-        ed[0] *= expfac
-        ed[0] += edd[0] * dt4
-        ed[0] *= expfac
+        expfac = chain_inward(ed, edd, m, dt4, dt8)
         for i in range(m):
             eta[i] += dthalf * ed[i]
         factor = math.exp(-dthalf * ed[0])
@@ -278,15 +270,7 @@ class NPT:
             od[i] *= factor
         kecurrent = sum(w[i] * od[i] * od[i] for i in flagged)
         edd[0] = (kecurrent - lkt_press) / q[0]
-        ed[0] *= expfac
-        ed[0] += edd[0] * dt4
-        ed[0] *= expfac
-        for i in range(1, m):
-            expfac = math.exp(-dt8 * ed[i + 1])
-            ed[i] *= expfac
-            edd[i] = (q[i - 1] * ed[i - 1] * ed[i - 1] - kt) / q[i]
-            ed[i] += edd[i] * dt4
-            ed[i] *= expfac
+        chain_outward(ed, edd, q, m, kt, expfac, dt4, dt8)
 
     def _omega_dot(self) -> None:
         """nh_omega_dot() (no deviatoric target, drag 0)."""
