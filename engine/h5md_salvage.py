@@ -1,27 +1,12 @@
 """Rebuilding a trajectory that a killed writer left unsafe to append to (used by
 :class:`shardmd.engine.h5md.H5MDWriter` with ``mode="a"``).
 
-Why (findings, HDF5 2.0 / h5py 3.16, files in HDF5's earliest format, superblock v0).
-HDF5 writes a flush's metadata in address order and the superblock, which holds the file's
-end-of-allocation address (EOA), last.  A writer killed inside a flush, or after its cache
-wrote out metadata between two flushes, leaves a file whose bytes reach past the stored EOA
-(``EOF > EOA``) and may hold metadata (object headers, chunk B-tree nodes, groups) that the
-rest of the file already references.  Read-only, HDF5 reads such a file.  Opened ``"r+"``,
-it takes ``[EOA, EOF)`` for free space: the first allocations of the reopened writer land
-on live metadata, and then
-
-* the reopen fails: "Unable to synchronously flush file (addr overflow ...)", "... change a
-  dataset's dimensions (addr overflow ...)", or a dataset whose header was overwritten in
-  HDF5's cache reads as a null dataspace (``TypeError`` in h5py);
-* or, worse, it succeeds and the file is damaged later (a chunk B-tree node that a split
-  moved past the EOA would be overwritten: frames that had been committed would be lost).
-
-The states were reproduced by replaying a real writer's ``pwrite`` calls (strace) one at a
-time and reopening each prefix; a flushed file always had ``EOF == EOA``.  A file with
-``EOF > EOA`` is therefore never opened for writing: :func:`rebuild` copies what the
-read-only view holds into a fresh file instead, and the writer appends to that.  The same
-is done when an ``"r+"`` reopen fails on a file with ``EOF == EOA`` that still opens
-read-only.
+When.  ``H5MDWriter(mode="a")`` never opens a file whose bytes reach past the
+end-of-allocation address (EOA) stored in its superblock for writing (what a kill inside a
+flush leaves: HDF5 would allocate over those bytes, which may be live metadata), nor gives
+up on a file whose ``"r+"`` reopen fails while it still opens read-only: :func:`rebuild`
+copies what the read-only view holds into a fresh file, and the writer appends to that.
+Why, and how the states were found: docs/design.md, "Appending after a kill".
 
 What is kept.  Every frame and observable row that counts for the reader and the writer's
 own reopen (``frame_extent`` / ``valid_rows`` of :mod:`shardmd.engine.h5md_read`: the rows of
