@@ -77,11 +77,14 @@ for task in range(lo, hi + 1):
 """,
     "srun": f"""#!{sys.executable}
 # stand-in for SLURM's srun: srun -n K CMD runs as mpiexec -n K CMD
-import os, sys
+import os, shutil, sys
 args = sys.argv[1:]
 n = "1"
 if args and args[0] == "-n":
     n, args = args[1], args[2:]
+# CMD resolved on this PATH, as srun does with the job's: some mpiexec builds (OpenMPI on the
+# GPU image) put their own prefix first on the ranks' PATH, where `python` has no torch
+args[0] = shutil.which(args[0]) or args[0]
 mpiexec = {find_mpiexec()!r}
 os.execv(mpiexec, [mpiexec, "-n", n, *args])
 """,
