@@ -204,6 +204,8 @@ def main() -> None:
                     help="with --interleave: every case starts from in.lj's state after STEPS steps of "
                          "nose-hoover at T* 1.44 (the same temperature for all; equilibrated())")
     args = ap.parse_args()
+    if args.equilibrate and not args.interleave:
+        ap.error("--equilibrate applies to --interleave runs; add --interleave ROUNDS")
     cases = ["verlet", *[c for c in args.cases if c != "verlet"]]
     n = cells_for(args.atoms)
     if args.interleave:
