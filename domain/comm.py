@@ -19,6 +19,7 @@ import sys
 from dataclasses import dataclass, field
 from datetime import timedelta
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -64,9 +65,19 @@ class Comm:
 
     # -- collectives on small tensors (always valid, also for size 1) ------------------
     def all_reduce(self, t: torch.Tensor, op: str = "sum") -> torch.Tensor:
-        """New tensor: reduction of ``t`` over ranks (sum, max or min), on ``t``'s device."""
+        """New tensor: reduction of ``t`` over ranks (sum, max or min), on ``t``'s device.
+
+        Host reductions go through MPI where an MPI world exists and the result cannot depend
+        on the order ranks are combined in (:meth:`_over_mpi`): one MPI ``Allreduce`` of a few
+        values costs ~5-13 µs on 2 local ranks (MPICH, shared memory), ~20 µs through this
+        method, the same through gloo 0.05-1 ms on a loaded 2-vCPU host
+        (scripts/bench_collectives.py). The CPU step loop does one per step."""
         if self.size == 1:
             return t.clone()
+        if self._over_mpi(t, op):
+            x = t.detach().to("cpu", copy=True).contiguous()
+            _mpi_all_reduce(self.mpi, x.view(-1).numpy(), op)
+            return x.to(t.device)
         x = t.to(self._dev(), copy=True)
         dist.all_reduce(x, op={"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX,
                                "min": dist.ReduceOp.MIN}[op], group=self.group)
@@ -79,6 +90,16 @@ class Comm:
 
     def _dev(self) -> torch.device:
         return torch.device("cpu") if (self.staged or self.backend != "nccl") else self.device
+
+    def _over_mpi(self, t: torch.Tensor, op: str) -> bool:
+        """Whether :meth:`all_reduce` takes MPI: the group reduces on the host (gloo; not NCCL,
+        which reduces on the device), ``t`` needs no gradient, its dtype is one MPI reduces,
+        and the result is the same bits whatever the order of the ranks: a max or a min, an
+        integer sum, or a float sum over two ranks (a + b = b + a). A float sum over more
+        ranks stays on the group, whose order of additions trajectories were made with."""
+        if self.mpi is None or self._dev().type != "cpu" or t.requires_grad or t.dtype not in _MPI_DTYPES:
+            return False
+        return op != "sum" or not t.is_floating_point() or self.size == 2
 
     # Objects (pickled) travel over MPI where it can carry any size: torch's object collectives
     # pickle too, but then move the bytes as tensors through the group (through the GPU with
@@ -124,6 +145,29 @@ class Comm:
         if self.mpi is not None and self.size > 1:
             self.mpi.COMM_WORLD.Abort(code)
         os._exit(code)
+
+
+#: dtypes :meth:`Comm.all_reduce` reduces through MPI (numpy views of the tensor's memory)
+_MPI_DTYPES = (torch.float64, torch.float32, torch.int64, torch.int32)
+
+
+def _mpi_all_reduce(mpi, a: np.ndarray, op: str) -> None:
+    """Reduce the 1-d array ``a`` over the world, in place, the same bits on every rank.
+
+    A float max or min carries a NaN flag per value: MPI's MAX compares (``a > b ? a : b``),
+    so a NaN on one rank would survive on some ranks and vanish on others (each rank combines
+    in its own order), and ranks that disagree go separate ways. With the flags a NaN on any
+    rank is a NaN on all (the skin check's and the health measure's readers test for it)."""
+    mop = {"sum": mpi.SUM, "max": mpi.MAX, "min": mpi.MIN}[op]
+    if op == "sum" or a.dtype.kind != "f":
+        mpi.COMM_WORLD.Allreduce(mpi.IN_PLACE, a, op=mop)
+        return
+    n, nan = a.size, np.isnan(a)
+    big = -np.inf if op == "max" else np.inf          # loses to every value, never wins
+    buf = np.concatenate([np.where(nan, big, a), nan.astype(a.dtype) * (1 if op == "max" else -1)])
+    mpi.COMM_WORLD.Allreduce(mpi.IN_PLACE, buf, op=mop)
+    a[:] = buf[:n]
+    a[buf[n:] != 0] = np.nan
 
 
 @functools.cache

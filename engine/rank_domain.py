@@ -196,13 +196,22 @@ class RankDomain:
         """Skin criterion and the health measure of engine/health.py (max ``|v| dt``, inf for
         a non-finite velocity or position), reduced together in one small all-reduce:
         (rebuild needed on any rank, the largest measure on any rank)."""
+        need, worst, _ = self.check_and_stop(s, dt, None)
+        return need, worst
+
+    def check_and_stop(self, s: State, dt: float, stop: bool | None) -> tuple[bool, float, bool]:
+        """:meth:`check` with this rank's stop request carried in the same all-reduce (the
+        step loop's; engine/rebuild.py ``stop_agreed``): (rebuild needed on any rank, the
+        largest measure on any rank, a stop requested on any rank). stop=None: nothing
+        carried (the third value is False)."""
         t = time.perf_counter()
         d, trigger = self.displacement(s) if s.n_atoms else (None, 0.0)
         h = step_measure(s.velocities, dt, d)   # 0-d float64 on the atoms' device
         need = torch.full_like(h, float(bool(s.n_atoms))) if d is None else (d > trigger).to(h.dtype)
-        need, worst = self.comm.all_reduce(torch.stack([need, h]), "max").tolist()   # the one host read
+        parts = [need, h] if stop is None else [need, h, torch.full_like(h, float(bool(stop)))]
+        out = self.comm.all_reduce(torch.stack(parts), "max").tolist()   # the one host read
         self.timers["neighbor"] += time.perf_counter() - t
-        return bool(need), worst
+        return bool(out[0]), out[1], stop is not None and bool(out[2])
 
     def displacement(self, s: State) -> tuple[torch.Tensor | None, float]:
         """(this rank's largest displacement since the last build, 0-d Å; the largest one the

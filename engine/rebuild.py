@@ -11,8 +11,9 @@ answer (:class:`Update`):
                  half-kick); the loop then replays from there
 
 Per-step mode (``neighbor.deferred=false``, and always on the CPU by default): every
-``neighbor.every`` steps one all-reduce decides the skin criterion and the health measure
-together (engine/rank_domain.py ``check``). Deferred mode: the criterion stays on the device and
+``neighbor.every`` steps one all-reduce decides the skin criterion, the health measure and
+the stop request together (engine/rank_domain.py ``check_and_stop``); the steps between
+checks agree on the stop request alone (one all-reduce each). Deferred mode: the criterion stays on the device and
 is read back only at scheduled steps (engine/skin_check.py explains the schedule, the
 pipelined reads and the rollback; engine/rollback.py keeps the snapshots). Either way the
 health measure (engine/health.py, max ``|v| dt``) is judged at every read through
@@ -73,6 +74,7 @@ class RebuildController:
         self.verified = False      # this step's deferred read was blocking (the step is verified)
         self._posted = False       # this step's read was posted (settled at the next step)
         self._stop_seen = False    # a read-back carried a stop request from some rank
+        self._stop_checked: bool | None = None   # per-step mode: this step's check's stop (None: no check)
 
     @property
     def comm(self):
@@ -102,10 +104,11 @@ class RebuildController:
                 # before the forces, which a rollback recomputes
                 self.deferred.save(s, posted=self._posted)
             return upd
+        self._stop_checked = None
         if s.step % self.every != 0:
             self.domain.refresh(s)
             return REFRESHED
-        need, worst = self.domain.check(s, self.dt)
+        need, worst, self._stop_checked = self.domain.check_and_stop(s, self.dt, stop_requested)
         self.on_measure(worst, f"at step {s.step}")
         if need or not self.check:
             self.rebuild(s)
@@ -119,9 +122,16 @@ class RebuildController:
             self.deferred.observe_fill(out["capacity_fill"])
 
     def stop_agreed(self, requested: bool) -> bool:
-        """Stop now? Decided at a common step: every step (one all-reduce), or with a deferred
-        check at its blocking read-backs, which carry the request."""
+        """Stop now? Decided at a step all ranks agree on, from the requests the ranks made.
+
+        Per-step mode: at a step with a skin check (every ``neighbor.every`` steps) the
+        request went into the check's all-reduce in :meth:`update` (no second all-reduce);
+        a request that came after the check, while this step's forces were computed, is
+        honoured at the next step's decision. At a step without a check, one all-reduce of
+        ``requested`` here. Deferred mode: at the blocking read-backs, which carry the request."""
         if self.deferred is None:
+            if self._stop_checked is not None:
+                return self._stop_checked
             return self.comm.any(requested)
         return self.verified and self._stop_seen
 

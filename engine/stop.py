@@ -1,9 +1,11 @@
 """Stop requests from signals (SIGTERM, SIGINT, SIGUSR1), turned into a collective decision.
 
-A handler only sets a flag; the run loop asks all ranks together (one small all-reduce per
-step) and every rank stops after the same step, writes a checkpoint and exits with
-``EXIT_STOPPED``.  Batch systems send SIGTERM (or, configured, SIGUSR1) before a kill; the
-signal may reach the self-launching parent (which forwards it to its ranks) or every rank.
+A handler only sets a flag; the run loop asks all ranks together at every step (in the skin
+check's all-reduce at a step with a check, else one small all-reduce of its own; with a deferred
+check at its blocking read-backs: engine/rebuild.py ``stop_agreed``) and every rank stops after
+the same step, writes a checkpoint and exits with ``EXIT_STOPPED``.  Batch systems send
+SIGTERM (or, configured, SIGUSR1) before a kill; the signal may reach the self-launching parent
+(which forwards it to its ranks) or every rank.
 """
 from __future__ import annotations
 
