@@ -41,7 +41,9 @@ are in docs/design.md, "Trajectories: crash safety and write errors"):
   would allocate over those bytes, which may be live metadata), nor gives up on one whose
   ``"r+"`` reopen fails while it still opens read-only: it rebuilds the file from its
   read-only view (every frame and observable row that counts) and appends to that, with a
-  one-line :class:`TrajectoryRebuilt` warning (:mod:`shardmd.engine.h5md_salvage`).
+  one-line :class:`TrajectoryRebuilt` warning (:mod:`shardmd.engine.h5md_salvage`).  A file
+  damaged past reading (a kill in its first frame) goes to ``<name>.damaged-<n>``, and
+  ``mode="a"`` starts a new one, said the same way.
 * The file has no raw-data chunk cache and the writer holds its dataset handles, so every
   write fails inside the call that makes it. Any HDF5/OS error raises a one-line
   :class:`~shardmd.engine.errors.OutputError` (exit status 4) and poisons the writer: HDF5's
@@ -89,7 +91,7 @@ from shardmd.engine.h5md_read import (  # noqa: F401  (re-exported reader API)
     read_observables,
     valid_rows,
 )
-from shardmd.engine.h5md_salvage import FileBusy, Unreadable, rebuild, tail_past_eoa
+from shardmd.engine.h5md_salvage import empty_line, is_hdf5, salvage, tail_past_eoa
 from shardmd.engine.h5md_units import element_factor, write_units_module
 from shardmd.engine.safe_io import (
     IO_ERRORS,
@@ -134,13 +136,15 @@ class H5MDWriter:
         (their groups start at the next frame).  A restart from a checkpoint at step S
         should then call ``truncate_after(S)``, which also drops observable rows written
         after S (they may lie beyond the last frame).  A file a killed writer left unsafe to
-        reopen for writing is first rebuilt from its read-only view (``rebuilt`` then holds
-        the one-line report, also given as a :class:`TrajectoryRebuilt` warning).
+        reopen for writing is first rebuilt from its read-only view, one damaged past
+        reading is moved to ``<path>.damaged-<n>`` and a new file started, an empty one
+        started anew (``rebuilt`` then holds the one-line report, also given as a
+        :class:`TrajectoryRebuilt` warning).
 
     Errors.  A path that is a directory, or whose directory does not exist, or (``mode="a"``)
-    a file that is not a ShardMD trajectory: :class:`~shardmd.engine.errors.UserError`.
-    ``mode="a"`` on a file that does not open even read-only, or whose rebuild cannot be
-    written (the file is then unchanged): OutputError.
+    a file that is not HDF5 or an intact HDF5 file of another layout:
+    :class:`~shardmd.engine.errors.UserError`.  ``mode="a"`` on a file the OS does not let
+    us read, or whose rebuild or move cannot be written (the file is then unchanged): OutputError.
     Any OS/HDF5 failure while creating, writing, truncating, flushing or closing:
     :class:`~shardmd.engine.errors.OutputError` (exit status 4), one line with the path,
     the OS reason and the last intact step.  The first such failure poisons the writer
@@ -185,32 +189,37 @@ class H5MDWriter:
         if mode not in ("w", "a"):
             raise ValueError(f"mode must be 'w' or 'a', not {mode!r}")
         check_output_path(self.path, "trajectory output")
-        if mode == "a" and not os.path.exists(self.path):
+        #: the one-line report when ``mode="a"`` had to rebuild the file or start anew (else None)
+        self.rebuilt: str | None = None
+        if mode == "a" and (not os.path.exists(self.path) or os.path.getsize(self.path) == 0):
+            if os.path.exists(self.path):   # a kill as the file was created (h5md_salvage)
+                self.rebuilt = empty_line(self.path)
             mode = "w"
-        if mode == "a" and not h5py.is_hdf5(self.path):
+        if mode == "a" and not is_hdf5(self.path):
             raise UserError(f"trajectory {self.path!r} exists but is not an HDF5 file (truncated or "
                             "another format); move it away or choose another output=")
-        self.mode = mode
         self._last_step: int | None = None
         self._fd: int | None = None
-        #: the one-line report when ``mode="a"`` had to rebuild the file (None otherwise)
-        self.rebuilt: str | None = None
         self._open_failed: str | None = None
         if mode == "a":
             tail = tail_past_eoa(self.path)
             if tail is not None:  # a killed writer's bytes past the EOA: "r+" would allocate over them
-                self._salvage(f"{tail[0] - tail[1]} bytes past HDF5's end of allocation, left by a writer "
-                              "killed or failed mid-write, which an append would overwrite", None)
+                mode = self._salvage(f"{tail[0] - tail[1]} bytes past HDF5's end of allocation, left by a "
+                                     "writer killed or failed mid-write, which an append would overwrite", None)
             else:
                 try:
+                    self.mode = mode
                     self._open(mode, config, author, creator, creator_version)
                     return
                 except OutputError as exc:
                     if self._open_failed is None:
                         raise
                     self._failed, self._fd = None, None
-                    self._salvage(f"reopening it for append failed: {self._open_failed}", exc)
+                    mode = self._salvage(f"reopening it for append failed: {self._open_failed}", exc)
+        self.mode = mode
         self._open(mode, config, author, creator, creator_version)
+        if self.rebuilt:
+            warnings.warn(self.rebuilt, TrajectoryRebuilt, stacklevel=2)
 
     def _open(self, mode: str, config, author, creator, creator_version) -> None:
         """Open (mode "w": create; "a": "r+") and set up the file; one-line errors.  When an
@@ -246,12 +255,12 @@ class H5MDWriter:
                         raise
                 if mode == "w":
                     self._f.flush()
-        except KeyError as exc:  # mode "a": an HDF5 file without our groups
+        except KeyError as exc:  # mode "a": our groups absent or unreadable (the salvage tells which)
             self._abandon()
             if mode != "a":
                 raise
-            raise UserError(f"trajectory {self.path!r} is an HDF5 file but not a ShardMD/H5MD trajectory "
-                            f"({' '.join(str(exc).split())}); move it away or choose another output=") from None
+            self._open_failed = f"an object cannot be opened ({' '.join(str(exc).split())})"
+            raise output_error("reopen trajectory", self.path, exc, reason=self._open_failed) from None
         except BaseException:
             self._abandon()
             raise
@@ -260,32 +269,18 @@ class H5MDWriter:
         return UserError(f"output {self.path!r} is open in another running process (HDF5 file lock); "
                          "wait for that run to end or stop it, or choose another output=")
 
-    def _salvage(self, why: str, first: OutputError | None) -> None:
-        """Rebuild the file from its read-only view (:mod:`shardmd.engine.h5md_salvage`) and
-        report it in one line (``self.rebuilt``, and a :class:`TrajectoryRebuilt` warning).
+    def _salvage(self, why: str, first: OutputError | None) -> str:
+        """Rebuild the file from its read-only view (:mod:`shardmd.engine.h5md_salvage`), or
+        move it aside when it is damaged past reading, and report it in one line (``rebuilt``
+        and a :class:`TrajectoryRebuilt` warning); return the mode to open with ("a", or "w").
 
-        Errors, one line each, the file unchanged: another process holds it (UserError);
-        it does not open read-only either (``first``, the reopen's own error, or one naming
-        the read failure); the new file cannot be written (OutputError naming the OS reason).
+        Errors, one line each, the file unchanged: another process holds it (UserError); an
+        HDF5 file of another layout (UserError); it cannot be read for an OS reason (``first``,
+        the reopen's own error, or one naming the read failure); the new file cannot be
+        written or the damaged one moved (OutputError naming the OS reason).
         """
-        try:
-            report = rebuild(self.path)
-        except FileBusy:
-            raise self._busy() from None
-        except KeyError as exc:
-            raise UserError(f"trajectory {self.path!r} is an HDF5 file but not a ShardMD/H5MD trajectory "
-                            f"({' '.join(str(exc).split())}); move it away or choose another output=") from None
-        except Unreadable as exc:
-            if first is not None:
-                raise first from None
-            raise output_error("reopen trajectory", self.path, exc.cause,
-                               fix="move it away or choose another output=",
-                               tail=f"it does not open read-only either ({why})") from None
-        except IO_ERRORS as exc:
-            raise output_error("rebuild trajectory", self.path, exc,
-                               tail=f"the file was not changed; it needed a rebuild: {why}") from None
-        self.rebuilt = report.line(self.path, why)
-        warnings.warn(self.rebuilt, TrajectoryRebuilt, stacklevel=3)
+        mode, self.rebuilt = salvage(self.path, why, first, self._busy)
+        return mode
 
     def _vfd_handle(self) -> int | None:
         try:

@@ -31,13 +31,17 @@ file, an HDF5 file of another layout, a checkpoint, a damaged file) raise
 :class:`TrajectoryReadError`, one line naming the file; it is a ``ValueError`` and a
 :class:`~shardmd.engine.errors.UserError` (``engine info`` prints it and exits 2).  A
 writer that hit a write error (disk full) never commits a frame whose data did not reach
-the file, so every frame read from such a file is real (:mod:`shardmd.engine.h5md`).
+the file, so every frame read from such a file is real (:mod:`shardmd.engine.h5md`).  An
+observable that a killed writer left unreadable is left out with a one-line
+:class:`TrajectoryDamageWarning` naming it (and listed by :func:`file_summary`); the
+frames and the other observables read as usual.
 """
 from __future__ import annotations
 
 import json
 import os
 import re
+import warnings
 from contextlib import contextmanager
 from typing import Any, Iterator, Sequence
 
@@ -226,17 +230,36 @@ def open_unlocked(p: str) -> h5py.File:
         return h5py.File(p, "r")
 
 
-def _read_observables(f: h5py.File) -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]:
-    out = {}
-    if "observables" not in f:
-        return out
-    for name, g in f["observables"].items():
-        if not isinstance(g, h5py.Group) or not {"step", "time", "value"} <= set(g):
-            continue
-        n = valid_rows(g)
-        out[name] = (g["step"][:n].astype(np.int64),
-                     g["time"][:n].astype(np.float64) * to_engine("time", unit_of(g["time"])), g["value"][:n])
-    return out
+class TrajectoryDamageWarning(UserWarning):
+    """A trajectory that reads, with a part left out because HDF5 cannot read it (a killed
+    writer's damage): one line naming the file, the part and HDF5's reason."""
+
+
+def _read_observables(f: h5py.File, path, stacklevel: int) -> tuple[dict[str, tuple], list[str]]:
+    """Every observable, and the names of those left out: listed in ``/observables`` but HDF5
+    cannot open or read them (a killed writer's damage; an OS error stays the file's error),
+    each said in a one-line :class:`TrajectoryDamageWarning`."""
+    out: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+    broken: list[str] = []
+    obs = f["observables"] if "observables" in f else {}
+    for name in obs:
+        try:
+            g = obs[name]
+            if not isinstance(g, h5py.Group) or not {"step", "time", "value"} <= set(g):
+                continue
+            n = valid_rows(g)
+            out[name] = (g["step"][:n].astype(np.int64),
+                         g["time"][:n].astype(np.float64) * to_engine("time", unit_of(g["time"])), g["value"][:n])
+        except (KeyError, OSError, RuntimeError) as exc:
+            text = " ".join(str(exc).split()).strip("'\"")
+            if (isinstance(exc, OSError) and exc.errno) or re.search(r"errno = [1-9]", text):
+                raise   # the OS failed to read the file: the file's error, not this group's
+            m = re.search(r"\(([^()]*)\)\W*$", text)
+            warnings.warn(f"{os.fspath(path)!r}: observable {name!r} cannot be read "
+                          f"({m.group(1) if m else text}); it is left out", TrajectoryDamageWarning,
+                          stacklevel=stacklevel)
+            broken.append(name)
+    return out, broken
 
 
 class _Reader:
@@ -283,7 +306,8 @@ class _Reader:
             g = self.elements[self.primary]
             self.frame_times = g["time"][: len(self.frame_steps)].astype(np.float64) * to_engine(
                 "time", unit_of(g["time"]))
-        self.observables = _read_observables(self.f)
+        #: observables listed in the file but left out, unreadable (a warning said each)
+        self.observables, self.unreadable_observables = _read_observables(self.f, self.path, 5)
 
     def __len__(self) -> int:
         return len(self.frame_steps)
@@ -405,7 +429,7 @@ def read_observables(path) -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray
     K, eV/Å^3 for ``pressure`` and the (m, 3, 3) ``stress``).
     """
     with _open(path) as f, _reading(path):
-        return _read_observables(f)
+        return _read_observables(f, path, 3)[0]
 
 
 def file_summary(path) -> dict[str, Any]:
@@ -413,7 +437,9 @@ def file_summary(path) -> dict[str, Any]:
 
     Keys: ``n_atoms``, ``n_frames``, ``first_step``/``last_step`` (None without frames),
     ``first_time_fs``/``last_time_fs``, ``fields`` (per-atom fields present, canonical
-    order), ``observables`` ({name: number of rows}), ``units`` ({dataset path: unit}),
+    order), ``observables`` ({name: number of rows}), ``unreadable_observables`` (names
+    listed but left out as unreadable, each also said in a :class:`TrajectoryDamageWarning`),
+    ``units`` ({dataset path: unit}),
     ``pbc`` (3 bools), ``dtype`` (of positions or box edges), ``h5md_version``,
     ``author``, ``creator``, ``creator_version``, ``config`` (dict or None).
     """
@@ -430,11 +456,20 @@ def _summary(r: _Reader) -> dict[str, Any]:
     steps, times = r.frame_steps, r.frame_times
     units: dict[str, str] = {}
 
-    def visit(name: str, obj: Any) -> None:
-        if isinstance(obj, h5py.Dataset) and "unit" in obj.attrs:
-            units[name] = str(_decode(obj.attrs["unit"]))
+    def visit(g: h5py.Group) -> None:   # as visititems, past objects HDF5 cannot open (left out)
+        for name in g:
+            try:
+                if not isinstance(g.get(name, getlink=True), h5py.HardLink):
+                    continue
+                obj = g[name]
+            except (KeyError, OSError, RuntimeError):
+                continue
+            if isinstance(obj, h5py.Group):
+                visit(obj)
+            elif isinstance(obj, h5py.Dataset) and "unit" in obj.attrs:
+                units[obj.name.lstrip("/")] = str(_decode(obj.attrs["unit"]))
 
-    f.visititems(visit)
+    visit(f)
     ref = r.elements.get("position", r.elements.get("box"))
     h5 = f["h5md"] if "h5md" in f else None
     return {
@@ -446,6 +481,7 @@ def _summary(r: _Reader) -> dict[str, Any]:
         "last_time_fs": float(times[-1]) if len(times) else None,
         "fields": [n for n in FIELDS if n in r.elements],
         "observables": {k: int(len(v[0])) for k, v in r.observables.items()},
+        "unreadable_observables": list(r.unreadable_observables),
         "units": units,
         "pbc": [bool(b) for b in r.pbc],
         "dtype": str(ref["value"].dtype) if ref is not None else None,

@@ -1,5 +1,5 @@
-"""Rebuilding a trajectory that a killed writer left unsafe to append to (used by
-:class:`shardmd.engine.h5md.H5MDWriter` with ``mode="a"``).
+"""Rebuilding a trajectory that a killed writer left unsafe to append to, or setting aside
+one it left unreadable (used by :class:`shardmd.engine.h5md.H5MDWriter` with ``mode="a"``).
 
 When.  ``H5MDWriter(mode="a")`` never opens a file whose bytes reach past the
 end-of-allocation address (EOA) stored in its superblock for writing (what a kill inside a
@@ -29,18 +29,41 @@ project's rule that nothing written before an error is lost.  Keeping it every t
 rejected: a kill while a frame is being written is the common case (about half of the
 moments of a tight write loop leave ``EOF > EOA``), and each kept copy would cost a whole
 trajectory of disk space for bytes that hold no complete frame.
+
+Damaged past reading.  A kill while the writer creates the file or writes its first frame
+(or first observable row) can leave a file that does not open read-only, or whose
+``/particles/all`` or first rows HDF5 cannot read: 38 of the 96 kill moments of a
+2-frame write, never one after the first frame's commit (tests/test_h5md_early_kill.py).
+No frame of such a file counts, so :func:`rebuild` moves it to ``<name>.damaged-<n>``
+(:func:`set_aside`: never deleted, never an existing name overwritten) and the writer
+starts a new trajectory in its place; a file of 0 bytes (what a kill between the create
+and HDF5's first write leaves) holds nothing and is started anew in place.  Which files
+count as "ours, damaged" (:func:`damaged`): the first 8 bytes are the HDF5 signature (our
+writer never writes a user block) and HDF5 failed to decode it (an error of the OS, such as
+a permission or I/O error, says nothing about the bytes and keeps its one-line error).
+Markers in the content (the creator name, our group names) were weighed and rejected: the
+first writes of a new file (the superblock, then the species, mass and id arrays) carry
+none of them, which are exactly the states to recover.  What keeps other files safe:
+``mode="a"`` is a restart onto the run's own output=; a file that is not HDF5 (text, a
+PDB that output= was pointed at) is refused as before, and so is an intact HDF5 file of
+another layout (:class:`NotATrajectory`: ``/particles/all``, species, mass or box cleanly
+absent, not unreadable); a damaged HDF5 file that was not ours after all loses nothing,
+it is only renamed, and the run's log names the new name.
 """
 from __future__ import annotations
 
 import errno
 import os
+import re
 import struct
 import tempfile
 from dataclasses import dataclass, field
+from typing import Callable
 
 import h5py
 import numpy as np
 
+from shardmd.engine.errors import OutputError, UserError
 from shardmd.engine.h5md_read import (
     PARTICLES,
     frame_elements,
@@ -48,7 +71,7 @@ from shardmd.engine.h5md_read import (
     open_unlocked,
     valid_rows,
 )
-from shardmd.engine.safe_io import IO_ERRORS, error_errno, fsync_dir
+from shardmd.engine.safe_io import IO_ERRORS, error_errno, fsync_dir, os_reason, output_error
 
 _SIGNATURE = b"\x89HDF\r\n\x1a\n"
 #: what reading a damaged file may raise (h5py: OSError/RuntimeError; garbage metadata:
@@ -226,9 +249,11 @@ def _build(src: h5py.File, dst: h5py.File) -> Salvage:
     obs_names = list(src["observables"]) if "observables" in src else []
     skip = {g.name for g in elements.values()} | {f"/observables/{n}" for n in obs_names}
     _copy_static(src, dst, skip, lost)
-    missing = [n for n in ("species", "mass", "box") if n not in dst[PARTICLES]]
-    if missing:
-        raise KeyError(f"{PARTICLES}/{missing[0]} cannot be read")
+    missing = [f"{PARTICLES}/{n}" for n in ("species", "mass", "box") if n not in dst[PARTICLES]]
+    if missing:   # listed but unreadable: damage; not there at all: another layout
+        if missing[0] in lost:
+            raise KeyError(f"{missing[0]} cannot be read")
+        raise NotATrajectory(f"no {missing[0]}")
     # frames: every element's committed rows; a read failure cuts all of them at that frame
     dst_p = dst[PARTICLES]
     copied: dict[str, tuple[h5py.Group, int]] = {}
@@ -279,6 +304,90 @@ def _unique_damaged(path: str) -> str:
     raise FileExistsError(errno.EEXIST, "too many damaged copies", f"{path}.damaged-*")
 
 
+@dataclass
+class Fresh:
+    """What :func:`rebuild` did with a file damaged past reading: moved it to ``kept``."""
+
+    kept: str
+    reason: str   # HDF5's reason it could not be read
+
+    def line(self, path: str) -> str:
+        """The one-line report."""
+        return (f"trajectory {path!r} could not be read ({self.reason}; a writer killed while creating "
+                f"it or writing its first frame leaves that): moved to {self.kept!r}, a new trajectory "
+                "was started in its place")
+
+
+def empty_line(path: str) -> str:
+    """The one-line report for a trajectory found empty at a restart (started anew in place)."""
+    return (f"trajectory {path!r} was empty (0 bytes, what a writer killed while creating it leaves): "
+            "a new trajectory was started in its place")
+
+
+def is_hdf5(path: str) -> bool:
+    """``h5py.is_hdf5``, with the OS's failure to read the file (a permission) as a one-line
+    OutputError rather than h5py's PermissionError."""
+    try:
+        return h5py.is_hdf5(path)
+    except OSError as exc:
+        raise output_error("reopen trajectory", path, exc) from None
+
+
+def damaged(path: str, cause: BaseException) -> bool:
+    """True when ``path`` is taken for our trajectory, damaged: it starts with the HDF5
+    signature (the writer never writes a user block, so ours always do) and reading it
+    failed in HDF5's decoding, not in the OS (``cause`` carries no errno: a permission or
+    I/O error says nothing about the bytes and keeps its one-line error)."""
+    if error_errno(cause) is not None:
+        return False
+    try:
+        with open(path, "rb") as fh:
+            return fh.read(8) == _SIGNATURE
+    except OSError:
+        return False
+
+
+def set_aside(path: str) -> str:
+    """Give the file at ``path`` the first free name ``<path>.damaged-<n>`` and return it:
+    a hard link then an unlink (``link`` never replaces an existing name, so a concurrent
+    or earlier ``.damaged-<n>`` is never overwritten; one that already is this file, left by
+    an attempt killed between the two, is reused); a rename checked just before where the
+    file system has no hard links.  Raises OSError with ``path`` unchanged."""
+    directory = os.path.dirname(os.path.abspath(path))
+    for n in range(1, 10000):
+        cand = f"{path}.damaged-{n}"
+        made = True
+        try:
+            os.link(path, cand)
+        except FileExistsError:
+            made = False
+            try:
+                if not os.path.samefile(cand, path):
+                    continue
+            except OSError:
+                continue
+        except OSError as exc:
+            if exc.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EMLINK, errno.ENOSYS):
+                raise
+            if os.path.lexists(cand):
+                continue
+            os.rename(path, cand)
+            fsync_dir(directory)
+            return cand
+        try:
+            os.unlink(path)
+        except OSError:
+            if made:
+                try:
+                    os.unlink(cand)
+                except OSError:
+                    pass
+            raise
+        fsync_dir(directory)
+        return cand
+    raise FileExistsError(errno.EEXIST, "too many damaged copies", f"{path}.damaged-*")
+
+
 class Unreadable(Exception):
     """The original cannot be read (read-only open or the rows that count); ``cause`` is
     HDF5's or the OS's error."""
@@ -286,6 +395,19 @@ class Unreadable(Exception):
     def __init__(self, cause: BaseException) -> None:
         super().__init__(str(cause))
         self.cause = cause
+
+
+class SetAsideError(Exception):
+    """A damaged file could not be moved aside (the OSError is the ``__cause__``)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class NotATrajectory(KeyError):
+    """An intact HDF5 file without the trajectory layout (``/particles/all`` with species,
+    mass and box is not there): not ours, never rebuilt nor moved."""
 
 
 class FileBusy(OSError):
@@ -310,13 +432,16 @@ def _lock(path: str) -> int:
     return fd
 
 
-def rebuild(path: str | os.PathLike) -> Salvage:
-    """Rebuild trajectory ``path`` from its read-only view (see the module docstring).
+def rebuild(path: str | os.PathLike) -> Salvage | Fresh:
+    """Rebuild trajectory ``path`` from its read-only view (see the module docstring); or,
+    when it is damaged past reading (:func:`damaged`), move it aside and return
+    :class:`Fresh` (the caller starts a new trajectory at ``path``).
 
-    Raises FileBusy when another process holds the file (HDF5's lock); what opening
-    ``path`` read-only raises (the file is not readable at all); OSError/RuntimeError from
-    creating, writing, syncing or renaming the new file.  On any error the original is
-    untouched and the new file removed.
+    Raises FileBusy when another process holds the file (HDF5's lock); NotATrajectory for
+    an intact HDF5 file of another layout; Unreadable when it cannot be read for a reason
+    that is no evidence of damage (the OS's: permissions, I/O errors); OSError/RuntimeError
+    from creating, writing, syncing or renaming the new file, or from moving the damaged
+    one aside.  On any error the original is untouched and the new file removed.
     """
     path = os.fspath(path)
     directory = os.path.dirname(os.path.abspath(path))
@@ -328,15 +453,40 @@ def rebuild(path: str | os.PathLike) -> Salvage:
         raise Unreadable(exc) from None
     try:
         try:
-            src = open_unlocked(path)
-        except READ_ERRORS as exc:
-            raise Unreadable(exc) from None
-        with src:
-            if PARTICLES not in src:
-                raise KeyError(f"no {PARTICLES}")
-            return _rebuild_from(src, path, directory)
+            try:
+                src = open_unlocked(path)
+            except READ_ERRORS as exc:
+                raise Unreadable(exc) from None
+            with src:
+                _particles(src)
+                return _rebuild_from(src, path, directory)
+        except Unreadable as exc:
+            if not damaged(path, exc.cause):
+                raise
+            reason = os_reason(exc.cause).strip("'\"")   # (a KeyError's text comes quoted)
+            m = re.search(r"\(([^()]*)\)\W*$", reason)       # HDF5's own words, without h5py's
+            reason = m.group(1) if m else reason
+            try:
+                return Fresh(set_aside(path), reason)
+            except OSError as err:
+                raise SetAsideError(reason) from err
     finally:
         os.close(lock)
+
+
+def _particles(src: h5py.File) -> None:
+    """NotATrajectory when ``/particles/all`` is cleanly absent (the links are listed and
+    it is not among them), Unreadable when listing or opening it fails (damage)."""
+    g = src
+    for part in PARTICLES.strip("/").split("/"):
+        try:
+            present = part in g
+            if present:
+                g = g[part]
+        except READ_ERRORS as exc:
+            raise Unreadable(exc) from None
+        if not present:
+            raise NotATrajectory(f"no {PARTICLES}")
 
 
 def _rebuild_from(src: h5py.File, path: str, directory: str) -> Salvage:
@@ -347,6 +497,8 @@ def _rebuild_from(src: h5py.File, path: str, directory: str) -> Salvage:
         with h5py.File(tmp, "w") as dst:
             try:
                 report = _build(src, dst)
+            except NotATrajectory:
+                raise
             except READ_ERRORS as exc:
                 # an errno is an OS failure of the new file (ENOSPC, EIO); anything else is
                 # HDF5 failing to read the original's metadata
@@ -378,3 +530,35 @@ def _rebuild_from(src: h5py.File, path: str, directory: str) -> Salvage:
         raise
     fsync_dir(directory)
     return report
+
+
+def salvage(path: str, why: str, first: OutputError | None,
+            busy: Callable[[], UserError]) -> tuple[str, str]:
+    """:func:`rebuild` for ``H5MDWriter(mode="a")``: (the mode to open with, "a" or "w" when
+    the file was moved aside, and the one-line report), or a one-line error with the file
+    unchanged: ``busy()`` when another process holds it; UserError for an HDF5 file of
+    another layout; ``first`` (the reopen's own error) or an OutputError naming the read
+    failure when the OS cannot read it; an OutputError naming the OS reason when the new
+    file cannot be written or the damaged one moved aside.
+    """
+    try:
+        report = rebuild(path)
+    except FileBusy:
+        raise busy() from None
+    except NotATrajectory as exc:
+        raise UserError(f"trajectory {path!r} is an HDF5 file but not a ShardMD/H5MD trajectory "
+                        f"({' '.join(str(exc).split())}); move it away or choose another output=") from None
+    except Unreadable as exc:
+        if first is not None:
+            raise first from None
+        raise output_error("reopen trajectory", path, exc.cause, fix="move it away or choose another output=",
+                           tail=f"it does not open read-only either ({why})") from None
+    except SetAsideError as exc:
+        raise output_error("move damaged trajectory aside", path, exc.__cause__,
+                           tail=f"the file was not changed; it cannot be read ({exc.reason})") from None
+    except IO_ERRORS as exc:
+        raise output_error("rebuild trajectory", path, exc,
+                           tail=f"the file was not changed; it needed a rebuild: {why}") from None
+    if isinstance(report, Fresh):
+        return "w", report.line(path)
+    return "a", report.line(path, why)

@@ -26,9 +26,10 @@ import h5py
 import numpy as np
 import pytest
 
-from shardmd.engine.errors import OutputError, UserError
+from shardmd.engine.errors import UserError
 from shardmd.engine.h5md import H5MDWriter, TrajectoryRebuilt, read_frames, read_observables
 from shardmd.engine.h5md_layout import ROW_CHUNK, _create_element
+from shardmd.engine.h5md_read import TrajectoryDamageWarning
 from shardmd.engine.h5md_salvage import stored_eoa, tail_past_eoa
 
 HELPER = Path(__file__).parent / "helpers" / "h5md_writer_loop.py"
@@ -133,7 +134,8 @@ def test_append_after_a_kill_before_the_superblock(tmp_path):
     # the damage: bytes past the stored EOA; read-only the frames are all there
     size, eoa = tail_past_eoa(path)
     assert size > eoa == stored_eoa(path)
-    assert [a.info["step"] for a in read_frames(path)] == [loop.STRIDE * k for k in range(frames)]
+    with pytest.warns(TrajectoryDamageWarning, match="observable 'temperature' cannot be read"):
+        assert [a.info["step"] for a in read_frames(path)] == [loop.STRIDE * k for k in range(frames)]
     with h5py.File(path, "r") as f, pytest.raises(KeyError, match="EOA"):
         f["observables/temperature"]  # its header lies past the EOA
     original = path.read_bytes()
@@ -188,7 +190,8 @@ def test_append_when_the_reopen_fails_on_a_cut_file(tmp_path):
     before = killed_before_superblock(path, frames)
     os.truncate(path, stored_eoa(path))
     assert tail_past_eoa(path) is None
-    assert len(read_frames(path)) == frames
+    with pytest.warns(TrajectoryDamageWarning, match="observable 'temperature'"):
+        assert len(read_frames(path)) == frames
     with pytest.warns(TrajectoryRebuilt, match=f"reopening it for append failed: observable 'temperature' "
                       f"cannot be opened.*kept {frames} complete frames"):
         w = writer(path, mode="a")
@@ -261,17 +264,59 @@ def test_files_that_cannot_be_read_keep_their_one_line_errors(tmp_path):
     with pytest.raises(UserError, match="not an HDF5 file") as e:
         writer(bad, mode="a")
     assert "\n" not in str(e.value) and "output=" in str(e.value)
-    # an HDF5 file cut short: it opens neither way; the error names the problem, the file stays
+    assert bad.read_text() == "not an HDF5 file\n" * 100 and os.listdir(tmp_path) == ["notes.h5"]
+
+
+def test_an_hdf5_file_that_does_not_open_is_set_aside(tmp_path):
+    """An HDF5 file cut short opens neither way (what a kill early in the file's life leaves,
+    tests/test_h5md_early_kill.py): it is kept, byte for byte, under '.damaged-1' and a new
+    trajectory starts in its place, said in one line."""
     cut = tmp_path / "cut.h5"
     with writer(cut) as w:
         for k in range(3):
             write(w, loop.STRIDE * k)
     os.truncate(cut, cut.stat().st_size - 4096)
     original = cut.read_bytes()
-    with pytest.raises(OutputError, match="truncated file") as e:
-        writer(cut, mode="a")
-    assert "\n" not in str(e.value) and "output=" in str(e.value)
-    assert cut.read_bytes() == original and sorted(os.listdir(tmp_path)) == ["cut.h5", "notes.h5"]
+    with pytest.warns(TrajectoryRebuilt) as rec:
+        w = writer(cut, mode="a")
+    line = str(rec[0].message)
+    assert line == w.rebuilt and "\n" not in line
+    assert "could not be read (truncated file" in line and f"moved to '{cut}.damaged-1'" in line
+    with w:
+        assert w.last_step is None
+        write(w, 100)
+    assert Path(f"{cut}.damaged-1").read_bytes() == original
+    assert [a.info["step"] for a in read_frames(cut)] == [100]
+
+
+def test_the_reader_says_which_observable_it_leaves_out(tmp_path):
+    """An observable listed in the file whose group HDF5 cannot open (its header past the
+    EOA, as a kill before the superblock leaves it): the frames and the other observables
+    read, and a one-line warning names the one left out; file_summary lists it."""
+    from shardmd.engine.h5md_read import file_summary
+
+    path = tmp_path / "run.h5"
+    killed_before_superblock(path, 3)
+    with pytest.warns(TrajectoryDamageWarning) as rec:
+        frames = read_frames(path)
+    assert [a.info["step"] for a in frames] == [0, 10, 20] and "potential_energy" in frames[0].info
+    msgs = [str(r.message) for r in rec]
+    assert len(msgs) == 1 and "\n" not in msgs[0]
+    assert msgs[0].startswith(f"{str(path)!r}: observable 'temperature' cannot be read (")
+    assert msgs[0].endswith("EOA); it is left out")   # HDF5's words: "len not positive after adjustment for EOA"
+    with pytest.warns(TrajectoryDamageWarning, match="observable 'temperature'"):
+        obs = read_observables(path)
+    assert list(obs) == ["potential_energy"] and list(obs["potential_energy"][0]) == [0, 10, 20]
+    with pytest.warns(TrajectoryDamageWarning):
+        s = file_summary(path)
+    assert s["unreadable_observables"] == ["temperature"] and s["observables"] == {"potential_energy": 3}
+    # an intact file: no warning, nothing listed
+    good = tmp_path / "good.h5"
+    with writer(good) as w:
+        write(w, 0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert file_summary(good)["unreadable_observables"] == []
 
 
 def test_a_file_another_process_holds_is_not_rebuilt(tmp_path):
