@@ -313,9 +313,8 @@ class Fresh:
 
     def line(self, path: str) -> str:
         """The one-line report."""
-        return (f"trajectory {path!r} could not be read ({self.reason}; a writer killed while creating "
-                f"it or writing its first frame leaves that): moved to {self.kept!r}, a new trajectory "
-                "was started in its place")
+        return (f"trajectory {path!r} could not be read (HDF5: {self.reason}): moved to {self.kept!r} "
+                "as it was, and a new trajectory was started in its place")
 
 
 def empty_line(path: str) -> str:

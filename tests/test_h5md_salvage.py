@@ -281,7 +281,7 @@ def test_an_hdf5_file_that_does_not_open_is_set_aside(tmp_path):
         w = writer(cut, mode="a")
     line = str(rec[0].message)
     assert line == w.rebuilt and "\n" not in line
-    assert "could not be read (truncated file" in line and f"moved to '{cut}.damaged-1'" in line
+    assert "could not be read (HDF5: truncated file" in line and f"moved to '{cut}.damaged-1'" in line
     with w:
         assert w.last_step is None
         write(w, 100)
