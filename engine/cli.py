@@ -57,6 +57,27 @@ def version() -> str:
     return f"shardmd {__version__} (hydra-core {hydra.__version__}, Python {sys.version.split()[0]})"
 
 
+def _one_line_warnings() -> None:
+    """Print warnings about the user's data (:class:`OneLineWarning`) as ``Warning: <message>``
+    on stderr; every other warning as Python would."""
+    import warnings
+
+    from .errors import OneLineWarning
+
+    shown = warnings.showwarning
+    if getattr(shown, "one_line", False):
+        return
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        if issubclass(category, OneLineWarning):
+            (file or sys.stderr).write(f"Warning: {' '.join(str(message).split())}\n")
+        else:
+            shown(message, category, filename, lineno, file, line)
+
+    show.one_line = True
+    warnings.showwarning = show
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help", "help"):
@@ -70,6 +91,8 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.write(_help())
         return 0
     from .errors import UserError
+
+    _one_line_warnings()
 
     try:
         if cmd in ("run", "minimize"):

@@ -38,6 +38,11 @@ class UnhealthyRun(UserError):
     exit_code = 3
 
 
+class OneLineWarning(UserWarning):
+    """A warning about the user's data that the CLI prints as one line (``Warning: <message>``)
+    rather than Python's file, line and source; the Python API sees an ordinary warning."""
+
+
 class OutputError(UserError):
     """A trajectory, log or checkpoint write failed (ENOSPC, EIO, read-only): exit status 4."""
 

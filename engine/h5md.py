@@ -62,7 +62,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import h5py
 import numpy as np
 
-from shardmd.engine.errors import OutputError, UserError
+from shardmd.engine.errors import OneLineWarning, OutputError, UserError
 from shardmd.engine.h5md_layout import (
     ROW_CHUNK,
     _atom_chunks,
@@ -106,7 +106,7 @@ __all__ = ["H5MDWriter", "TrajectoryRebuilt", "read_frames", "iter_frames", "rea
            "file_summary"]
 
 
-class TrajectoryRebuilt(UserWarning):
+class TrajectoryRebuilt(OneLineWarning):
     """``H5MDWriter(mode="a")`` rebuilt a file a killed writer had left unsafe to append to
     (one line: why, and how many frames were kept; see :mod:`shardmd.engine.h5md_salvage`)."""
 

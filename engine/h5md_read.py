@@ -48,7 +48,7 @@ from typing import Any, Iterator, Sequence
 import h5py
 import numpy as np
 
-from shardmd.engine.errors import UserError
+from shardmd.engine.errors import OneLineWarning, UserError
 from shardmd.engine.h5md_units import (  # noqa: F401  (unit strings: re-exported for the writer)
     FIELD_ALIASES,
     FIELD_UNITS,
@@ -230,7 +230,7 @@ def open_unlocked(p: str) -> h5py.File:
         return h5py.File(p, "r")
 
 
-class TrajectoryDamageWarning(UserWarning):
+class TrajectoryDamageWarning(OneLineWarning):
     """A trajectory that reads, with a part left out because HDF5 cannot read it (a killed
     writer's damage): one line naming the file, the part and HDF5's reason."""
 

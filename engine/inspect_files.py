@@ -102,14 +102,20 @@ def _info(path: str, kind: str) -> str:
                  f"cell (Å): {c['cell'].tolist()}  pbc: {c['pbc'].tolist()}",
                  f"model identity: {c['model_name']} {c['model_identity'][:16]}"]
         return "\n".join(lines + _config_line(c["config"]))
-    from .h5md import file_summary
+    import warnings
 
-    s = file_summary(path)
+    from .h5md import file_summary
+    from .h5md_read import TrajectoryDamageWarning
+
+    with warnings.catch_warnings():   # an unreadable observable is named in the summary below
+        warnings.simplefilter("ignore", TrajectoryDamageWarning)
+        s = file_summary(path)
     lines = [f"{path}: H5MD {s['h5md_version']} trajectory by {s['creator']} {s['creator_version']}",
              f"atoms: {s['n_atoms']}  frames: {s['n_frames']}  steps: {s['first_step']}..{s['last_step']}  "
              f"time: {(s['last_time_fs'] or 0) / 1000:.4f} ps  dtype: {s['dtype']}  pbc: {s['pbc']}",
              f"fields: {', '.join(s['fields'])}",
-             "observables: " + ", ".join(f"{k} ({n})" for k, n in s["observables"].items())]
+             "observables: " + ", ".join(f"{k} ({n})" for k, n in s["observables"].items())
+             + "".join(f", {k} (unreadable: left out)" for k in s.get("unreadable_observables", ()))]
     return "\n".join(lines + _config_line(s["config"]))
 
 

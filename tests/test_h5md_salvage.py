@@ -404,3 +404,28 @@ def test_engine_restart_says_the_rebuild_in_its_log(tmp_path, capfd, monkeypatch
     log = (tmp_path / "run.log").read_text()
     assert "was rebuilt before appending" in log, log
     assert [a.info["step"] for a in read_frames(path)] == list(range(0, 31, 5))
+
+
+def test_engine_info_names_an_unreadable_observable_and_warnings_are_one_line(tmp_path, capfd, monkeypatch):
+    """`python -m engine info` on such a file: its observables line names the one left out
+    (and no warning repeats it); the CLI prints warnings about the user's data as one line
+    ``Warning: ...`` (Python's format adds the file, line and source)."""
+    from conftest import cli_in_process
+
+    from shardmd.engine import cli
+
+    path = tmp_path / "run.h5"
+    killed_before_superblock(path, 3)
+    r = cli_in_process(["info", str(path)], tmp_path, capfd, monkeypatch)
+    assert r.returncode == 0, r.stderr
+    assert "observables: potential_energy (3), temperature (unreadable: left out)" in r.stdout, r.stdout
+    assert "temperature" not in r.stderr, r.stderr
+    monkeypatch.setattr(warnings, "showwarning", warnings.showwarning)   # restored after the test
+    cli._one_line_warnings()
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        read_observables(path)
+        warnings.warn("some other warning", UserWarning)
+    err = capfd.readouterr().err.splitlines()
+    assert err[0].startswith("Warning: ") and "observable 'temperature' cannot be read" in err[0], err
+    assert len(err) == 1, err   # any other warning goes to the handler before (here pytest's record)
