@@ -425,7 +425,7 @@ def test_engine_info_names_an_unreadable_observable_and_warnings_are_one_line(tm
     with warnings.catch_warnings():
         warnings.simplefilter("always")
         read_observables(path)
-        warnings.warn("some other warning", UserWarning)
+        warnings.warn("some other warning", UserWarning, stacklevel=1)
     err = capfd.readouterr().err.splitlines()
     assert err[0].startswith("Warning: ") and "observable 'temperature' cannot be read" in err[0], err
     assert len(err) == 1, err   # any other warning goes to the handler before (here pytest's record)
