@@ -58,6 +58,12 @@ class Comm:
     staged: bool = False   # exchanges go through host memory (gloo with CUDA tensors)
     group: object = None
     mpi: object = None
+    #: small host reductions through MPI instead of the group (:meth:`_over_mpi`). Off: with
+    #: the halo's point-to-point still on gloo, MPI's polling waits beside gloo's sleeping ones
+    #: made 4 ranks on 2 cores 1.6x slower; to be switched on together with domain/exchange.py
+    #: through MPI (then 2x faster there, and 32k in.lj on 2 ranks 0.55 -> 0.69 of LAMMPS).
+    #: ``SHARDMD_HOST_OVER_MPI=1`` switches it on at init_comm (measurements).
+    host_over_mpi: bool = False
 
     @property
     def is_root(self) -> bool:
@@ -67,11 +73,11 @@ class Comm:
     def all_reduce(self, t: torch.Tensor, op: str = "sum") -> torch.Tensor:
         """New tensor: reduction of ``t`` over ranks (sum, max or min), on ``t``'s device.
 
-        Host reductions go through MPI where an MPI world exists and the result cannot depend
-        on the order ranks are combined in (:meth:`_over_mpi`): one MPI ``Allreduce`` of a few
-        values costs ~5-13 µs on 2 local ranks (MPICH, shared memory), ~20 µs through this
-        method, the same through gloo 0.05-1 ms on a loaded 2-vCPU host
-        (scripts/bench_collectives.py). The CPU step loop does one per step."""
+        With :attr:`host_over_mpi`, host reductions go through MPI where an MPI world exists
+        and the result cannot depend on the order ranks are combined in (:meth:`_over_mpi`):
+        one MPI ``Allreduce`` of a few values costs ~5-13 µs on 2 local ranks (MPICH, shared
+        memory), ~20 µs through this method, the same through gloo 0.05-1 ms on a loaded
+        2-vCPU host (scripts/bench_collectives.py). The CPU step loop does one per step."""
         if self.size == 1:
             return t.clone()
         if self._over_mpi(t, op):
@@ -97,7 +103,8 @@ class Comm:
         and the result is the same bits whatever the order of the ranks: a max or a min, an
         integer sum, or a float sum over two ranks (a + b = b + a). A float sum over more
         ranks stays on the group, whose order of additions trajectories were made with."""
-        if self.mpi is None or self._dev().type != "cpu" or t.requires_grad or t.dtype not in _MPI_DTYPES:
+        if (not self.host_over_mpi or self.mpi is None or self._dev().type != "cpu" or t.requires_grad
+                or t.dtype not in _MPI_DTYPES):
             return False
         return op != "sum" or not t.is_floating_point() or self.size == 2
 
@@ -251,7 +258,8 @@ def init_comm(device: str = "cpu", timeout_s: float = 120.0) -> Comm:
     dist.init_process_group(backend=backend, store=store, rank=rank, world_size=size, timeout=timeout)
     _STORES.append(store)  # outlives the process group (see shutdown)
     return Comm(rank=rank, size=size, local_rank=local_rank, device=dev, backend=backend,
-                staged=staged, group=dist.group.WORLD, mpi=MPI)
+                staged=staged, group=dist.group.WORLD, mpi=MPI,
+                host_over_mpi=os.environ.get("SHARDMD_HOST_OVER_MPI") == "1")
 
 
 def _before_first_group() -> None:

@@ -10,7 +10,9 @@ an all-reduce (max) of ``--values`` float64 values
     comm.any          the stop request's path (one int64)
     mpi4py Allreduce  MPI directly on numpy buffers (MPICH: shared memory between local ranks)
     mpi4py allreduce  MPI's pickled object path (a Python float list)
-and prints a table of medians per call (µs) over ``--rounds`` rounds of ``--calls`` calls each.
+(and on 2 ranks a halo refresh's point-to-point exchange, the group's batch of isend/irecv
+against mpi4py's Isend/Irecv), and prints a table of medians per call (µs) over ``--rounds``
+rounds of ``--calls`` calls each.
 
     .venv/bin/mpiexec -n 2 .venv/bin/python scripts/bench_collectives.py
     .venv/bin/python scripts/bench_collectives.py --ranks 2      # launches mpiexec itself
@@ -68,6 +70,24 @@ def worker(args) -> int:
         f"mpi4py Allreduce (numpy), {n} float64": lambda: mpi.Allreduce(a, b, op=MPI.MAX),
         f"mpi4py allreduce (pickle), {n} floats": lambda: mpi.allreduce(lst, op=MPI.MAX),
     }
+    if comm.size == 2 and args.halo:   # a halo refresh's size: both neighbours of a 2-rank slab split
+        peer, m = 1 - comm.rank, args.halo
+        send = [torch.rand(m, 3, dtype=torch.float64) for _ in range(2)]
+        recv = [torch.empty(m, 3, dtype=torch.float64) for _ in range(2)]
+
+        def group_swap():   # domain/exchange.py swap_into: one batch of isend/irecv per refresh
+            ops = [dist.P2POp(dist.isend, send[k], peer, group=comm.group, tag=k) for k in range(2)]
+            ops += [dist.P2POp(dist.irecv, recv[k], peer, group=comm.group, tag=1 - k) for k in range(2)]
+            for r in dist.batch_isend_irecv(ops):
+                r.wait()
+
+        def mpi_swap():
+            reqs = [mpi.Isend(send[k].numpy(), peer, tag=k) for k in range(2)]
+            reqs += [mpi.Irecv(recv[k].numpy(), peer, tag=1 - k) for k in range(2)]
+            MPI.Request.Waitall(reqs)
+
+        cases[f"torch.distributed {comm.backend} isend/irecv, 2 x {m} x 3 float64 each way"] = group_swap
+        cases[f"mpi4py Isend/Irecv, 2 x {m} x 3 float64 each way"] = mpi_swap
     rows = []
     for name, fn in cases.items():
         per = _bench(fn, args.calls, args.rounds, mpi.Barrier)
@@ -91,6 +111,9 @@ def main(argv=None) -> int:
     ap.add_argument("--values", type=int, default=3)
     ap.add_argument("--calls", type=int, default=2000)
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--halo", type=int, default=2700,
+                    help="2 ranks: also a halo-sized exchange, this many atoms' positions to each side "
+                         "(2700: 32k atoms split in 2 along x; 0: none)")
     args = ap.parse_args(argv)
     if args.ranks:
         mpiexec = str(Path(sys.executable).parent / "mpiexec")

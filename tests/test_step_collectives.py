@@ -4,9 +4,10 @@ domain/comm.py ``Comm.all_reduce``).
 
 On 2 MPI ranks with the per-step skin check, a step without output does one all-reduce
 (the check's, which carries the stop request) at a check step and one (the stop request
-alone) at a step between checks; none of them goes through the process group
-(``torch.distributed.all_reduce``, ~0.5 ms on gloo against ~15 µs through MPI: docs/benchmarks.md).
-A regression that adds a collective per step, or sends them back through gloo, fails here."""
+alone) at a step between checks. With ``Comm.host_over_mpi`` none of them goes through the
+process group (``torch.distributed.all_reduce``, 0.05-1 ms on gloo against ~20 µs through MPI:
+scripts/bench_collectives.py). A regression that adds a collective per step, or sends them
+back through gloo where MPI was asked for, fails here."""
 import json
 import subprocess
 import sys
@@ -44,9 +45,11 @@ WORKER = textwrap.dedent('''
     comm.all_reduce = counted          # comm.any goes through it too
     dist.all_reduce = counted_group
     results = {}
-    # (name, neighbor.every, step whose forces see a stop request on rank 1, or None)
-    cases = [("every1", 1, None), ("every4", 4, None), ("stop_every1", 1, 6), ("stop_every4", 4, 8)]
-    for name, every, stop_at in cases:
+    # (name, neighbor.every, step whose forces see a stop request on rank 1 or None, host_over_mpi)
+    cases = [("every1", 1, None, False), ("every4", 4, None, False), ("every1_mpi", 1, None, True),
+             ("every4_mpi", 4, None, True), ("stop_every1", 1, 6, False), ("stop_every4_mpi", 4, 8, True)]
+    for name, every, stop_at, over_mpi in cases:
+        comm.host_over_mpi = over_mpi
         cfg = compose_config(["model=lj", "system.repeat=[4,4,4]", "dt=2.0", f"steps={steps}",
                               "temperature=90", "quiet=true", "threads=1", "trajectory.every=0",
                               "thermo.every=0", "checkpoint.every=0", f"neighbor.every={every}",
@@ -94,14 +97,16 @@ def two_ranks(tmp_path_factory):
 @pytest.mark.mpi
 def test_one_all_reduce_per_step_on_two_ranks(two_ranks):
     for res in two_ranks:
-        for name in ("every1", "every4"):
+        for name in ("every1", "every4", "every1_mpi", "every4_mpi"):
             r = res[name]
             assert r["step"] == STEPS and r["exit"] == 0
             # every step before the last (which writes the final thermo line): one all-reduce,
             # the check's carrying the stop request, or the stop request alone between checks
             assert r["comm"][:-1] == [1] * (STEPS - 1), (name, r["comm"])
-            # and none through the process group (gloo): they take MPI
-            assert r["group"] == [0] * STEPS, (name, r["group"])
+            if name.endswith("_mpi"):   # and none through the process group (gloo): they take MPI
+                assert r["group"] == [0] * STEPS, (name, r["group"])
+            else:
+                assert r["group"] == r["comm"], (name, r["group"])
 
 
 @pytest.mark.mpi
@@ -109,7 +114,7 @@ def test_stop_after_the_check_is_honoured_at_the_next_step_on_every_rank(two_ran
     """A request on rank 1 while step k's forces are computed (after k's check): every rank
     stops after step k + 1, at the next step's check (every=1) or at the stop's own all-reduce
     of a step between checks (every=4, k = 8 a check step)."""
-    for name, k in (("stop_every1", 6), ("stop_every4", 8)):
+    for name, k in (("stop_every1", 6), ("stop_every4_mpi", 8)):
         steps = [res[name]["step"] for res in two_ranks]
         assert steps == [k + 1, k + 1], (name, steps)
         assert [res[name]["exit"] for res in two_ranks] == [75, 75]
@@ -119,13 +124,15 @@ def test_host_reductions_take_mpi_only_where_order_cannot_matter():
     class World:   # Comm._over_mpi looks only at whether an MPI module is there
         pass
 
-    two, three = Comm(size=2, backend="gloo", mpi=World), Comm(size=3, backend="gloo", mpi=World)
+    two, three = (Comm(size=n, backend="gloo", mpi=World, host_over_mpi=True) for n in (2, 3))
     f, i = torch.zeros(3, dtype=torch.float64), torch.zeros(3, dtype=torch.int64)
     assert two._over_mpi(f, "max") and two._over_mpi(f, "sum") and two._over_mpi(i, "sum")
     assert three._over_mpi(f, "max") and three._over_mpi(i, "sum")
     assert not three._over_mpi(f, "sum")   # a float sum over 3 ranks: the group's order of additions
-    assert not Comm(size=2, backend="gloo")._over_mpi(f, "max")      # no MPI world (torchrun)
-    assert not Comm(size=2, backend="nccl", device=torch.device("cuda", 0), mpi=World)._over_mpi(f, "max")
+    assert not Comm(size=2, backend="gloo", mpi=World)._over_mpi(f, "max")      # not asked for (the default)
+    assert not Comm(size=2, backend="gloo", host_over_mpi=True)._over_mpi(f, "max")      # no MPI world (torchrun)
+    assert not Comm(size=2, backend="nccl", device=torch.device("cuda", 0), mpi=World,
+                    host_over_mpi=True)._over_mpi(f, "max")
     assert not two._over_mpi(f.requires_grad_(), "max")
     assert not two._over_mpi(torch.zeros(2, dtype=torch.bool), "max")
 
