@@ -398,6 +398,20 @@ def test_sigterm_still_checkpoints_with_75(tmp_path):
     assert_intact(tmp_path)
 
 
+def _wait_for_sigterm_handler(pid: int, timeout: float = 60.0) -> None:
+    """Until process ``pid`` catches SIGTERM (its bit in /proc/PID/status SigCgt)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        status = Path(f"/proc/{pid}/status").read_text()
+        caught = int(next(ln.split()[1] for ln in status.splitlines() if ln.startswith("SigCgt:")), 16)
+        if caught >> (signal.SIGTERM - 1) & 1:
+            # installed before the imports, not by the run's own set-up seconds later
+            assert "libtorch" not in Path(f"/proc/{pid}/maps").read_text(), "SIGTERM handler only after torch"
+            return
+        time.sleep(0.005)
+    raise AssertionError(f"process {pid} installed no SIGTERM handler within {timeout} s")
+
+
 @pytest.mark.mpi
 @pytest.mark.parametrize("domains", [1, pytest.param(2, marks=pytest.mark.slow)])
 def test_sigterm_while_starting_stops_after_the_first_step(tmp_path, domains):
@@ -409,7 +423,9 @@ def test_sigterm_while_starting_stops_after_the_first_step(tmp_path, domains):
     proc = subprocess.Popen([sys.executable, "-m", "engine", "run", *SMALL, "system.repeat=[4,4,4]", "steps=1000",
                              f"domains={domains}"],
                             cwd=tmp_path, stderr=subprocess.PIPE, text=True)
-    time.sleep(0.6)   # python is up (~0.1 s); torch alone takes ~1.5 s to import
+    # the moment the handler is in (~0.1 s after exec; torch alone then takes ~1.5 s to import):
+    # a fixed sleep of 0.6 s came before it under four workers on two cores at load 7 (killed, -15)
+    _wait_for_sigterm_handler(proc.pid)
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=180) == 75, proc.stderr.read()
     assert "Stopped by SIGTERM at step 1" in (tmp_path / "run.log").read_text()
