@@ -99,25 +99,15 @@ def lennard_jones_virial(positions: torch.Tensor, cell: torch.Tensor, numbers: t
                  order, "virial")
 
 
-@lennard_jones.register_fake
-def _(positions, cell, numbers, offsets, neighbors, shifts, packed, cutoff, n_points, handle, half=False,
-      order=None):
+def _fake(positions, cell, numbers, offsets, neighbors, shifts, packed, cutoff, n_points, handle, half=False,
+          order=None):
+    """The three ops' output shapes without computing them (tracing, torch.compile)."""
     nq = offsets.shape[0] - 1
     return (positions.new_empty(()), positions.new_empty(nq, 3), positions.new_empty(3, 3), positions.new_empty(nq))
 
 
-@lennard_jones_forces.register_fake
-def _(positions, cell, numbers, offsets, neighbors, shifts, packed, cutoff, n_points, handle, half=False,
-      order=None):
-    nq = offsets.shape[0] - 1
-    return (positions.new_empty(()), positions.new_empty(nq, 3), positions.new_empty(3, 3), positions.new_empty(nq))
-
-
-@lennard_jones_virial.register_fake
-def _(positions, cell, numbers, offsets, neighbors, shifts, packed, cutoff, n_points, handle, half=False,
-      order=None):
-    nq = offsets.shape[0] - 1
-    return (positions.new_empty(()), positions.new_empty(nq, 3), positions.new_empty(3, 3), positions.new_empty(nq))
+for _op in (lennard_jones, lennard_jones_forces, lennard_jones_virial):
+    _op.register_fake(_fake)
 
 
 OP = torch.ops.shardmd_lj.lennard_jones.default
