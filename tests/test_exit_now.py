@@ -13,6 +13,8 @@ import pytest
 
 from shardmd.engine.parallel import find_mpiexec
 
+pytestmark = pytest.mark.fault
+
 
 def _script(tmp_path, body: str) -> list[str]:
     path = tmp_path / "s.py"

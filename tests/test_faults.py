@@ -28,6 +28,8 @@ from shardmd.engine.checkpoint import read_checkpoint
 from shardmd.engine.cli import main
 from shardmd.engine.h5md import read_frames
 
+pytestmark = pytest.mark.fault
+
 # one torch thread: the in-process runs' small ops do not wait on OpenMP workers (default: all cores)
 SMALL = ["model=lj", "system.repeat=[3,3,3]", "quiet=true", "threads=1"]
 

@@ -27,6 +27,8 @@ from shardmd.engine.errors import UserError
 from shardmd.engine.h5md import H5MDWriter, TrajectoryRebuilt, read_frames
 from shardmd.engine.h5md_read import TrajectoryReadError
 
+pytestmark = pytest.mark.fault
+
 HELPER = Path(__file__).parent / "helpers" / "h5md_writer_loop.py"
 _spec = importlib.util.spec_from_file_location("h5md_writer_loop", HELPER)
 loop = importlib.util.module_from_spec(_spec)

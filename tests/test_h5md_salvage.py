@@ -32,6 +32,8 @@ from shardmd.engine.h5md_layout import ROW_CHUNK, _create_element
 from shardmd.engine.h5md_read import TrajectoryDamageWarning
 from shardmd.engine.h5md_salvage import stored_eoa, tail_past_eoa
 
+pytestmark = pytest.mark.fault
+
 HELPER = Path(__file__).parent / "helpers" / "h5md_writer_loop.py"
 _spec = importlib.util.spec_from_file_location("h5md_writer_loop", HELPER)
 loop = importlib.util.module_from_spec(_spec)

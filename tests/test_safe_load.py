@@ -22,6 +22,8 @@ from conftest import run_engine, run_in_process
 from shardmd.engine.ase_calculator import ShardMDCalculator
 from shardmd.models.mace import DEFAULT_MODEL, load_mace
 
+pytestmark = pytest.mark.fault
+
 pytest.importorskip("mace")
 
 

@@ -5,7 +5,11 @@ from __future__ import annotations
 import os
 import time
 
+import pytest
+
 from shardmd.domain.stale_shm import fnv1a_32, process_start_time, remove_stale_segments, segment_prefixes
+
+pytestmark = pytest.mark.fault
 
 STEP = {"SLURM_JOB_ID": "52353184", "SLURM_STEP_ID": "0"}
 

@@ -23,6 +23,8 @@ import h5py
 import numpy as np
 import pytest
 
+pytestmark = pytest.mark.fault
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 _spec = importlib.util.spec_from_file_location("h5md_writer_loop", HERE / "helpers" / "h5md_writer_loop.py")
