@@ -96,16 +96,32 @@ def _walk(cls: type, prefix: str = "", owner: str = ""):
                       nested=open_map and dataclasses.is_dataclass(args[1]))
 
 
-def _schema() -> dict[str, KeyInfo]:
+def _schema() -> tuple[dict[str, KeyInfo], dict[tuple[str, str], KeyInfo]]:
+    """(path -> the key with every choice that has it as owners, (path, choice) -> that choice's
+    own key): two choices of a group may share a key name (``model.cutoff``) with their own
+    default, check and help."""
     out = {k.path: k for k in _walk(schema.ShardMD)}
+    own: dict[tuple[str, str], KeyInfo] = {}
     for group, options in schema.GROUPS.items():
         for name, cls in options.items():
             for k in _walk(cls, group + ".", f"{group}={name}"):
+                own[(k.path, k.owners[0])] = k
                 out[k.path] = dataclasses.replace(k, owners=out[k.path].owners + k.owners) if k.path in out else k
-    return out
+    return out, own
 
 
-SCHEMA: dict[str, KeyInfo] = _schema()
+SCHEMA: dict[str, KeyInfo]
+_OWN: dict[tuple[str, str], KeyInfo]
+SCHEMA, _OWN = _schema()
+
+
+def key_info(path: str, active: set[str] | frozenset[str] = frozenset()) -> KeyInfo | None:
+    """The key ``path`` as the active group choices (``{"model=lj", ...}``) define it."""
+    info = SCHEMA.get(path)
+    for owner in info.owners if info else ():
+        if owner in active:
+            return _OWN[(path, owner)]
+    return info
 
 
 def group_options(group: str) -> list[str]:
@@ -151,11 +167,23 @@ def _default_text(info: KeyInfo) -> str:
     return hydra_value(info.default, spaced=True)
 
 
+def _key_text(info: KeyInfo) -> tuple[str, str]:
+    """(default, description) of a key for --help and README; a key several choices share
+    shows each choice's own default and help where they differ."""
+    if not info.owners:
+        return _default_text(info), info.help
+    own = [(o.split("=")[1], _OWN[(info.path, o)]) for o in info.owners]
+    defaults = {_default_text(k) for _, k in own}
+    default = defaults.pop() if len(defaults) == 1 else ", ".join(f"{_default_text(k)} ({c})" for c, k in own)
+    if len({k.help for _, k in own}) == 1:
+        return default, ", ".join(c for c, _ in own) + ": " + info.help
+    return default, "; ".join(f"{c}: {k.help}" for c, k in own)
+
+
 #: every key users may set: (default shown in help, description)
 KEYS: dict[str, tuple[str, str]] = {
     **{g: ("(required)" if DEFAULT_CHOICES.get(g) is None else DEFAULT_CHOICES[g], _group_help(g)) for g in GROUPS},
-    **{k: (_default_text(i), (", ".join(o.split("=")[1] for o in i.owners) + ": " if i.owners else "") + i.help)
-       for k, i in SCHEMA.items()},
+    **{k: _key_text(i) for k, i in SCHEMA.items()},
 }
 #: keys ``~key`` may remove (reset to null), and maps whose single entries it may remove
 REMOVABLE = tuple(k for k, i in SCHEMA.items() if i.optional)
@@ -371,7 +399,7 @@ def composition_error(exc: Exception, overrides: list[str]) -> UserError:
         key = full_key if full_key in SCHEMA else (_map_of(full_key) or full_key)
         given = next((o.split("=", 1)[1] for o in reversed(overrides)
                       if o.lstrip("+~").split("=")[0] in (full_key, key)), getattr(cause, "value", "?"))
-        info = SCHEMA.get(key)
+        info = key_info(key, _active_in(overrides))
         fix = info.check.fix if info and info.check and info.check.fix else "see python -m engine --help"
         return UserError(f"{full_key}={given!r} is invalid: {fix}")
     if isinstance(cause, (ConfigAttributeError, ConfigKeyError)) and full_key:
@@ -404,6 +432,16 @@ def _choice(group: str, name: str) -> str:
     return name if name in schema.GROUPS[group] or group not in schema.OPEN_CHOICES else schema.OPEN_CHOICES[group]
 
 
+def _active_in(overrides: list[str]) -> set[str]:
+    """The group choices a list of overrides makes (the defaults where it names none)."""
+    chosen = {g: c for g, c in DEFAULT_CHOICES.items() if c is not None}
+    for o in overrides:
+        k, eq, v = o.lstrip("+").partition("=")
+        if eq and k in GROUPS:
+            chosen[k] = v
+    return {f"{g}={_choice(g, c)}" for g, c in chosen.items()}
+
+
 def _active(cfg: DictConfig) -> set[str]:
     return {f"{g}={_choice(g, cfg[g].name)}" for g in GROUPS
             if g in cfg and OmegaConf.is_dict(cfg[g]) and "name" in cfg[g]}
@@ -419,6 +457,7 @@ def validate(cfg: DictConfig) -> None:
     for path, info in SCHEMA.items():
         if info.owners and not active.intersection(info.owners):
             continue
+        info = key_info(path, active)
         value = _plain(OmegaConf.select(cfg, path, throw_on_missing=False))
         fix = info.check(value) if info.check and not (value is None and info.optional) else None
         if fix:

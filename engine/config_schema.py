@@ -290,6 +290,18 @@ class LJ:
 
 
 @dataclass
+class Morse:
+    """Morse pair potential in plain PyTorch, the readable reference pair model; copper by default"""
+
+    name: str = "morse"
+    D: float = key(0.3429, "well depth D, eV", number("give a well depth > 0 in eV", gt=0))
+    a: float = key(1.3588, "inverse width a, 1/Å", number("give an inverse width > 0 in 1/Å", gt=0))
+    r0: float = key(2.866, "equilibrium distance r0, Å", number("give an equilibrium distance > 0 in Å", gt=0))
+    cutoff: float = key(6.0, "cutoff, Å (Morse: U is shifted to 0 here)", number("give a Morse cutoff > 0 in Å", gt=0))
+    shift: bool = key(True, "shift the pair energy to zero at the cutoff", FLAG)
+
+
+@dataclass
 class Mace:
     """MACE via mace-torch, the shipped Cu model by default"""
 
@@ -373,7 +385,7 @@ class NPT:
 
 
 #: group -> {choice: dataclass}; a new model or integrator is one more entry here
-MODELS: dict[str, type] = {"lj": LJ, "mace": Mace, "custom": Custom}
+MODELS: dict[str, type] = {"lj": LJ, "morse": Morse, "mace": Mace, "custom": Custom}
 #: the choice whose node takes free keys (the factory's arguments): model=py:... and registered names
 OPEN_CHOICES: dict[str, str] = {"model": "custom"}
 INTEGRATORS: dict[str, type] = {"verlet": Verlet, "langevin": Langevin, "nose-hoover": NoseHoover,
@@ -384,6 +396,8 @@ GROUP_HELP = {"model": "the interatomic model", "integrator": "the equations of 
 #: defaults a choice changes outside its own node: model=mace runs fcc Cu (864 atoms, 300 K,
 #: 20 steps), the system the shipped model was trained on
 GROUP_DEFAULTS: dict[tuple[str, str], dict] = {
+    ("model", "morse"): {"system": {"element": "Cu", "lattice": "fcc", "a": 3.66, "repeat": [5, 5, 5]},
+                         "temperature": 300.0},
     ("model", "mace"): {"system": {"element": "Cu", "lattice": "fcc", "a": 3.59, "repeat": [6, 6, 6]},
                         "temperature": 300.0, "steps": 20, "thermo": {"every": 5}, "trajectory": {"every": 10}},
 }

@@ -42,6 +42,13 @@ def lj(*, epsilon: Mapping, sigma: Mapping, cutoff: float, shift: bool = True,
                                        pairs=pairs or {}))
 
 
+def morse(*, D: float, a: float, r0: float, cutoff: float, shift: bool = True):
+    """Morse pair potential in plain PyTorch (models/morse.py: the readable reference pair model)."""
+    from .morse import Morse
+
+    return Morse(D=D, a=a, r0=r0, cutoff=cutoff, shift=shift)
+
+
 def mace(*, checkpoint: str | None = None, dtype: str | None = None, cueq="auto", cuda_graph="auto",
          trust_pickle: bool = False, precision: torch.dtype = torch.float64, device="cpu", head: str | None = None):
     """MACE via mace-torch (the shipped Cu model without ``checkpoint``)."""
@@ -66,7 +73,7 @@ def nequip(*, config: str | None = None, weights: str | None = None, species=("C
 
 
 #: the shipped families (the entry points of pyproject.toml name these)
-MODELS: dict[str, Callable] = {"lj": lj, "mace": mace, "nequip": nequip}
+MODELS: dict[str, Callable] = {"lj": lj, "morse": morse, "mace": mace, "nequip": nequip}
 
 
 # -- routes --------------------------------------------------------------------------------------
