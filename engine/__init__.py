@@ -1,24 +1,36 @@
-"""ShardMD engine: run loop, state, CLI, I/O.
+"""ShardMD engine: it wires the models, the domain and the integrators into runs.
 
-This folder is installed twice: as ``shardmd.engine`` (the real package) and as a
-top-level ``engine`` alias so that ``python -m engine`` works from any directory.  Every
-module imports through ``shardmd.*``, so a user's own ``models.py`` or ``domain/`` in the
-working directory is never picked up.
+Its rooms, top to bottom (each may import only those below it; pyproject.toml's import
+contracts hold it):
+
+    cli/            the command line: ``python -m engine run|minimize|info|plot|convert``, sweeps
+    ase_calculator  the ASE calculator (the Python face beside the command line)
+    relax/          minimisation (FIRE, the cell filter) on the run loop's domains
+    run/            the run loop: set-up, state, domains, steps, observables, reporting, restarts
+    config/ io/ launch/   the configuration schema; files (H5MD, checkpoints, ASE formats);
+                    launching and joining MPI ranks, signals and stops
+    errors          the one-line errors and their exit codes
+
+This folder is ``shardmd.engine`` (through the link ``shardmd/engine``) and, for ``python -m
+engine`` from any directory, also the top-level ``engine`` whose ``__main__`` alone runs;
+every module imports through ``shardmd.*``, so a user's own ``models.py`` or ``domain/`` in
+the working directory is never picked up.  ``from shardmd.engine import Simulation,
+compose_config`` is the Python API's entry.
 """
 __version__ = "0.1.0"
 
 
 def __getattr__(name):  # lazy: `python -m engine --help` must not pay for torch/warp
     if name == "Simulation":
-        from shardmd.engine.simulation import Simulation
+        from shardmd.engine.run.simulation import Simulation
 
         return Simulation
     if name == "compose_config":
-        from shardmd.engine.config import compose_config
+        from shardmd.engine.config.compose import compose_config
 
         return compose_config
     if name == "State":
-        from shardmd.engine.state import State
+        from shardmd.engine.run.state import State
 
         return State
     raise AttributeError(name)

@@ -58,13 +58,12 @@ from omegaconf.errors import OmegaConfBaseException
 
 from shardmd.domain.comm import Comm, init_comm, shutdown, under_launcher
 from shardmd.domain.distributed_model import DistributedModel
+from shardmd.engine.config.compose import compose_config, to_container, validate
+from shardmd.engine.errors import UserError
+from shardmd.engine.run.health import check_inputs
+from shardmd.engine.run.rank_domain import RankDomain
+from shardmd.engine.run.state import State
 from shardmd.models import build_model
-
-from .config import compose_config, to_container, validate
-from .errors import UserError
-from .health import check_inputs
-from .rank_domain import RankDomain
-from .state import State
 
 _COMM: Comm | None = None
 
@@ -141,7 +140,7 @@ def _model_config(model: str, precision: str, device: str, checkpoint, model_kwa
 def _open(cfg) -> bool:
     """Whether the composed model is the open choice (``py:module:factory`` or a registered name
     beside ShardMD's own): its keyword arguments are the factory's, checked by the factory."""
-    from .config_schema import GROUPS
+    from shardmd.engine.config.schema import GROUPS
 
     return str(cfg.model.name) not in GROUPS["model"]
 
@@ -186,7 +185,9 @@ class ShardMDCalculator(Calculator):
             record["head"] = built.head
         record.update(precision=precision, device=str(dev), skin=float(skin), domains=self.comm.size)
         # nothing is changed before everything above succeeded (a failed set() leaves the old model)
-        from .simulation import wrap_model  # the engine's rule: a model's own spec, else the MPNN preset
+        from shardmd.engine.run.simulation import (
+            wrap_model,  # the engine's rule: a model's own spec, else the MPNN preset
+        )
 
         dmodel = built if isinstance(built, DistributedModel) else wrap_model(built)
         self.dtype, self.device, self.model, self.model_config, self.skin = dtype, dev, dmodel.model, mcfg, float(skin)

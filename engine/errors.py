@@ -9,7 +9,7 @@ Exit statuses (the CLI's, also those of every rank under MPI):
       energy); frames and checkpoints up to the last healthy output are kept
  4    an output could not be written (disk full, read-only, I/O error); earlier frames
       and checkpoints are kept
-75    stopped by a signal after writing a checkpoint (``engine/stop.py``)
+75    stopped by a signal after writing a checkpoint (``engine/launch/stop.py``)
 ====  ===================================================================================
 """
 from __future__ import annotations

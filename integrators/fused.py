@@ -26,29 +26,12 @@ import math
 
 import torch
 
-CHUNK = 4096   # atoms per partial sum of the fixed-point words
+from .fused_common import CHUNK
+from .fused_common import warp as _warp
+
 ENABLED = True  # False: always the torch code (tests compare the two)
 
-_wp = None     # the warp module once loaded; False when it cannot be
 _kernels: dict = {}
-
-
-def _warp():
-    """Warp, initialised quietly (the engine has usually done it already); None without it."""
-    global _wp
-    if _wp is None:
-        try:
-            import warp as wp
-        except ImportError:
-            _wp = False
-            return None
-        if hasattr(wp.config, "log_level"):
-            wp.config.log_level = getattr(wp, "LOG_WARNING", 30)
-        else:
-            wp.config.quiet = True
-        wp.init()
-        _wp = wp
-    return _wp or None
 
 
 def usable(*tensors: torch.Tensor) -> bool:
@@ -168,7 +151,7 @@ def kick_press_measure(velocities: torch.Tensor, forces: torch.Tensor, masses: t
 
 def strain_displacement(x: torch.Tensor, x0: torch.Tensor, t: list[list[float]], out: torch.Tensor) -> torch.Tensor:
     """0-d: max over the rows of |x - x0 T| (Å; NaN if any is), the barostat's box check
-    (engine/rank_domain.py) in one pass; x, x0 (N, 3) Å, t (3, 3) rows, ``out`` a kept (>= chunks,)
+    (engine/run/rank_domain.py) in one pass; x, x0 (N, 3) Å, t (3, 3) rows, ``out`` a kept (>= chunks,)
     float64 work array.  Not bit for bit the torch expression (mm, sub, norm): the products and
     sums of each row in another order, a few ulps of the displacement, which only decides whether
     a list is rebuilt (its trigger is (skin - ||T - I|| R) / 2, not a bound to the ulp)."""

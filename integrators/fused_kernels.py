@@ -2,9 +2,9 @@
 bits are the same).  Imported on first use only: loading this module initialises Warp."""
 from __future__ import annotations
 
-from .fused import CHUNK, _warp
+from .fused_common import CHUNK, warp
 
-wp = _warp()
+wp = warp()
 f64 = wp.float64
 
 
@@ -209,7 +209,7 @@ def kick_press_measure(v: wp.array2d(dtype=f64), f: wp.array2d(dtype=f64), m: wp
         out[t, k] = s[k]
 
 
-# -- the barostat's box check (engine/rank_domain.py: RankDomain.displacement) -----------------------
+# -- the barostat's box check (engine/run/rank_domain.py: RankDomain.displacement) -----------------------
 @wp.kernel(enable_backward=False)
 def strain_displacement(x: wp.array2d(dtype=f64), x0: wp.array2d(dtype=f64), t0: wp.vec3d, t1: wp.vec3d,
                         t2: wp.vec3d, n: int, nan: f64, out: wp.array(dtype=f64)):

@@ -60,7 +60,7 @@ class LennardJones:
                     (built elsewhere) is summed in memory order. ``newton=False``: the full list.
 
     ``forces_only`` (attribute, default False): the engine sets it for a step whose energy
-    and virial nobody reads (engine/simulation.py: no output due, no barostat), as LAMMPS
+    and virial nobody reads (engine/run/simulation.py: no output due, no barostat), as LAMMPS
     computes them only on its thermo steps. The half-list kernel then skips their sums
     (the forces are the same bits) and ``energy``, ``virial`` and ``energies`` are NaN, so a
     stray read cannot pass for a value. The full-list kernel ignores it.

@@ -8,7 +8,7 @@ rank's partial sums, so the adapter declares ``AllReduceSum`` on outputs 0 and 2
 :data:`SPEC_LJ` (the pair-potential preset plus that adapter) ``DistributedModel`` needs no
 ``output_kinds``; the results are bit-identical to the direct call.
 ``shardmd_lj::lennard_jones_forces`` is the same call with the model's ``forces_only`` on
-(steps without output, engine/simulation.py): NaN energy and virial, so its adapter sums
+(steps without output, engine/run/simulation.py): NaN energy and virial, so its adapter sums
 nothing over ranks (two all-reduces per decomposed step saved); ``lennard_jones_virial``
 with ``virial_only`` (npt's steps without output) sums the virial alone.
 

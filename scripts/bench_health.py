@@ -1,4 +1,4 @@
-"""What the health checks (engine/health.py) cost per step: the skin check alone against the
+"""What the health checks (engine/run/health.py) cost per step: the skin check alone against the
 skin check with the health measure folded into its read-back, beside a whole MD step.
 
     python scripts/bench_health.py                       # LJ on the CPU, 4k and 32k atoms
@@ -16,9 +16,9 @@ import time
 
 import torch
 
-from shardmd.engine.config import compose_config
-from shardmd.engine.health import max_speed, step_measure
-from shardmd.engine.simulation import Simulation
+from shardmd.engine.config.compose import compose_config
+from shardmd.engine.run.health import max_speed, step_measure
+from shardmd.engine.run.simulation import Simulation
 
 
 def _sync(device: str) -> None:

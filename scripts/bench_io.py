@@ -19,7 +19,7 @@ import numpy as np
 
 
 def bench_checkpoint(n: int, work: Path) -> tuple[float, float, float]:
-    from shardmd.engine.checkpoint import read_checkpoint, write_checkpoint
+    from shardmd.engine.io.checkpoint import read_checkpoint, write_checkpoint
 
     rng = np.random.default_rng(0)
     arrays = {"positions": rng.random((n, 3)) * 100, "reference_positions": rng.random((n, 3)) * 100,
@@ -37,8 +37,8 @@ def bench_checkpoint(n: int, work: Path) -> tuple[float, float, float]:
 
 
 def bench_run(atoms: int, steps: int, work: Path) -> dict:
-    from shardmd.engine.config import compose_config
-    from shardmd.engine.simulation import Simulation
+    from shardmd.engine.config.compose import compose_config
+    from shardmd.engine.run.simulation import Simulation
 
     n = max(1, round((atoms / 4) ** (1 / 3)))
     cfg = compose_config(["model=lj", f"system.repeat=[{n},{n},{n}]", f"steps={steps}", "trajectory.every=100",

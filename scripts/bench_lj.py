@@ -133,8 +133,8 @@ def apply_newton(sim, mode) -> None:
 
 
 def run_ours(n: int, policy: str, args) -> dict:
-    from shardmd.engine.config import compose_config
-    from shardmd.engine.simulation import Simulation
+    from shardmd.engine.config.compose import compose_config
+    from shardmd.engine.run.simulation import Simulation
 
     sim = Simulation(compose_config(overrides(n, policy, args)))
     apply_newton(sim, args.newton)
@@ -193,8 +193,8 @@ def rank_worker(argv: list[str]) -> int:
     """One rank of :func:`run_ours_mpi`: the engine's run (as ``python -m engine run`` under
     mpiexec) with :func:`apply_newton` before it. argv: on|off|filter, then the config overrides."""
     from shardmd.domain.comm import init_comm, shutdown
-    from shardmd.engine.config import compose_config
-    from shardmd.engine.simulation import Simulation
+    from shardmd.engine.config.compose import compose_config
+    from shardmd.engine.run.simulation import Simulation
 
     cfg = compose_config(argv[1:])
     comm = init_comm(cfg.device)
@@ -256,8 +256,8 @@ def profile(n: int, args) -> None:
     than it is inside a run)."""
     import torch
 
-    from shardmd.engine.config import compose_config
-    from shardmd.engine.simulation import Simulation
+    from shardmd.engine.config.compose import compose_config
+    from shardmd.engine.run.simulation import Simulation
 
     cuda = args.device.startswith("cuda")
     sync = torch.cuda.synchronize if cuda else (lambda: None)

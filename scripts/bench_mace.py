@@ -99,8 +99,8 @@ def engine_overrides(n: int, a) -> list[str]:
 
 
 def run_engine(n: int, a) -> dict:
-    from shardmd.engine.config import compose_config
-    from shardmd.engine.simulation import Simulation
+    from shardmd.engine.config.compose import compose_config
+    from shardmd.engine.run.simulation import Simulation
 
     _reset_peak(a.device)
     sim = Simulation(compose_config(engine_overrides(n, a)))

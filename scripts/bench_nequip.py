@@ -59,7 +59,7 @@ def engine(a, n: int, path: Path, out: Path) -> None:
                 "thermo.every=0", "quiet=true", f"output={out / f'run{steps}.h5'}", "overwrite=true"]
         cmd = [sys.executable, "-m", "engine", "run", *args]
         if a.ranks > 1:
-            from shardmd.engine.parallel import find_mpiexec
+            from shardmd.engine.launch.parallel import find_mpiexec
 
             cmd = [find_mpiexec() or "mpiexec", "-n", str(a.ranks), *cmd]
         r = subprocess.run(cmd, capture_output=True, text=True, cwd=out)

@@ -91,8 +91,8 @@ class CpuSplit:
 
 
 def run(n: int, case: str, args) -> dict:
-    from shardmd.engine.config import compose_config
-    from shardmd.engine.simulation import Simulation
+    from shardmd.engine.config.compose import compose_config
+    from shardmd.engine.run.simulation import Simulation
 
     sim = Simulation(compose_config(overrides(n, case, args)))
     if case == "verlet sums":
@@ -131,8 +131,8 @@ def equilibrated(n: int, args):
     velocities): every case then starts at T* = 1.44, where NVE stays. From the lattice NVE
     cools to T* ~ 0.7 while the thermostat holds 1.44; the faster atoms use up the skin sooner
     (~25 % more list builds), a cost of the state, not of the integrator."""
-    from shardmd.engine.config import compose_config
-    from shardmd.engine.simulation import Simulation
+    from shardmd.engine.config.compose import compose_config
+    from shardmd.engine.run.simulation import Simulation
 
     eq = Simulation(compose_config(overrides(n, "nose-hoover", argparse.Namespace(
         **{**vars(args), "steps": args.equilibrate + 1}))))
@@ -150,9 +150,9 @@ def interleaved(n: int, cases: list[str], args) -> None:
     """All cases' simulations in this process at once, stepped in turn ``--interleave`` rounds of
     ``--steps`` steps (each round starting at the next case): every case sees the same load and
     the same memory, and each round's CPU time per step is divided by that round's NVE one."""
-    from shardmd.engine.config import compose_config
-    from shardmd.engine.simulation import Simulation
-    from shardmd.engine.state import State
+    from shardmd.engine.config.compose import compose_config
+    from shardmd.engine.run.simulation import Simulation
+    from shardmd.engine.run.state import State
 
     sims = {}
     # steps= of the whole session: a step at or past it counts as an output step (energy and virial)

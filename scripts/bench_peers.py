@@ -88,9 +88,9 @@ def _quiet():
 # ---------------------------------------------------------------- ShardMD
 def run_shardmd(atoms, a, graph: str) -> dict:
     from shardmd.engine.ase_calculator import ShardMDCalculator
-    from shardmd.engine.config import compose_config
-    from shardmd.engine.simulation import Simulation
-    from shardmd.engine.state import State
+    from shardmd.engine.config.compose import compose_config
+    from shardmd.engine.run.simulation import Simulation
+    from shardmd.engine.run.state import State
 
     dev, cueq = a.device, ("true" if a.device.startswith("cuda") else "false")
     _fresh(dev)

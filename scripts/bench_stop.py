@@ -2,7 +2,7 @@
 mpiexec, as a scheduler signals the ranks) until each rank's process is gone, and until mpiexec
 is. Two ways of starting the same ranks, alternated:
 
-    python -m engine run ...            the engine's entry (ends with engine/parallel.py exit_now)
+    python -m engine run ...            the engine's entry (ends with engine/launch/parallel.py exit_now)
     python -c "...sys.exit(main())" ... the same main, ended by the interpreter's normal teardown
 
 The stop itself (common step, checkpoint, files closed) is the same in both; the difference is
@@ -26,13 +26,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from shardmd.engine.parallel import find_mpiexec  # noqa: E402
+from shardmd.engine.launch.parallel import find_mpiexec  # noqa: E402
 
 ARGS = ["run", "model=lj", "system.repeat=[5,5,5]", "temperature=100", "domains=2", "threads=1",
         "quiet=true", "thermo.every=50", "trajectory.every=100", "checkpoint.every=0", "steps=10000000"]
 ENTRIES = {
     "python -m engine": ["-m", "engine"],
-    "sys.exit(main())": ["-c", "import sys; from shardmd.engine.cli import main; sys.exit(main())"],
+    "sys.exit(main())": ["-c", "import sys; from shardmd.engine.cli.main import main; sys.exit(main())"],
 }
 
 

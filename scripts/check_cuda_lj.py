@@ -140,8 +140,8 @@ def check_kernels(name: str, ref: dict) -> bool:
 
 
 def engine_run(device: str, steps: int, precision: str = "float64") -> tuple[dict, float]:
-    from shardmd.engine.config import compose_config
-    from shardmd.engine.simulation import Simulation
+    from shardmd.engine.config.compose import compose_config
+    from shardmd.engine.run.simulation import Simulation
 
     out = tempfile.mkdtemp(prefix="check_cuda_lj_")
     cfg = compose_config([

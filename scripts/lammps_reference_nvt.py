@@ -80,8 +80,8 @@ def starting_state():
     """Our engine's in.lj start for CELLS^3 cells: positions Å, velocities Å/fs (id order), box Å."""
     import torch
 
-    from shardmd.engine.config import compose_config
-    from shardmd.engine.simulation import Simulation
+    from shardmd.engine.config.compose import compose_config
+    from shardmd.engine.run.simulation import Simulation
 
     u = units()
     cfg = compose_config(start_config(u) + [f"output={tempfile.gettempdir()}/lammps_ref_start.h5",

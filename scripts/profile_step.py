@@ -39,8 +39,8 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
 
     from shardmd.domain.comm import init_comm
-    from shardmd.engine.config import compose_config
-    from shardmd.engine.simulation import Simulation
+    from shardmd.engine.config.compose import compose_config
+    from shardmd.engine.run.simulation import Simulation
 
     cuda = torch.cuda.is_available()  # without CUDA: a dry run of this script on the CPU
     sync = torch.cuda.synchronize if cuda else (lambda: None)

@@ -45,7 +45,7 @@ def run_in_process(args, cwd, capfd, monkeypatch) -> tuple[int, list[str]]:
 def cli_in_process(args, cwd, capfd, monkeypatch) -> subprocess.CompletedProcess:
     """:func:`run_in_process` with run_engine's answer: a CompletedProcess whose stderr ends
     with the warnings a fresh interpreter would have printed, one line each."""
-    from shardmd.engine.cli import main
+    from shardmd.engine.cli.main import main
 
     monkeypatch.chdir(cwd)
     capfd.readouterr()
@@ -106,7 +106,7 @@ else:
 
 def mpiexec_cmd(n, args):
     """Command list running ``args`` (a python argv tail) on n real MPI ranks."""
-    from shardmd.engine.parallel import launch_command
+    from shardmd.engine.launch.parallel import launch_command
 
     cmd = launch_command(n, [])
     # launch_command ends with [python, -m, engine]: replace the tail by our own arguments

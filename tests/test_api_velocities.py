@@ -7,10 +7,10 @@ from ase import units
 from ase.build import bulk
 from ase.io import write
 
-from shardmd.engine.config import compose_config
+from shardmd.engine.config.compose import compose_config
 from shardmd.engine.errors import UserError
-from shardmd.engine.simulation import Simulation
-from shardmd.engine.state import State
+from shardmd.engine.run.simulation import Simulation
+from shardmd.engine.run.state import State
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ from ase.md.verlet import VelocityVerlet
 from conftest import mpiexec_cmd, run_engine
 
 from shardmd.engine.ase_calculator import ShardMDCalculator
-from shardmd.engine.h5md import read_frames, read_observables
+from shardmd.engine.io.h5md import read_frames, read_observables
 
 HERE = Path(__file__).resolve().parent
 
@@ -303,9 +303,9 @@ def test_float32_reuse():
 
 
 def test_ase_verlet_equals_engine_verlet(tmp_path):
-    from shardmd.engine.config import compose_config
-    from shardmd.engine.simulation import Simulation
-    from shardmd.engine.state import State
+    from shardmd.engine.config.compose import compose_config
+    from shardmd.engine.run.simulation import Simulation
+    from shardmd.engine.run.state import State
 
     a = _triclinic_argon()
     rng = np.random.default_rng(0)

@@ -13,7 +13,7 @@ from ase.build import bulk
 from ase.io import read, write
 from conftest import cli_in_process
 
-from shardmd.engine.h5md import read_frames
+from shardmd.engine.io.h5md import read_frames
 
 SMALL = ["system.repeat=[3,3,3]", "steps=20", "thermo.every=10", "trajectory.every=10"]
 
@@ -144,7 +144,7 @@ def test_import_engine_with_user_modules(hostile_cwd):
     code = "import engine, sys; sim = engine.Simulation; print(sim.__module__)"
     r = subprocess.run([sys.executable, "-c", code], cwd=hostile_cwd, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
-    assert "shardmd.engine.simulation" in r.stdout
+    assert "shardmd.engine.run.simulation" in r.stdout
 
 
 def test_structure_file_with_velocities(cli_here, tmp_path):

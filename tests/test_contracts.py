@@ -1,5 +1,5 @@
-"""The house rules that a test can hold: import layers (import-linter, contracts in
-pyproject.toml) and the linter (ruff, rules in pyproject.toml), each shown to fail on a
+"""The house rules that a test can hold: the package layout, import layers and no cycles
+(import-linter, contracts in pyproject.toml) and the linter (ruff, rules in pyproject.toml), each shown to fail on a
 planted violation so that a green run means something."""
 import shutil
 import subprocess
@@ -24,8 +24,8 @@ def _tool(name):
 
 
 def _view(tmp_path, packages=None):
-    """The repository as the installed package sees it: shardmd/<folder> for each folder
-    (the editable install maps them with a finder that import-linter cannot walk)."""
+    """The package with some folders replaced (by copies holding a planted violation):
+    shardmd/<folder> linking to each folder, as shardmd/ in the repository does."""
     view = tmp_path / "view"
     (view / "shardmd").mkdir(parents=True)
     (view / "shardmd" / "__init__.py").write_text("")
@@ -41,10 +41,21 @@ def _lint_imports(view):
                           cwd=view, env=env, capture_output=True, text=True, timeout=300)
 
 
-def test_import_contracts_hold(tmp_path):
-    r = _lint_imports(_view(tmp_path))
+def test_import_contracts_hold():
+    """import-linter run plainly (no options) in the repository, on this clone's code."""
+    env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "PYTHONDONTWRITEBYTECODE": "1"}
+    r = subprocess.run([_tool("lint-imports"), "--no-cache"], cwd=ROOT, env=env, capture_output=True, text=True,
+                       timeout=300)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
     assert "0 broken" in r.stdout
+    assert "engine: cli | ase_calculator -> relax -> run" in r.stdout and "no import cycles" in r.stdout
+
+
+def test_the_package_is_the_repository_folders():
+    """shardmd/<folder> links to each top-level folder: one tree, seen under two names."""
+    for p in PACKAGES:
+        link = ROOT / "shardmd" / p
+        assert link.is_symlink() and link.resolve() == (ROOT / p).resolve(), link
 
 
 def test_models_contract_names_every_domain_module_but_the_api():
@@ -57,18 +68,30 @@ def test_models_contract_names_every_domain_module_but_the_api():
     assert listed == modules, f"add to / remove from the models-api contract: {sorted(modules ^ listed)}"
 
 
-@pytest.mark.parametrize("plant", ["model imports a domain internal", "domain imports the engine",
-                                   "integrator imports the domain"])
+PLANTS = {  # what is planted: (folder, {file in it: its text}, the module the report must name)
+    "model imports a domain internal": ("models", {"planted.py": "from shardmd.domain import halo\n"},
+                                        "shardmd.models.planted"),
+    "domain imports the engine": ("domain", {"planted.py": "from shardmd.engine import errors\n"},
+                                  "shardmd.domain.planted"),
+    "integrator imports the domain": ("integrators", {"planted.py": "import shardmd.domain.cell\n"},
+                                      "shardmd.integrators.planted"),
+    "engine's files import the run loop": ("engine", {"io/planted.py": "from shardmd.engine.run import state\n"},
+                                           "shardmd.engine.io.planted"),
+    "a cycle of two modules": ("integrators", {"planted_a.py": "from . import planted_b\n",
+                                               "planted_b.py": "from . import planted_a\n"}, "planted_"),
+}
+
+
+@pytest.mark.parametrize("plant", sorted(PLANTS))
 def test_import_contracts_catch_a_planted_violation(tmp_path, plant):
-    folder, line = {"model imports a domain internal": ("models", "from shardmd.domain import halo\n"),
-                    "domain imports the engine": ("domain", "from shardmd.engine import errors\n"),
-                    "integrator imports the domain": ("integrators", "import shardmd.domain.cell\n")}[plant]
+    folder, files, named = PLANTS[plant]
     copy = tmp_path / folder
     shutil.copytree(ROOT / folder, copy, ignore=shutil.ignore_patterns("__pycache__"))
-    (copy / "planted.py").write_text(line)
+    for name, text in files.items():
+        (copy / name).write_text(text)
     r = _lint_imports(_view(tmp_path, {folder: copy}))
     assert r.returncode != 0 and "BROKEN" in r.stdout, r.stdout[-2000:]
-    assert f"shardmd.{folder}.planted" in r.stdout
+    assert named in r.stdout, r.stdout[-2000:]
 
 
 def test_ruff_is_clean():

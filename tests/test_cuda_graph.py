@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from shardmd.domain.api import GraphedCall
-from shardmd.engine.config import compose_config
-from shardmd.engine.simulation import Simulation
+from shardmd.engine.config.compose import compose_config
+from shardmd.engine.run.simulation import Simulation
 
 pytestmark = [
     pytest.mark.gpu,

@@ -8,7 +8,7 @@ from conftest import WorldTask
 from reference import lj_reference, mix_lorentz_berthelot
 from systems import make_system
 
-from shardmd.engine.h5md import read_frames
+from shardmd.engine.io.h5md import read_frames
 
 HERE = Path(__file__).resolve().parent
 CASES = {

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from conftest import mpiexec_cmd, run_in_process
 
-from shardmd.engine.h5md import read_frames
+from shardmd.engine.io.h5md import read_frames
 
 HERE = Path(__file__).resolve().parent
 

@@ -1,13 +1,13 @@
-"""Deferred skin check (engine/skin_check.py): the skin criterion read back only at scheduled
+"""Deferred skin check (engine/run/skin_check.py): the skin criterion read back only at scheduled
 steps must give the trajectory of a per-step check. The reference is the per-step check
 (itself tested against brute-force pair searches in test_dynamics.py); the deferred runs must
 read back far less often, and a window that missed a rebuild must be rolled back and replayed."""
 import numpy as np
 import pytest
 
-from shardmd.engine.config import compose_config
-from shardmd.engine.simulation import Simulation
-from shardmd.engine.skin_check import DeferredSkinCheck
+from shardmd.engine.config.compose import compose_config
+from shardmd.engine.run.simulation import Simulation
+from shardmd.engine.run.skin_check import DeferredSkinCheck
 
 # a hot Ar gas: ~1 rebuild every few steps, so windows cross skin/2 often
 HOT = ["model=lj", "system.element=Ar", "system.lattice=fcc", "system.a=5.8", "system.repeat=[4,4,4]",

@@ -1,4 +1,4 @@
-"""``exit_now``: how ``python -m engine`` ends once its work is done (engine/parallel.py). It
+"""``exit_now``: how ``python -m engine`` ends once its work is done (engine/launch/parallel.py). It
 skips the interpreter's teardown, so these check that nothing is lost by skipping it: the exit
 status, text still in Python's buffers, an HDF5 file a caller left open (the normal exit runs
 then), and MPI's own end under mpiexec."""
@@ -11,14 +11,14 @@ import h5py
 import numpy as np
 import pytest
 
-from shardmd.engine.parallel import find_mpiexec
+from shardmd.engine.launch.parallel import find_mpiexec
 
 pytestmark = pytest.mark.fault
 
 
 def _script(tmp_path, body: str) -> list[str]:
     path = tmp_path / "s.py"
-    path.write_text("from shardmd.engine.parallel import exit_now\n" + textwrap.dedent(body))
+    path.write_text("from shardmd.engine.launch.parallel import exit_now\n" + textwrap.dedent(body))
     return [sys.executable, str(path)]
 
 

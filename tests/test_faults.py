@@ -24,9 +24,9 @@ import numpy as np
 import pytest
 from conftest import run_engine, run_in_process
 
-from shardmd.engine.checkpoint import read_checkpoint
-from shardmd.engine.cli import main
-from shardmd.engine.h5md import read_frames
+from shardmd.engine.cli.main import main
+from shardmd.engine.io.checkpoint import read_checkpoint
+from shardmd.engine.io.h5md import read_frames
 
 pytestmark = pytest.mark.fault
 

@@ -18,9 +18,9 @@ import numpy as np
 import pytest
 from reference import lj_reference
 
-from shardmd.engine.cli import main
+from shardmd.engine.cli.main import main
 from shardmd.engine.errors import OutputError, UserError
-from shardmd.engine.h5md import H5MDWriter, file_summary, read_frames
+from shardmd.engine.io.h5md import H5MDWriter, file_summary, read_frames
 
 ROOT = Path(__file__).resolve().parents[1]
 FIELDS = "trajectory.fields=[position,image,velocity,force,energies]"
@@ -161,7 +161,7 @@ class _NoEnergies:
 def test_model_without_energies_is_one_line(tmp_path, monkeypatch):
     import torch
 
-    from shardmd.engine.simulation import Simulation
+    from shardmd.engine.run.simulation import Simulation
     from shardmd.models import build_model
 
     monkeypatch.chdir(tmp_path)
@@ -275,7 +275,7 @@ def test_write_error_in_the_energy_field(tmp_path):
 
 # ---------------------------------------------------------------------- plot: the drift panel
 def test_plot_shows_the_total_energy_drift_per_atom(run_dir, tmp_path, capsys, monkeypatch):
-    from shardmd.engine.inspect_files import plot_series
+    from shardmd.engine.io.inspect_files import plot_series
 
     r = _raw(run_dir / "run.h5")
     panels = dict(plot_series(str(run_dir / "run.h5")))
@@ -314,7 +314,7 @@ def test_info_into_a_closed_pipe_is_quiet(run_dir):
 _FILL = """
 import sys
 import numpy as np
-import shardmd.engine.h5md as h5md
+import shardmd.engine.io.h5md as h5md
 from shardmd.engine.errors import OutputError
 
 out, n, precheck = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1"

@@ -1,4 +1,4 @@
-"""Fixed atoms (engine/constraints.py): ASE FixAtoms in an input and fix.ids, against ASE.
+"""Fixed atoms (engine/run/constraints.py): ASE FixAtoms in an input and fix.ids, against ASE.
 
 References: ASE's own velocity Verlet with FixAtoms and the engine's ASE calculator (the same
 forces, ASE's constraint handling), and ASE's ``Atoms.get_temperature`` for the degrees of
@@ -14,10 +14,10 @@ from ase.md.verlet import VelocityVerlet
 from conftest import run_engine, run_in_process
 
 from shardmd.engine.ase_calculator import ShardMDCalculator
-from shardmd.engine.config import compose_config
+from shardmd.engine.config.compose import compose_config
 from shardmd.engine.errors import UserError
-from shardmd.engine.simulation import Simulation
-from shardmd.engine.state import State
+from shardmd.engine.run.simulation import Simulation
+from shardmd.engine.run.state import State
 
 FIXED = [0, 3, 7, 20, 21, 22, 50, 101]   # scattered: every domain and both sort orders meet some
 

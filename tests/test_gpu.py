@@ -166,8 +166,8 @@ def test_lj_cuda_matches_cpu(two_species, n_ghost):
 
 # --------------------------------------------------------------- the engine
 def _run(tmp_path, device, steps):
-    from shardmd.engine.config import compose_config
-    from shardmd.engine.simulation import Simulation
+    from shardmd.engine.config.compose import compose_config
+    from shardmd.engine.run.simulation import Simulation
 
     cfg = compose_config(["model=lj", "system.repeat=[6,6,6]", "system.a=5.72", f"steps={steps}", "dt=5.0",
                           "temperature=120.0", f"device={device}", "threads=1", "quiet=true",

@@ -1,4 +1,4 @@
-"""Tests of the H5MD trajectory writer/reader (shardmd.engine.h5md)."""
+"""Tests of the H5MD trajectory writer/reader (shardmd.engine.io.h5md)."""
 from __future__ import annotations
 
 import importlib.util
@@ -16,14 +16,14 @@ import h5py
 import numpy as np
 import pytest
 
-from shardmd.engine.h5md import (
+from shardmd.engine.io.h5md import (
     H5MDWriter,
     file_summary,
     iter_frames,
     read_frames,
     read_observables,
 )
-from shardmd.engine.h5md_units import KJ_PER_MOL_IN_EV
+from shardmd.engine.io.h5md_units import KJ_PER_MOL_IN_EV
 
 HELPER = Path(__file__).parent / "helpers" / "h5md_writer_loop.py"
 _spec = importlib.util.spec_from_file_location("h5md_writer_loop", HELPER)

@@ -1,5 +1,5 @@
 """A restart onto a trajectory whose writer was killed while creating it or writing its first
-frame (engine/h5md_salvage.py: ``Fresh``, ``set_aside``; H5MDWriter(mode="a")).
+frame (engine/io/h5md_salvage.py: ``Fresh``, ``set_aside``; H5MDWriter(mode="a")).
 
 The killed files are real: the writer loop (tests/helpers/h5md_writer_loop.py) runs under
 strace, which sends it SIGKILL as it enters its k-th ``pwrite64`` (the file then holds
@@ -24,8 +24,8 @@ import numpy as np
 import pytest
 
 from shardmd.engine.errors import UserError
-from shardmd.engine.h5md import H5MDWriter, TrajectoryRebuilt, read_frames
-from shardmd.engine.h5md_read import TrajectoryReadError
+from shardmd.engine.io.h5md import H5MDWriter, TrajectoryRebuilt, read_frames
+from shardmd.engine.io.h5md_read import TrajectoryReadError
 
 pytestmark = pytest.mark.fault
 

@@ -1,5 +1,5 @@
 """Appending to a trajectory that a killed writer left unsafe to reopen for writing
-(engine/h5md_salvage.py, H5MDWriter(mode="a")).
+(engine/io/h5md_salvage.py, H5MDWriter(mode="a")).
 
 The damaged files are real HDF5 states, made with HDF5 itself, no mocks.  HDF5 writes a
 flush's metadata in address order and the superblock (which holds the end-of-allocation
@@ -27,10 +27,10 @@ import numpy as np
 import pytest
 
 from shardmd.engine.errors import UserError
-from shardmd.engine.h5md import H5MDWriter, TrajectoryRebuilt, read_frames, read_observables
-from shardmd.engine.h5md_layout import ROW_CHUNK, _create_element
-from shardmd.engine.h5md_read import TrajectoryDamageWarning
-from shardmd.engine.h5md_salvage import stored_eoa, tail_past_eoa
+from shardmd.engine.io.h5md import H5MDWriter, TrajectoryRebuilt, read_frames, read_observables
+from shardmd.engine.io.h5md_layout import ROW_CHUNK, _create_element
+from shardmd.engine.io.h5md_read import TrajectoryDamageWarning
+from shardmd.engine.io.h5md_salvage import stored_eoa, tail_past_eoa
 
 pytestmark = pytest.mark.fault
 
@@ -295,7 +295,7 @@ def test_the_reader_says_which_observable_it_leaves_out(tmp_path):
     """An observable listed in the file whose group HDF5 cannot open (its header past the
     EOA, as a kill before the superblock leaves it): the frames and the other observables
     read, and a one-line warning names the one left out; file_summary lists it."""
-    from shardmd.engine.h5md_read import file_summary
+    from shardmd.engine.io.h5md_read import file_summary
 
     path = tmp_path / "run.h5"
     killed_before_superblock(path, 3)
@@ -414,8 +414,7 @@ def test_engine_info_names_an_unreadable_observable_and_warnings_are_one_line(tm
     ``Warning: ...`` (Python's format adds the file, line and source)."""
     from conftest import cli_in_process
 
-    from shardmd.engine import cli
-
+    from shardmd.engine.cli import main as cli
     path = tmp_path / "run.h5"
     killed_before_superblock(path, 3)
     r = cli_in_process(["info", str(path)], tmp_path, capfd, monkeypatch)

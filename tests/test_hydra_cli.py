@@ -13,8 +13,8 @@ import pytest
 import yaml
 from conftest import run_engine
 
-from shardmd.engine.cli import main
-from shardmd.engine.h5md import read_frames
+from shardmd.engine.cli.main import main
+from shardmd.engine.io.h5md import read_frames
 
 TINY = ["model=lj", "system.repeat=[2,2,2]", "quiet=true"]
 
@@ -197,7 +197,7 @@ def test_hydra_run_dir_holds_the_outputs(tmp_path, capsys, monkeypatch):
 
 
 def test_removing_keys(tmp_path, capsys, monkeypatch):
-    from shardmd.engine.config import compose_config
+    from shardmd.engine.config.compose import compose_config
 
     cfg = compose_config(["model=lj", "grid=[1,1,1]", "~grid", "restart=auto", "~restart.file"])
     assert cfg.grid is None and cfg.restart.file is None
@@ -216,7 +216,7 @@ def test_the_log_echoes_the_configuration_once_as_overrides(tmp_path, capsys, mo
     """The log's first line, pasted back as overrides, composes the same configuration."""
     from omegaconf import OmegaConf
 
-    from shardmd.engine.config import compose_config
+    from shardmd.engine.config.compose import compose_config
 
     args = [*TINY, "steps=4", "integrator=langevin", "model.epsilon={Ar: 0.0104, Kr: 0.014}",
             "model.sigma.Kr=3.65", "model.pairs={Ar-Kr: {epsilon: 0.012, sigma: 3.5}}", "output=o u t.h5"]

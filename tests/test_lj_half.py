@@ -6,7 +6,7 @@ to ghost points (domain decomposition) are kept one-sided. Both ways to get one 
 model filtering the engine's full list (models/lj.py ``half_list``) and the build making it
 directly (``build_neighbor_list(half=True)``, packed words and arrays). Domains are emulated in
 this process: each slab's owned atoms plus ghost images within the cutoff, a list with
-``n_query = n_owned`` on the axes left periodic, as the engine builds it (engine/rank_domain.py),
+``n_query = n_owned`` on the axes left periodic, as the engine builds it (engine/run/rank_domain.py),
 so no MPI launch is needed; the engine's own N-domain runs are tests/test_decomposed*.py.
 """
 from __future__ import annotations
@@ -222,8 +222,8 @@ def test_forces_only_same_forces_nan_sums(name, ghosts):
 
 
 def _lj_sim(tmp_path, tag, steps=24, extra=()):
-    from shardmd.engine.config import compose_config
-    from shardmd.engine.simulation import Simulation
+    from shardmd.engine.config.compose import compose_config
+    from shardmd.engine.run.simulation import Simulation
 
     return Simulation(compose_config([
         "model=lj", "system.repeat=[3,3,3]", f"steps={steps}", "thermo.every=8", "trajectory.every=0",
@@ -235,7 +235,7 @@ def test_engine_npt_virial_only_steps_change_no_bit(tmp_path, monkeypatch):
     """Under npt (tri: every virial component drives the cell) the loop asks LJ for forces and
     virial without the energy on steps with no output due: positions, velocities, cell and the
     thermo at output steps bit for bit as a run that sums everything at every step."""
-    from shardmd.engine.simulation import Simulation
+    from shardmd.engine.run.simulation import Simulation
 
     npt = ("integrator=npt", "integrator.couple=tri", "integrator.pressure=5000", "integrator.pdamp=500",
            "integrator.tdamp=100")
@@ -266,7 +266,7 @@ def test_engine_forces_only_steps_change_no_bit(tmp_path, monkeypatch):
     velocities after 24 steps, and the thermo energies at the output steps, bit for bit as a run
     that computes everything at every step; a forces-only step's observables, read after all
     (as a stop does), are completed, equal to the full step's."""
-    from shardmd.engine.simulation import Simulation
+    from shardmd.engine.run.simulation import Simulation
 
     calls = []
     lazy = _lj_sim(tmp_path, "lazy")

@@ -135,8 +135,8 @@ def test_mace_errors_are_one_line(tmp_path, mace_setup, capfd, monkeypatch):
 def test_mace_single_domain_engine_equals_mace_calculator(mace_setup, tmp_path):
     """Fast tier: the engine's MACE path on one domain (periodic images from the neighbour
     list, no ghosts) against mace-torch's calculator, triclinic, two species."""
-    from shardmd.engine.config import compose_config
-    from shardmd.engine.simulation import Simulation
+    from shardmd.engine.config.compose import compose_config
+    from shardmd.engine.run.simulation import Simulation
 
     d, model = mace_setup
     sim = Simulation(compose_config(["model=mace", f"model.checkpoint={model}", f"system.file={d / 'tri.extxyz'}",

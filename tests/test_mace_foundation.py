@@ -113,8 +113,8 @@ def test_unknown_names_heads_and_failed_downloads_are_one_line(xdg, tmp_path, ca
 
 @pytest.mark.slow
 def test_named_multihead_model_on_one_domain_equals_mace_calculator(xdg, tmp_path):
-    from shardmd.engine.config import compose_config
-    from shardmd.engine.simulation import Simulation
+    from shardmd.engine.config.compose import compose_config
+    from shardmd.engine.run.simulation import Simulation
 
     energies = {}
     for head in ("pbe", "r2scan"):
@@ -136,10 +136,10 @@ def test_head_is_part_of_the_model_identity(tmp_path, monkeypatch):
     """model.head is in the model's identity: the head a multi-head model resolved to (given, or
     its default) is in the log header and the checkpoint, and a restart with another head is
     refused in one line unless restart.allow_changes=true."""
-    from shardmd.engine.checkpoint import model_identity_of, newest_valid
-    from shardmd.engine.config import compose_config
+    from shardmd.engine.config.compose import compose_config
     from shardmd.engine.errors import UserError
-    from shardmd.engine.simulation import Simulation
+    from shardmd.engine.io.checkpoint import model_identity_of, newest_valid
+    from shardmd.engine.run.simulation import Simulation
 
     path = make_random_mace(tmp_path / "heads.model", elements=(29,), heads=("Default", "pbe"), seed=6)
     monkeypatch.chdir(tmp_path)

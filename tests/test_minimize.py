@@ -1,4 +1,4 @@
-"""FIRE minimisation (engine/minimize.py) against ASE's own FIRE (ase.optimize.FIRE) driving the
+"""FIRE minimisation (engine/relax/minimize.py) against ASE's own FIRE (ase.optimize.FIRE) driving the
 engine's ASE calculator (engine/ase_calculator.py): the same forces, ASE's optimiser and its
 FixAtoms handling as the independent reference.  Energies to <= 1e-6 eV (issue 21)."""
 import h5py
@@ -13,11 +13,11 @@ from ase.optimize import FIRE as AseFIRE
 from conftest import run_engine, run_in_process
 
 from shardmd.engine.ase_calculator import ShardMDCalculator
-from shardmd.engine.config import compose_config
+from shardmd.engine.config.compose import compose_config
 from shardmd.engine.errors import UserError
-from shardmd.engine.minimize import FIRE
-from shardmd.engine.simulation import Simulation
-from shardmd.engine.state import State
+from shardmd.engine.relax.minimize import FIRE
+from shardmd.engine.run.simulation import Simulation
+from shardmd.engine.run.state import State
 from shardmd.integrators.units import EV_PER_A3_TO_BAR
 
 _REFERENCES: dict = {}

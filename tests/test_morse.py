@@ -10,7 +10,7 @@ from conftest import run_engine
 from reference import pair_arrays
 
 from shardmd.engine.ase_calculator import ShardMDCalculator
-from shardmd.engine.h5md import read_frames
+from shardmd.engine.io.h5md import read_frames
 
 P = {"D": 0.3429, "a": 1.3588, "r0": 2.866, "cutoff": 6.0}
 
@@ -86,7 +86,7 @@ def test_bad_parameters_are_one_line_errors():
 def test_same_key_keeps_its_own_default_check_and_help_per_model():
     """model.cutoff is a key of model=lj and of model=morse: each keeps its own default, its
     own check message and its own help text."""
-    from shardmd.engine.config import KEYS, UserError, compose_config, validate
+    from shardmd.engine.config.compose import KEYS, UserError, compose_config, validate
 
     assert compose_config(["model=lj"]).model.cutoff == 8.5
     assert compose_config(["model=morse"]).model.cutoff == 6.0

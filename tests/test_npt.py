@@ -15,10 +15,10 @@ import pytest
 import torch
 from conftest import WorldTask
 
-from shardmd.engine.config import compose_config
-from shardmd.engine.h5md import read_frames
-from shardmd.engine.simulation import Simulation
-from shardmd.engine.state import State
+from shardmd.engine.config.compose import compose_config
+from shardmd.engine.io.h5md import read_frames
+from shardmd.engine.run.simulation import Simulation
+from shardmd.engine.run.state import State
 
 HERE = Path(__file__).resolve().parent
 DATA = HERE / "data" / "lammps_npt_lj4000.npz"
@@ -186,10 +186,10 @@ def test_restart_mid_npt_on_two_domains_and_onto_one(mpi_world, one_domain, tmp_
 
 
 def _built_domain(x0, cell, cutoff, skin):
-    """One domain (engine/rank_domain.py) with the box check, its list built on ``x0`` in ``cell``
+    """One domain (engine/run/rank_domain.py) with the box check, its list built on ``x0`` in ``cell``
     (memory order = id order: no sort)."""
     from shardmd.domain.comm import Comm
-    from shardmd.engine.rank_domain import RankDomain
+    from shardmd.engine.run.rank_domain import RankDomain
 
     n = len(x0)
     z = torch.zeros(n, 3, dtype=torch.float64)
@@ -230,7 +230,7 @@ BOX_CASES = [("tilted", 0, "random"), pytest.param("tilted", 1, "random", marks=
 
 @pytest.mark.parametrize("shape,seed,strain", BOX_CASES)
 def test_box_check_keeps_the_list_complete(shape, seed, strain):
-    """The box check of a changing cell (engine/rank_domain.py ``displacement``): after a strain of
+    """The box check of a changing cell (engine/run/rank_domain.py ``displacement``): after a strain of
     the cell (atoms remapped with it, x0 h0^-1 h) and displacements of the atoms' own up to the
     trigger (skin - ||T - I|| (cutoff + skin)) / 2, every pair within the cutoff (brute force) is
     still an edge of the list built before; past the trigger, a rebuild is asked for."""
@@ -343,12 +343,12 @@ def test_npt_refusals_are_one_line(tmp_path, capfd, monkeypatch):
 
 def test_a_cell_shrunk_below_the_grid_is_refused_in_one_line():
     """At a rebuild after the cell changed, every split domain must still be at least the ghost
-    width thick (engine/rank_domain.py): a 2 x 1 x 1 grid on a cell shrunk to 2 x 9 Å slabs with a
+    width thick (engine/run/rank_domain.py): a 2 x 1 x 1 grid on a cell shrunk to 2 x 9 Å slabs with a
     9.5 Å ghost width is refused with one line naming the fix."""
     from shardmd.domain.comm import Comm
     from shardmd.domain.decomposition import DomainGrid
     from shardmd.engine.errors import CollectiveError
-    from shardmd.engine.rank_domain import RankDomain
+    from shardmd.engine.run.rank_domain import RankDomain
 
     d = RankDomain(Comm(), cutoff=8.5, skin=1.0, box_check=True)
     d.grid = DomainGrid((2, 1, 1))
@@ -410,7 +410,7 @@ def test_fused_passes_give_the_torch_bits(seed, monkeypatch):
 def test_fused_box_check_matches_the_torch_norm():
     """integrators/fused.py's one-pass box check (max |x - x0 T|) against torch's mm + norm + amax on
     random rows (several chunks), a tilted T and a diagonal one: equal to 1e-14 relative; a NaN row
-    gives NaN (engine/health.py reads it as an unhealthy step)."""
+    gives NaN (engine/run/health.py reads it as an unhealthy step)."""
     from shardmd.integrators import fused
 
     if not fused.usable(torch.zeros(1, 3, dtype=torch.float64)):

@@ -7,8 +7,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from shardmd.engine.config import compose_config
-from shardmd.engine.simulation import Simulation
+from shardmd.engine.config.compose import compose_config
+from shardmd.engine.run.simulation import Simulation
 from shardmd.integrators.units import EV_PER_A3_TO_BAR, KB
 
 HERE = Path(__file__).resolve().parent

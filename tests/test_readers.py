@@ -18,10 +18,10 @@ import h5py
 import numpy as np
 import pytest
 
-from shardmd.engine import h5md as h5md_mod
-from shardmd.engine.cli import main
-from shardmd.engine.h5md import H5MDWriter, read_frames
-from shardmd.engine.h5md_units import FIELD_UNITS, KJ_PER_MOL_IN_EV
+from shardmd.engine.cli.main import main
+from shardmd.engine.io import h5md as h5md_mod
+from shardmd.engine.io.h5md import H5MDWriter, read_frames
+from shardmd.engine.io.h5md_units import FIELD_UNITS, KJ_PER_MOL_IN_EV
 
 RUN = ["run", "model=lj", "system.repeat=[2,2,2]", "steps=10", "trajectory.every=5", "quiet=true"]
 N_ATOMS, STEPS = 32, [0, 5, 10]
@@ -158,7 +158,7 @@ def test_ase_reads_default_output(run_dir):
 
 
 def test_ase_and_convert_read_checkpoints(run_dir, tmp_path, capsys, monkeypatch):
-    from shardmd.engine.checkpoint import read_checkpoint
+    from shardmd.engine.io.checkpoint import read_checkpoint
 
     ckpt = sorted((run_dir / "run.ckpt").glob("step-*.h5"))[-1]
     c = read_checkpoint(ckpt)

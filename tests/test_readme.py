@@ -30,8 +30,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from shardmd.engine.config import KEYS
-from shardmd.engine.parallel import find_mpiexec
+from shardmd.engine.config.compose import KEYS
+from shardmd.engine.launch.parallel import find_mpiexec
 
 ROOT = Path(__file__).resolve().parents[1]
 TEXT = (ROOT / "README.md").read_text()
@@ -160,7 +160,7 @@ def _follows_one_domain(folder: Path, env) -> None:
     test_mace's own test, which ran the 8 ranks a second time under mpiexec: mpiexec and
     self-launch giving the same trajectory bit for bit is test_decomposed_runs'
     test_self_launch_equals_mpiexec.)"""
-    from shardmd.engine.h5md import read_frames
+    from shardmd.engine.io.h5md import read_frames
 
     (folder / "one").mkdir()
     r = subprocess.run([sys.executable, "-m", "engine", "run", "+model=mace"], cwd=folder / "one", env=env,
@@ -199,9 +199,9 @@ def test_readme_starts_with_two_commands_and_ci_runs_the_second():
 
 
 def test_key_table_is_the_schemas():
-    """README's table is made from the dataclasses (engine/config_schema.py); regenerate with
-    python -c "from shardmd.engine.config import readme_table; print(readme_table())"."""
-    from shardmd.engine.config import readme_table
+    """README's table is made from the dataclasses (engine/config/schema.py); regenerate with
+    python -c "from shardmd.engine.config.compose import readme_table; print(readme_table())"."""
+    from shardmd.engine.config.compose import readme_table
 
     start, end = "<!-- generated:", "<!-- end generated -->"
     block = TEXT[TEXT.index(start):TEXT.index(end)]
@@ -212,7 +212,7 @@ def test_key_table_is_the_schemas():
 
 def test_key_table_check_catches_a_change(monkeypatch):
     """The table check fails when a dataclass's help or default changes."""
-    import shardmd.engine.config as config
+    import shardmd.engine.config.compose as config
 
     monkeypatch.setitem(config.KEYS, "dt", ("2.0", "time step, fs"))
     assert config.readme_table() not in TEXT
@@ -227,7 +227,7 @@ def test_pyproject_pins_nothing():
 def test_every_config_key_is_in_the_schema():
     from omegaconf import OmegaConf
 
-    from shardmd.engine.config import OPEN_MAPS, compose_config, group_options
+    from shardmd.engine.config.compose import OPEN_MAPS, compose_config, group_options
 
     def leaves(node, prefix=""):
         for k, v in node.items():
@@ -245,7 +245,7 @@ def test_every_config_key_is_in_the_schema():
 
 
 def test_what_readme_says_of_model_mace_is_the_schemas():
-    from shardmd.engine.config import compose_config
+    from shardmd.engine.config.compose import compose_config
 
     cfg = compose_config(["model=mace"])
     atoms = 4 * cfg.system.repeat[0] * cfg.system.repeat[1] * cfg.system.repeat[2]
@@ -257,7 +257,7 @@ def test_readme_yaml_composes(tmp_path):
     """README's config file composes as it says (in this process, no run)."""
     import yaml
 
-    from shardmd.engine.config import compose_config
+    from shardmd.engine.config.compose import compose_config
 
     (name, body), = [(re.match(r"# (\S+)\n", b).group(1), b) for lang, b in BLOCKS if lang == "yaml"]
     (tmp_path / name).write_text(body)

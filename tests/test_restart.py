@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from conftest import run_engine, run_in_process
 
-from shardmd.engine.h5md import read_frames
+from shardmd.engine.io.h5md import read_frames
 
 # threads=1: one-domain runs go side by side, and torch's default of all cores then has each
 # process's OpenMP workers wait on the other's (ranks of several domains use one thread anyway)
@@ -130,7 +130,7 @@ def test_sigkill_twelve_trials(tmp_path):
 # SIGTERM to the launching process reaches the same rank handlers, forwarded
 @pytest.mark.parametrize("target", ["parent", pytest.param("ranks", marks=pytest.mark.slow)])
 def test_sigterm_checkpoints_and_restarts_exactly(tmp_path, target):
-    from shardmd.engine.parallel import _rank_pids
+    from shardmd.engine.launch.parallel import _rank_pids
 
     args = [*BASE, "integrator=langevin", "domains=2"]
     p = subprocess.Popen([sys.executable, "-m", "engine", "run", *args, "steps=100000", "output=r.h5"],

@@ -17,8 +17,8 @@ from ase.build import bulk
 from ase.io import write
 from conftest import WorldTask
 
-from shardmd.engine.config import compose_config
-from shardmd.engine.simulation import Simulation
+from shardmd.engine.config.compose import compose_config
+from shardmd.engine.run.simulation import Simulation
 
 HERE = Path(__file__).resolve().parent
 #: the model of tests/mpi/nequip_cases.py (its MODEL)
@@ -165,7 +165,7 @@ def test_nequip_config_and_weights_files(tmp_path):
     numbers, not the config seed's random ones; both files are part of the model's identity."""
     import yaml
 
-    from shardmd.engine.checkpoint import model_identity_of
+    from shardmd.engine.io.checkpoint import model_identity_of
     from shardmd.models.nequip import NequipModel, random_config
     from shardmd.models.registry import model_origin, nequip
 

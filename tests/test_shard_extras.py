@@ -423,8 +423,8 @@ def test_inductor_compiled_forward_on_one_domain(sample):
 DEFERRED_DYNAMO = """
 import sys
 import torch
-from shardmd.engine.config import compose_config
-from shardmd.engine.simulation import Simulation
+from shardmd.engine.config.compose import compose_config
+from shardmd.engine.run.simulation import Simulation
 
 def energy():
     sim = Simulation(compose_config(["model=lj", "system.repeat=[3,3,3]", "steps=2", "quiet=true",

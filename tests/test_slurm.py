@@ -27,8 +27,8 @@ import numpy as np
 import pytest
 from conftest import ROOT, run_engine
 
-from shardmd.engine.checkpoint import read_checkpoint
-from shardmd.engine.h5md import read_frames
+from shardmd.engine.io.checkpoint import read_checkpoint
+from shardmd.engine.io.h5md import read_frames
 
 pytestmark = pytest.mark.slurm
 # the tests that run jobs carry mpi and slow: a few minutes together, out of the fast tier
@@ -306,7 +306,7 @@ def test_scancel_ends_every_rank_before_slurms_own_kill(slurm, tmp_path):
     t0 = time.time()
     # the ranks end by themselves: SLURM's SIGKILL follows only KillWait = 30 s after its
     # SIGTERM. Under a second quiet; the interpreter's teardown once made it over 10 s in
-    # CI's run of four workers (now skipped: engine/parallel.py exit_now)
+    # CI's run of four workers (now skipped: engine/launch/parallel.py exit_now)
     wait_until("every rank to end", lambda: not engine_pids(tmp_path), 20,
                why=lambda: _rank_states(tmp_path) + job_output(slurm, tmp_path, jobid))
     print(f"scancel: ranks gone in {time.time() - t0:.1f} s")

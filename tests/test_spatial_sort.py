@@ -9,8 +9,8 @@ from ase.io import write
 
 from shardmd.domain.neighbors import _bin_grid
 from shardmd.domain.spatial_sort import spatial_order
-from shardmd.engine.config import compose_config
-from shardmd.engine.simulation import Simulation
+from shardmd.engine.config.compose import compose_config
+from shardmd.engine.run.simulation import Simulation
 
 
 def reference_bins(x: np.ndarray, cell: np.ndarray, pbc, nb) -> np.ndarray:

@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 import torch
 
-from shardmd.engine.config import compose_config
-from shardmd.engine.simulation import Simulation
+from shardmd.engine.config.compose import compose_config
+from shardmd.engine.run.simulation import Simulation
 from shardmd.models.edge_filter import RadiusFilter
 
 

@@ -1,5 +1,5 @@
 """The CPU step loop's all-reduces: how many per step, through which path, and the stop
-they carry (engine/rebuild.py ``stop_agreed``, engine/rank_domain.py ``check_and_stop``,
+they carry (engine/run/rebuild.py ``stop_agreed``, engine/run/rank_domain.py ``check_and_stop``,
 domain/comm.py ``Comm.all_reduce``).
 
 On 2 MPI ranks with the per-step skin check, a step without output does one all-reduce
@@ -26,8 +26,8 @@ WORKER = textwrap.dedent('''
     import json, os, sys
     import torch.distributed as dist
     from shardmd.domain.comm import init_comm, shutdown
-    from shardmd.engine.config import compose_config
-    from shardmd.engine.simulation import Simulation
+    from shardmd.engine.config.compose import compose_config
+    from shardmd.engine.run.simulation import Simulation
 
     out, steps = sys.argv[1], int(sys.argv[2])
     comm = init_comm("cpu")

@@ -14,10 +14,10 @@ import torch
 from conftest import run_engine, run_in_process
 from scipy import stats
 
-from shardmd.engine.config import compose_config
-from shardmd.engine.h5md import read_frames
-from shardmd.engine.simulation import Simulation
-from shardmd.engine.state import State
+from shardmd.engine.config.compose import compose_config
+from shardmd.engine.io.h5md import read_frames
+from shardmd.engine.run.simulation import Simulation
+from shardmd.engine.run.state import State
 from shardmd.integrators import CSVR, NoseHoover
 from shardmd.integrators.csvr import gamma_draw, resample_kinetic
 from shardmd.integrators.nose_hoover import exact_mv2_sum

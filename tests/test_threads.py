@@ -1,10 +1,10 @@
-"""``threads=0``: how many torch threads a rank takes (engine/parallel.py default_threads), and
+"""``threads=0``: how many torch threads a rank takes (engine/launch/parallel.py default_threads), and
 that a run uses them."""
 import os
 
 import pytest
 
-from shardmd.engine.parallel import default_threads
+from shardmd.engine.launch.parallel import default_threads
 
 
 def test_one_thread_per_rank_under_mpi_whatever_the_environment():
@@ -25,7 +25,7 @@ def test_the_cpu_set_not_the_machine(tmp_path):
     import sys
 
     code = ("import os; os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}); "
-            "from shardmd.engine.parallel import default_threads; print(default_threads(1, {}))")
+            "from shardmd.engine.launch.parallel import default_threads; print(default_threads(1, {}))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "1", out.stderr
 

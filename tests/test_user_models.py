@@ -17,10 +17,10 @@ import numpy as np
 import pytest
 from conftest import mpiexec_cmd
 
-from shardmd.engine.config import compose_config
+from shardmd.engine.config.compose import compose_config
 from shardmd.engine.errors import UserError
-from shardmd.engine.h5md import read_frames
-from shardmd.engine.simulation import Simulation
+from shardmd.engine.io.h5md import read_frames
+from shardmd.engine.run.simulation import Simulation
 
 ROOT = Path(__file__).resolve().parents[1]
 BYO = (ROOT / "docs" / "byo.md").read_text()
@@ -129,8 +129,8 @@ def test_python_api_under_mpiexec_builds_the_group_and_gathers(tmp_path):
     (tmp_path / "mymodel.py").write_text(MODEL_SRC)
     (tmp_path / "api.py").write_text(
         "import numpy as np\n"
-        "from shardmd.engine.config import compose_config\n"
-        "from shardmd.engine.simulation import Simulation\n"
+        "from shardmd.engine.config.compose import compose_config\n"
+        "from shardmd.engine.run.simulation import Simulation\n"
         "import sys\n"
         "sim = Simulation(compose_config(['model=py:mymodel:make', 'system.repeat=[3,3,3]', 'quiet=true', "
         "'steps=10', 'output=' + sys.argv[1]]))\n"
@@ -194,7 +194,7 @@ def test_wrapped_model_is_accepted(user_dir):
                model=DistributedModel(mod.make(), spec=SPEC_MPNN_HALO))
     sim.run()
     assert sim.model_origin["route"].startswith("api:") and "TinyMPNN" in sim.model_origin["route"]
-    from shardmd.engine.checkpoint import newest_valid
+    from shardmd.engine.io.checkpoint import newest_valid
 
     _, ck = newest_valid(tmp / "w.ckpt")   # the checkpoint names the model given, not the config's lj
     assert ck["config"]["model"]["name"] == sim.model_origin["route"] and ck["model_name"].startswith("api:")
@@ -261,7 +261,7 @@ def test_identity_in_header_checkpoint_and_restart_with_another_model_refused(us
     _sim([f"model=py:{name}:make", "steps=2", *common]).run()
     log = (tmp / "r.log").read_text()
     assert f"model py:{name}:make, factory {name}:make" in log and f"{name}.py sha256" in log
-    from shardmd.engine.checkpoint import newest_valid
+    from shardmd.engine.io.checkpoint import newest_valid
 
     _, ck = newest_valid(tmp / "r.ckpt")
     assert ck["model_name"] == f"py:{name}:make" and "no LJ" not in log

@@ -100,7 +100,7 @@ def _remount_ro(path: Path) -> None:
 
 def _check_trajectory(path: Path, every: int) -> list[int]:
     """Every frame the reader and ``engine info`` count is real: finite, on the schedule."""
-    from shardmd.engine.h5md import file_summary, read_frames
+    from shardmd.engine.io.h5md import file_summary, read_frames
 
     frames = read_frames(path)
     steps = [a.info["step"] for a in frames]
@@ -115,7 +115,7 @@ def _check_trajectory(path: Path, every: int) -> list[int]:
 
 def _fill_writer(out: str, n: int, precheck: bool) -> None:
     """Helper process: write frames until the disk is full; print what happened."""
-    import shardmd.engine.h5md as h5md
+    import shardmd.engine.io.h5md as h5md
     from shardmd.engine.errors import OutputError
 
     if not precheck:  # reach HDF5's own ENOSPC instead of the free-space check
@@ -166,7 +166,7 @@ def test_writer_disk_full(tmp_path, precheck):
         assert printed and len(err) == 1
         assert str(out) in err[0] and "No space left on device" in err[0]
         assert f"frames up to step {printed[-1]} are intact" in err[0]
-        from shardmd.engine.h5md import file_summary, read_frames, read_observables
+        from shardmd.engine.io.h5md import file_summary, read_frames, read_observables
 
         frames = read_frames(out)
         assert [a.info["step"] for a in frames] == printed
@@ -184,7 +184,7 @@ def test_writer_disk_full(tmp_path, precheck):
         copy = tmp_path / "copy.h5"
         copy.write_bytes(out.read_bytes())
     # with space again, the file continues (as restart=auto would) right after its last frame
-    from shardmd.engine.h5md import H5MDWriter
+    from shardmd.engine.io.h5md import H5MDWriter
 
     species, masses, ids = loop.system(n)
     with H5MDWriter(copy, species=species, masses=masses, ids=ids, pbc=True, mode="a") as w:
@@ -201,7 +201,7 @@ def test_writer_disk_full(tmp_path, precheck):
 def test_writer_bad_paths(tmp_path):
     """An output that is a directory, in a missing directory, or (append) not ours: UserError."""
     from shardmd.engine.errors import OutputError, UserError
-    from shardmd.engine.h5md import H5MDWriter
+    from shardmd.engine.io.h5md import H5MDWriter
 
     species, masses, ids = loop.system(5)
     kw = dict(species=species, masses=masses, ids=ids, pbc=True)
@@ -226,7 +226,7 @@ def test_writer_bad_paths(tmp_path):
 def test_writer_read_only_directory(tmp_path):
     """Creating or reopening a trajectory on a read-only file system: OutputError, file kept."""
     from shardmd.engine.errors import OutputError
-    from shardmd.engine.h5md import H5MDWriter, read_frames
+    from shardmd.engine.io.h5md import H5MDWriter, read_frames
 
     species, masses, ids = loop.system(7)
     kw = dict(species=species, masses=masses, ids=ids, pbc=True)
@@ -257,7 +257,7 @@ def _ckpt_args(n=864, seed=0):
 
 
 def _write_ck(directory, step, arrays, keep=3):
-    from shardmd.engine.checkpoint import write_checkpoint
+    from shardmd.engine.io.checkpoint import write_checkpoint
 
     return write_checkpoint(Path(directory), step, step * 1.0, arrays, np.eye(3) * 20.0, np.ones(3, bool),
                             {"model": {"name": "lj"}}, {"name": "verlet"}, "lj", "x" * 64, "0.1.0", keep=keep)
@@ -267,8 +267,8 @@ def _write_ck(directory, step, arrays, keep=3):
 def test_checkpoint_disk_full_keeps_older(tmp_path, keep, size):
     """A checkpoint that does not fit: OutputError naming it, older ones kept and readable,
     no temporary file left; rotation never ran for the failed one."""
-    from shardmd.engine.checkpoint import list_checkpoints, read_checkpoint
     from shardmd.engine.errors import OutputError
+    from shardmd.engine.io.checkpoint import list_checkpoints, read_checkpoint
 
     arrays = _ckpt_args()
     with tmpfs(tmp_path / "mnt", size) as mnt:
@@ -291,8 +291,8 @@ def test_checkpoint_disk_full_keeps_older(tmp_path, keep, size):
 def test_checkpoint_refuses_links_and_non_files(tmp_path):
     """A symlinked checkpoint directory or final name is refused (nothing written through
     it); a directory at the final name too.  Decision: refuse rather than replace."""
-    from shardmd.engine.checkpoint import list_checkpoints
     from shardmd.engine.errors import OutputError
+    from shardmd.engine.io.checkpoint import list_checkpoints
 
     arrays = _ckpt_args(20)
     elsewhere = tmp_path / "elsewhere"
@@ -326,7 +326,7 @@ def test_checkpoint_refuses_links_and_non_files(tmp_path):
 def test_checkpoint_temporary_names(tmp_path, monkeypatch):
     """Temporaries: unpredictable, never the old name; a killed writer's are ignored, and
     removed once older than the process (ours by name/owner); links are never followed."""
-    import shardmd.engine.checkpoint as ck
+    import shardmd.engine.io.checkpoint as ck
 
     arrays = _ckpt_args(20)
     d = tmp_path / "run.ckpt"
@@ -375,7 +375,7 @@ def test_engine_disk_full(tmp_path):
     checkpoints every 10; run 2 writes checkpoints only, so a checkpoint is what fails.
     Exit status 4, one line naming the output, no segfault; frames and checkpoints written
     before are intact and readable (no fill values are counted); no temporary left."""
-    from shardmd.engine.checkpoint import list_checkpoints, read_checkpoint
+    from shardmd.engine.io.checkpoint import list_checkpoints, read_checkpoint
 
     with tmpfs(tmp_path / "m1", "2m") as m1, tmpfs(tmp_path / "m2", "400k") as m2:
         r1, r2 = _run_all([
@@ -426,7 +426,7 @@ def test_engine_planted_symlinks(tmp_path):
     ])
     assert r1.returncode == 0, r1.stderr[-3000:]
     assert victim.read_bytes() == before
-    from shardmd.engine.checkpoint import list_checkpoints, read_checkpoint
+    from shardmd.engine.io.checkpoint import list_checkpoints, read_checkpoint
 
     assert [s for s, _ in list_checkpoints(tmp_path / "run.ckpt")] == [20, 40]
     assert read_checkpoint(tmp_path / "run.ckpt" / "step-000000000020.h5")["step"] == 20
@@ -463,7 +463,7 @@ def test_engine_read_only_directory(tmp_path):
 def test_info_on_bad_files(tmp_path):
     """``engine info`` on a truncated, empty, zero-byte, text, foreign HDF5 file and a
     directory: exit 2, one ``error:`` line naming the file, no traceback."""
-    from shardmd.engine.h5md import H5MDWriter
+    from shardmd.engine.io.h5md import H5MDWriter
 
     good = tmp_path / "good.h5"
     species, masses, ids = loop.system(300)
@@ -488,8 +488,8 @@ def test_info_on_bad_files(tmp_path):
     for n, p in zip(names, procs):
         assert_one_line_error(_wait(p, 120), n, codes=(2,))
     # the Python reader gives the same one-line error (a ValueError too)
-    from shardmd.engine.h5md import file_summary, read_frames
-    from shardmd.engine.h5md_read import TrajectoryReadError
+    from shardmd.engine.io.h5md import file_summary, read_frames
+    from shardmd.engine.io.h5md_read import TrajectoryReadError
 
     for n in names:
         for fn in (read_frames, file_summary):
@@ -502,9 +502,10 @@ def test_info_on_bad_files(tmp_path):
 def test_convert_and_plot_outputs(tmp_path):
     """convert/plot: an output that is a directory or in a missing directory is a UserError;
     a full disk an OutputError that leaves an existing output file as it was."""
-    from shardmd.engine import inspect_files
     from shardmd.engine.errors import OutputError, UserError
-    from shardmd.engine.h5md import H5MDWriter
+    from shardmd.engine.io import inspect_files
+    from shardmd.engine.io.convert import convert
+    from shardmd.engine.io.h5md import H5MDWriter
 
     src = tmp_path / "run.h5"
     species, masses, ids = loop.system(2000)
@@ -516,18 +517,18 @@ def test_convert_and_plot_outputs(tmp_path):
             w.write_observables(step, step * 0.5, {"potential_energy": d["potential_energy"],
                                                    "temperature": 300.0})
     (tmp_path / "adir").mkdir()
-    for fn, out in ((inspect_files.convert, "adir"), (inspect_files.plot, "adir"),
-                    (inspect_files.convert, "nodir/x.extxyz"), (inspect_files.plot, "nodir/x.png")):
+    for fn, out in ((convert, "adir"), (inspect_files.plot, "adir"),
+                    (convert, "nodir/x.extxyz"), (inspect_files.plot, "nodir/x.png")):
         with pytest.raises(UserError) as ei:
             fn(str(src), str(tmp_path / out))
         assert not isinstance(ei.value, OutputError) and out in str(ei.value)
     with pytest.raises(UserError, match="cannot write the format"):
-        inspect_files.convert(str(src), str(tmp_path / "x.notaformat"))
+        convert(str(src), str(tmp_path / "x.notaformat"))
     with tmpfs(tmp_path / "mnt", "256k") as mnt:
         out = mnt / "frames.extxyz"
         out.write_bytes(b"old content\n")
         with pytest.raises(OutputError) as ei:
-            inspect_files.convert(str(src), str(out))
+            convert(str(src), str(out))
         assert "No space left on device" in str(ei.value) and str(out) in str(ei.value)
         assert out.read_bytes() == b"old content\n" and sorted(os.listdir(mnt)) == ["frames.extxyz"]
         fd = os.open(mnt / "filler", os.O_WRONLY | os.O_CREAT)  # fill what is left, then plot

@@ -42,7 +42,7 @@ def frame_data(step: int, n: int) -> dict[str, np.ndarray]:
 
 
 def main(argv: list[str]) -> None:
-    from shardmd.engine.h5md import H5MDWriter
+    from shardmd.engine.io.h5md import H5MDWriter
 
     path = argv[1]
     n = int(argv[2]) if len(argv) > 2 else 1000

@@ -8,8 +8,8 @@ real error path.
 """
 import sys
 
-from shardmd.engine import simulation
-from shardmd.engine.cli import main
+from shardmd.engine.cli.main import main
+from shardmd.engine.run import simulation
 
 RANK, STEP = (int(v) for v in sys.argv[1].split(":"))
 _step = simulation.Simulation.step

@@ -7,8 +7,8 @@ a non-zero exit status of the run is an error. Give paths (output=, system.file=
 """
 import sys
 
-from shardmd.engine.config import compose_config
-from shardmd.engine.simulation import Simulation
+from shardmd.engine.config.compose import compose_config
+from shardmd.engine.run.simulation import Simulation
 
 
 def run(comm, argv):

@@ -15,8 +15,8 @@ import torch
 
 from shardmd.domain.comm import init_comm, shutdown
 from shardmd.domain.distributed_model import DistributedModel
-from shardmd.engine.rank_domain import RankDomain
-from shardmd.engine.state import State
+from shardmd.engine.run.rank_domain import RankDomain
+from shardmd.engine.run.state import State
 from shardmd.models.lj import LennardJones
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))

@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 
 from shardmd.domain.comm import init_comm, shutdown
-from shardmd.engine.config import compose_config
-from shardmd.engine.simulation import Simulation
+from shardmd.engine.config.compose import compose_config
+from shardmd.engine.run.simulation import Simulation
 
 
 def snapshot(sim):

@@ -14,8 +14,8 @@ from pathlib import Path
 import numpy as np
 
 from shardmd.domain.comm import init_comm, shutdown
-from shardmd.engine.config import compose_config
-from shardmd.engine.simulation import Simulation
+from shardmd.engine.config.compose import compose_config
+from shardmd.engine.run.simulation import Simulation
 
 #: the model of every case: nequip's random model, two species (registry.nequip's defaults)
 MODEL = ["model=nequip", "model.species=[Cu,Ni]", "model.r_max=4.0", "model.seed=7"]

@@ -21,8 +21,8 @@ sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE.parents[1] / "examples"))
 
 from shardmd.domain.distributed_model import DistributedModel  # noqa: E402
-from shardmd.engine.rank_domain import RankDomain  # noqa: E402
-from shardmd.engine.state import State  # noqa: E402
+from shardmd.engine.run.rank_domain import RankDomain  # noqa: E402
+from shardmd.engine.run.state import State  # noqa: E402
 from shardmd.integrators import VelocityVerlet  # noqa: E402
 
 TEMPERATURE = 900.0

@@ -1,0 +1,1 @@
+"""The command line: python -m engine's commands, Hydra's parser and launcher, sweeps."""

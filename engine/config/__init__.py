@@ -1,0 +1,1 @@
+"""The configuration: the key schema (dataclasses) and composing, checking and printing configs."""

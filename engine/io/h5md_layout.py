@@ -1,0 +1,113 @@
+"""The H5MD file's building blocks (engine/io/h5md.py's writer uses them): chunking of
+time-dependent elements and the resolved configuration stored under ``/parameters``."""
+from __future__ import annotations
+
+import json
+from typing import Any, Mapping
+
+import h5py
+import numpy as np
+
+from shardmd.engine.io.h5md_read import SCALAR_FIELDS, STEP_FILL, TIME_UNIT
+
+ROW_CHUNK = 1024  # rows per chunk of step/time/edges/observables
+FRAME_CHUNK_BYTES = 64 * 1024  # per-atom chunks hold whole frames up to this size
+MAX_CHUNK_BYTES = 16 * 1024 * 1024  # a larger frame is split along atoms
+
+
+def _json_default(o: Any) -> Any:
+    if isinstance(o, np.generic):
+        return o.item()
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    if isinstance(o, (set, frozenset)):
+        return sorted(o, key=str)
+    return str(o)  # paths, enums, dtypes, ...
+
+
+def _attr_value(v: Any) -> Any:
+    """A value h5py can store as an attribute; anything else becomes its JSON text."""
+    if isinstance(v, np.generic):
+        v = v.item()
+    if isinstance(v, (bool, int, float, str)):
+        return v
+    if isinstance(v, (list, tuple, np.ndarray)) and len(v) > 0:
+        a = np.asarray(v)
+        if a.ndim == 1 and a.dtype.kind in "biuf":
+            return a
+        if a.ndim == 1 and a.dtype.kind == "U":
+            return np.array([str(x) for x in v], dtype=h5py.string_dtype())
+    return json.dumps(v, default=_json_default)
+
+
+def _store_nested(group: h5py.Group, config: Mapping) -> None:
+    for key, v in config.items():
+        name = str(key).replace("/", "\u2215")
+        if name in ("", "."):
+            name = f"_{name}"
+        if isinstance(v, Mapping):
+            _store_nested(group.create_group(name), v)
+            continue
+        value = _attr_value(v)
+        try:
+            group.attrs[name] = value
+        except (ValueError, RuntimeError, TypeError):  # e.g. > 64 KiB attribute
+            group.create_dataset(name, data=json.dumps(v, default=_json_default),
+                                 dtype=h5py.string_dtype())
+
+
+def _write_config(f: h5py.File, config: Mapping) -> None:
+    params = f.require_group("parameters")
+    for name in ("config_json", "config"):
+        if name in params:
+            del params[name]
+    params.create_dataset("config_json", data=json.dumps(config, default=_json_default),
+                          dtype=h5py.string_dtype())
+    params["config_json"].attrs["format"] = "json"
+    _store_nested(params.create_group("config"), config)
+
+
+def _create_element(parent: h5py.Group, name: str, shape: tuple[int, ...], dtype,
+                    unit: str | None, chunks: tuple[int, ...]) -> h5py.Group:
+    """Create an H5MD time-dependent element {step, time, value} with zero rows."""
+    g = parent.create_group(name)
+    g.create_dataset("step", shape=(0,), maxshape=(None,), dtype=np.int64,
+                     chunks=(ROW_CHUNK,), fillvalue=STEP_FILL)
+    t = g.create_dataset("time", shape=(0,), maxshape=(None,), dtype=np.float64,
+                         chunks=(ROW_CHUNK,), fillvalue=np.nan)
+    t.attrs["unit"] = TIME_UNIT
+    dt = np.dtype(dtype)
+    v = g.create_dataset("value", shape=(0, *shape), maxshape=(None, *shape), dtype=dt,
+                         chunks=chunks, fillvalue=np.nan if dt.kind == "f" else 0)
+    if unit is not None:
+        v.attrs["unit"] = unit
+    return g
+
+
+def field_shape(name: str, n: int) -> tuple[int, ...]:
+    """Shape of one frame of per-atom field ``name``: (n,) for scalar fields (energy), else (n, 3)."""
+    return (n,) if name in SCALAR_FIELDS else (n, 3)
+
+
+def _atom_chunks(n: int, itemsize: int, width: int = 3) -> tuple[int, ...]:
+    """Chunk shape of a per-atom field with ``width`` values per atom (1: a scalar field, (n,)
+    per frame, whose chunks are (frames, atoms))."""
+    per_atom = width * itemsize
+    atoms = max(1, min(n, MAX_CHUNK_BYTES // per_atom))
+    frames = max(1, min(ROW_CHUNK, FRAME_CHUNK_BYTES // (atoms * per_atom)))
+    return (frames, atoms, 3) if width == 3 else (frames, atoms)
+
+
+def _new_chunk_row(d: h5py.Dataset) -> tuple[int, int]:
+    """(rows per chunk, bytes allocated when a row starts a new row of chunks) of ``d``."""
+    chunks = d.chunks or d.shape
+    n_chunks = 1
+    for size, c in zip(d.shape[1:], chunks[1:]):
+        n_chunks *= -(-size // c)
+    return max(1, int(chunks[0])), n_chunks * int(np.prod(chunks, dtype=np.int64)) * d.dtype.itemsize
+
+
+def _resize(g: h5py.Group, rows: int) -> None:
+    for ds in ("value", "time", "step"):
+        d = g[ds]
+        d.resize((rows, *d.shape[1:]))

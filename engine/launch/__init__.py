@@ -1,0 +1,1 @@
+"""Ranks: launching and joining MPI jobs, signals and stops."""

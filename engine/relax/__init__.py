@@ -1,0 +1,1 @@
+"""Minimisation: FIRE and the cell filter, on the run loop's domains."""

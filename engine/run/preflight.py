@@ -1,0 +1,125 @@
+"""Checks that run before any rank starts: outputs that can be written, a domain count that
+fits the system and this machine.
+
+The self-launching process runs them before it starts ``domains`` local ranks, so a bad
+request costs a second, not ``domains`` Python processes; ranks started by a launcher run
+them too (each rank alike, so the error is printed once). Every failure is one line.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from shardmd.engine.errors import UserError
+
+#: local ranks the engine starts itself: at most this many per core ...
+RANKS_PER_CORE = 8
+#: ... and one per this much available memory (a CPU rank with torch and Warp loaded: ~280 MB)
+RANK_BYTES = 300 * 2**20
+
+
+def output_paths(output: str | os.PathLike) -> dict[str, Path]:
+    """The files a run writes: the trajectory, the log beside it and the checkpoint folder."""
+    from shardmd.engine.io.checkpoint import checkpoint_dir
+
+    out = Path(output)
+    return {"output": out, "log": out.with_suffix(".log"), "checkpoint folder": checkpoint_dir(out)}
+
+
+def _nearest_existing(p: Path) -> Path:
+    p = p.absolute()
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    return p
+
+
+def check_outputs(cfg) -> None:
+    """Trajectory, log and checkpoint folder: distinct, of the right kind, and writable."""
+    paths = output_paths(cfg.output)
+    seen: dict[Path, str] = {}
+    for what, p in paths.items():
+        key = p.absolute()
+        if key in seen:
+            raise UserError(f"output={cfg.output!r}: the {what} would be the same path as the {seen[key]} "
+                            f"({p}); give output= a name ending in .h5, e.g. output=run.h5")
+        seen[key] = what
+    out, log, ckpt = paths["output"], paths["log"], paths["checkpoint folder"]
+    for what, p in (("output", out), ("log", log)):
+        if p.is_dir():
+            raise UserError(f"output={cfg.output!r}: the {what} {str(p)!r} is a directory; give a file name, "
+                            f"e.g. output={p / 'run.h5'}")
+    if ckpt.exists() and not ckpt.is_dir():
+        raise UserError(f"output={cfg.output!r}: the checkpoint folder {str(ckpt)!r} exists and is not a folder; "
+                        "move it away or choose another output=")
+    base = _nearest_existing(out.parent)
+    if not base.is_dir():
+        raise UserError(f"output={cfg.output!r}: {str(base)!r} is a file, not a folder; choose another output=")
+    if not os.access(base, os.W_OK | os.X_OK):
+        raise UserError(f"output={cfg.output!r}: cannot write in {str(base)!r} (read-only or no permission); "
+                        "choose an output= in a folder you can write")
+
+
+def model_cutoff(cfg) -> float:
+    """The model's cutoff (Å) as the ranks will see it; Lennard-Jones without loading Warp."""
+    from shardmd.engine.config.compose import to_container
+
+    m = to_container(cfg.model)
+    if m["name"] == "lj":
+        return float(m["cutoff"])
+    import torch
+
+    from shardmd.models import build_model
+
+    try:
+        return float(build_model(m, torch.float64, "cpu").cutoff)
+    except (ValueError, KeyError, NotImplementedError) as exc:
+        raise UserError(str(exc)) from None
+
+
+def local_rank_ceiling() -> tuple[int, str]:
+    """Most local ranks this machine should run, and why (cores and available memory)."""
+    cores = os.cpu_count() or 1
+    avail = None
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                avail = int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    by_cores = RANKS_PER_CORE * cores
+    if avail is None:
+        return by_cores, f"{RANKS_PER_CORE} per core on {cores} cores"
+    by_mem = max(1, avail // RANK_BYTES)
+    return min(by_cores, by_mem), (f"{RANKS_PER_CORE} per core on {cores} cores and one per "
+                                   f"{RANK_BYTES // 2**20} MiB of the {avail / 2**30:.1f} GiB available")
+
+
+def check_domains(cfg, local: bool) -> None:
+    """The domain count fits the system (as the ranks will decide) and, for ranks the engine
+    starts itself (``local``), this machine."""
+    n = int(cfg.domains)
+    if n <= 1:
+        return
+    local_only = bool(cfg.restart.file)   # a restart's system is the checkpoint's: the ranks check it
+    if local:
+        most, why = local_rank_ceiling()
+        if n > most:
+            raise UserError(f"domains={n} would start {n} local ranks, more than this machine runs well "
+                            f"(at most {most}: {why}); use fewer domains, or start the job under "
+                            "mpirun/srun across nodes")
+    if local_only:
+        return
+    import torch
+
+    from shardmd.domain.decomposition import DecompositionError, choose_grid
+    from shardmd.engine.run.system import build_atoms
+
+    atoms = build_atoms(cfg.system)
+    if n > len(atoms):
+        raise UserError(f"domains={n} is more than the system's {len(atoms)} atoms; use fewer domains")
+    width = model_cutoff(cfg) + float(cfg.neighbor.skin)
+    try:
+        choose_grid(n, torch.as_tensor(atoms.cell.array, dtype=torch.float64), list(atoms.pbc), width,
+                    shape=None if cfg.grid is None else [int(g) for g in cfg.grid])
+    except DecompositionError as exc:
+        raise UserError(str(exc)) from None

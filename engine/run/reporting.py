@@ -1,0 +1,147 @@
+"""What people see: a LAMMPS-style thermo table, a progress line, a log file, a timing summary."""
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+from shardmd.engine.errors import OutputError
+from shardmd.integrators.units import EV_PER_A3_TO_BAR
+
+COLUMNS = (
+    ("Step", "{:>10d}", "step"),
+    ("Time(ps)", "{:>11.4f}", "time_ps"),
+    ("Temp(K)", "{:>11.3f}", "temperature"),
+    ("PotEng(eV)", "{:>15.6f}", "potential_energy"),
+    ("KinEng(eV)", "{:>13.6f}", "kinetic_energy"),
+    ("TotEng(eV)", "{:>15.6f}", "total_energy"),
+    ("Press(bar)", "{:>12.3f}", "pressure_bar"),
+    ("Volume(A3)", "{:>13.2f}", "volume"),
+)
+
+
+def _fmt_duration(s: float) -> str:
+    s = max(0, int(round(s)))
+    h, rem = divmod(s, 3600)
+    m, sec = divmod(rem, 60)
+    return f"{h:d}:{m:02d}:{sec:02d}" if h else f"{m:d}:{sec:02d}"
+
+
+class Reporter:
+    """Thermo table, progress and log.  Only rank 0 reports (``enabled=False`` elsewhere).
+
+    log_path: the log file (every line printed, also in quiet mode); quiet: nothing on the
+    terminal but errors; progress: a progress line on stderr (a live one on a terminal);
+    config_line: the log's first line, the resolved configuration (shardmd.engine.config.compose.echo_line); one
+    line, so that the log's line count still says how far a run is (tools and tests watch it).
+    """
+
+    def __init__(self, log_path: str | Path | None, quiet: bool = False, progress: bool = True,
+                 enabled: bool = True, stream=None, log_mode: str = "w", config_line: str | None = None):
+        self.enabled = enabled
+        self.quiet = quiet
+        self.progress = progress and not quiet
+        self.out = stream or sys.stdout
+        self.err = sys.stderr
+        self.log = None
+        # opened at the first line, so a run refused before its header leaves no log behind
+        self._log_path = Path(log_path) if enabled and log_path else None
+        self._log_mode = log_mode
+        self._config_line = config_line
+        self._header_done = False
+        self._t0 = None
+        self._step0 = 0
+        self._last_progress = 0.0
+        self._live = bool(getattr(self.err, "isatty", lambda: False)())
+
+    def line(self, text: str = "") -> None:
+        if not self.enabled:
+            return
+        if self._log_path is not None:
+            self._log(text)
+        if not self.quiet:
+            self._clear_progress()
+            self.out.write(text + "\n")
+            self.out.flush()
+
+    def _log(self, text: str) -> None:
+        try:
+            if self.log is None:
+                self._log_path.parent.mkdir(parents=True, exist_ok=True)
+                self.log = open(self._log_path, self._log_mode, buffering=1)
+                if self._config_line:
+                    self.log.write(self._config_line + "\n")
+            self.log.write(text + "\n")
+        except OSError as exc:   # a full disk or a vanished folder ends the run (exit 4)
+            path, self._log_path = self._log_path, None
+            raise OutputError(f"cannot write the log {str(path)!r} ({exc.strerror or exc}); free space or choose "
+                              "another output=; the trajectory and checkpoints written so far are intact") from None
+
+    def thermo(self, step: int, time_fs: float, obs: dict) -> None:
+        if not self.enabled:
+            return
+        if not self._header_done:
+            self.line(" ".join(f"{name:>{len(fmt.format(0) if 'd' in fmt else fmt.format(0.0))}}"
+                              for name, fmt, _ in COLUMNS))
+            self._header_done = True
+        p = obs.get("pressure")
+        vals = dict(obs, step=step, time_ps=time_fs / 1000.0,
+                    pressure_bar=None if p is None else p * EV_PER_A3_TO_BAR)
+        # a space between columns: a wide value (PE of a 10 M-atom system) never joins its neighbour;
+        # an absent value (no pressure without a virial) is '-'
+        self.line(" ".join(fmt.format(vals[key]) if vals[key] is not None else
+                           "-".rjust(len(fmt.format(0) if "d" in fmt else fmt.format(0.0)))
+                           for _, fmt, key in COLUMNS))
+
+    def start(self, step: int) -> None:
+        self._t0 = time.perf_counter()
+        self._step0 = step
+
+    def rates(self, step: int, dt_fs: float, n_atoms: int, elapsed: float | None = None) -> dict[str, float]:
+        if elapsed is None:
+            elapsed = time.perf_counter() - (self._t0 or time.perf_counter())
+        elapsed = max(elapsed, 1e-9)
+        done = step - self._step0
+        sps = done / elapsed
+        return {"elapsed_s": elapsed, "steps_per_s": sps, "ns_per_day": sps * dt_fs * 1e-6 * 86400,
+                "atom_steps_per_s": sps * n_atoms}
+
+    def progress_update(self, step: int, last_step: int, dt_fs: float, n_atoms: int, force=False) -> None:
+        if not (self.enabled and self.progress):
+            return
+        now = time.perf_counter()
+        interval = 0.5 if self._live else 30.0
+        if not force and now - self._last_progress < interval:
+            return
+        self._last_progress = now
+        r = self.rates(step, dt_fs, n_atoms)
+        total = max(last_step - self._step0, 1)
+        frac = (step - self._step0) / total
+        eta = (last_step - step) / r["steps_per_s"] if r["steps_per_s"] > 0 else float("inf")
+        bar = "#" * int(20 * frac) + "-" * (20 - int(20 * frac))
+        text = (f"[{bar}] step {step}/{last_step} {100 * frac:5.1f}%  {r['steps_per_s']:.2f} steps/s  "
+                f"{r['ns_per_day']:.3f} ns/day  ETA {_fmt_duration(eta) if eta != float('inf') else '?'}")
+        if self._live:
+            self.err.write("\r" + text + "\033[K")
+        else:
+            self.err.write(text + "\n")
+        self.err.flush()
+
+    def _clear_progress(self) -> None:
+        if self._live and self.progress and self._last_progress:
+            self.err.write("\r\033[K")
+            self.err.flush()
+
+    def summary(self, lines: list[str]) -> None:
+        for text in lines:
+            self.line(text)
+
+    def close(self) -> None:
+        if self.enabled and self._live and self.progress and self._last_progress:
+            self.err.write("\n")
+        if self.log:
+            try:
+                self.log.close()
+            except OSError:   # already reported by the write that failed
+                pass
+            self.log = None

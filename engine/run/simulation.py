@@ -1,0 +1,576 @@
+"""The run loop: a thin, explicit driver the CLI and Python users share.
+
+    sim = Simulation.from_args(["model=lj", "steps=100"])   # or Simulation(cfg)
+    sim.run()
+
+Each step: integrator first half -> neighbour list (refreshed, rebuilt, or rolled back:
+engine/run/rebuild.py) -> forces -> integrator second half -> thermo / trajectory.  Atoms are
+wrapped into the cell and put in the memory order ``neighbor.sort`` asks (spatial by default)
+at every neighbour rebuild, and only then, so the positions the skin check measures are
+continuous between rebuilds.
+"""
+from __future__ import annotations
+
+import contextlib
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+from omegaconf import DictConfig
+
+from shardmd.domain.comm import Comm
+from shardmd.domain.distributed_model import DistributedModel
+from shardmd.domain.spec import SPEC_MPNN_HALO
+from shardmd.engine.config.compose import compose_config, echo_line, to_container
+from shardmd.engine.errors import CollectiveError, OutputError, UserError
+from shardmd.engine.io.checkpoint import api_model_origin, checkpoint_dir, model_identity_of, write_checkpoint
+from shardmd.engine.launch.parallel import default_threads
+from shardmd.engine.launch.stop import EXIT_STOPPED, StopRequest
+from shardmd.engine.run import health
+from shardmd.engine.run import restart as restart_mod
+from shardmd.engine.run.constraints import constrain
+from shardmd.engine.run.integrator_setup import make_integrator
+from shardmd.engine.run.observables import thermo_from
+from shardmd.engine.run.preflight import check_outputs
+from shardmd.engine.run.rank_domain import RankDomain
+from shardmd.engine.run.rebuild import Outcome, RebuildController
+from shardmd.engine.run.reporting import Reporter
+from shardmd.engine.run.skin_check import DeferredSkinCheck
+from shardmd.engine.run.state import State, atoms_from_arrays
+from shardmd.engine.run.system import given_state_velocities, initial_state
+from shardmd.models import build_model, check_model, model_origin
+from shardmd.models.registry import origin_text
+
+DTYPES = {"float64": torch.float64, "float32": torch.float32}
+
+
+class Simulation:
+    """One MD run.  ``cfg`` is a composed config (see :func:`shardmd.engine.config.compose.compose_config`).
+
+    state: optional initial :class:`State` (else built from ``cfg.system``);
+    model: optional model object meeting :mod:`shardmd.models.contract`, bare or wrapped in a
+    ``DistributedModel`` (else built from ``cfg.model``: a registered name or ``py:`` route);
+    comm: the job's ranks; by default the launcher's (mpiexec, srun, torchrun: detected, the
+    process group built on first use, see :func:`shardmd.engine.launch.parallel.job_comm`), else one rank.
+    Under a launcher ``domains`` follows the rank count (``domains=1``, the default, is taken
+    as "not given"; another count than the launcher's is refused).
+    """
+
+    def __init__(self, cfg: DictConfig, state: State | None = None, model=None,
+                 reporter: Reporter | None = None, comm: Comm | None = None):
+        self.cfg = cfg
+        if comm is None:
+            from shardmd.engine.launch.parallel import job_comm, under_launcher
+
+            comm = job_comm(str(cfg.device)) if under_launcher() else Comm()
+        self.comm = comm
+        if cfg.domains == 1 and self.comm.size > 1:   # the default under a launcher: its rank count
+            cfg = self.cfg = cfg.copy()
+            cfg.domains = self.comm.size
+        if cfg.domains != self.comm.size:
+            raise UserError(f"domains={cfg.domains} but this job has {self.comm.size} rank(s); "
+                            f"start it with domains={cfg.domains} alone or under mpiexec -n {cfg.domains}")
+        try:
+            check_outputs(cfg)
+        except UserError as exc:   # the same paths on every rank
+            raise CollectiveError(str(exc)) from None
+        self.dtype = DTYPES[cfg.precision]
+        self.device = self.comm.device if self.comm.size > 1 else torch.device(cfg.device)
+        if self.device.type == "cuda" and not torch.cuda.is_available():
+            raise UserError(f"device={cfg.device}: CUDA is not available on this machine; use device=cpu")
+        torch.set_num_threads(int(cfg.threads) or default_threads(self.comm.size))
+        self.integrator = make_integrator(cfg, comm=self.comm)
+        if model is None:
+            try:
+                model = build_model(to_container(cfg.model), self.dtype, self.device)
+            except (ValueError, KeyError, NotImplementedError) as exc:
+                raise UserError(str(exc).strip("'\"")) from None
+            self.model_origin = model_origin(to_container(cfg.model))
+        else:
+            try:
+                check_model(model, f"the model given to Simulation ({type(model).__name__})")
+            except ValueError as exc:
+                raise UserError(str(exc)) from None
+            self.model_origin = api_model_origin(model)
+        self.dmodel = model if isinstance(model, DistributedModel) else wrap_model(model)
+        self.model = model = self.dmodel.model
+        self._virial_missing_said = False
+        self.checkpoint_in = (restart_mod.resolve(cfg, identity=model_identity_of(self.model_origin),
+                                                  label=str(self.model_origin["route"]), record=self.record())
+                              if state is None else None)
+        reference = None   # a restart's positions of the last rebuild (its lists are rebuilt from them)
+        if self.checkpoint_in is not None:
+            state, reference = restart_mod.state_from_checkpoint(self.checkpoint_in, self.dtype, self.device)
+            if hasattr(self.integrator, "load_state_dict"):   # a thermostat's chain continues
+                self.integrator.load_state_dict(self.checkpoint_in["integrator"])
+        elif state is None:
+            state = initial_state(cfg, self.dtype, self.device, self.integrator.degrees_of_freedom,
+                                  zero_momentum=self.integrator.conserves_momentum)
+        else:   # a state given through the API: system.velocities / temperature as for a file
+            state = given_state_velocities(cfg, state, self.integrator.degrees_of_freedom,
+                                           zero_momentum=self.integrator.conserves_momentum)
+        # fixed atoms (input FixAtoms, fix.ids, a checkpoint's set): engine/run/constraints.py
+        self.integrator = constrain(self.integrator, cfg, state, self.checkpoint_in, lambda: self.state.ids)
+        health.check_inputs(state)
+        if hasattr(model, "check_species"):
+            try:
+                model.check_species(state.numbers)
+            except ValueError as exc:
+                raise UserError(str(exc)) from None
+        # a barostat (npt) changes the cell every step: it gets the cell and the virial here
+        self._barostat = bool(getattr(self.integrator, "barostat", False))
+        if self._barostat and getattr(self.integrator, "inner", None) is not None:
+            raise UserError("integrator=npt cannot hold atoms fixed yet (the barostat moves every atom with the "
+                            "cell); drop fix.ids / the input's FixAtoms, or use integrator=nose-hoover")
+        grid = None if cfg.grid is None else [int(g) for g in cfg.grid]
+        ref_cell = None   # npt: the cell of the checkpoint's last rebuild (its lists are rebuilt in it)
+        if reference is not None and self._barostat and "reference_cell" in self.checkpoint_in["integrator"]:
+            saved = self.checkpoint_in["integrator"]
+            ref_cell = torch.tensor(saved["reference_cell"], dtype=torch.float64)
+            g = saved.get("grid")   # the run's grid (chosen for the first cell), on the same domain count
+            if grid is None and g is not None and g[0] * g[1] * g[2] == self.comm.size:
+                grid = [int(x) for x in g]
+        self.domain = RankDomain(self.comm, self.dmodel.cutoff, float(cfg.neighbor.skin),
+                                    sort=str(cfg.neighbor.sort), grid=grid, box_check=self._barostat)
+        # a model that asks for a half list (LJ on the CPU: Newton's third law) gets one built,
+        # not a full list it would filter at every rebuild (~40 % of a rebuild at 32k atoms)
+        wants = getattr(self.dmodel.config, "neighbors", None)
+        self.domain.nl.half = wants is not None and not wants.full and self.device.type == "cpu"
+        self.state = self.domain.distribute(state, reference=reference, reference_cell=ref_cell)
+        if self._barostat:
+            try:
+                self.integrator.check_cell(self.state.cell)
+            except ValueError as exc:
+                raise UserError(str(exc)) from None
+        self.n_global = self.domain.n_global
+        self.reporter = reporter or Reporter(self.log_path if self.comm.is_root else None, quiet=cfg.quiet,
+                                             progress=cfg.thermo.progress, enabled=self.comm.is_root,
+                                             log_mode="a" if self.checkpoint_in else "w",
+                                             config_line=echo_line(cfg))
+        self._ckpt_every = int(cfg.checkpoint.every)
+        self.stop = StopRequest()
+        self.exit_code = 0
+        # plain copies of the settings the step loop reads (OmegaConf access is slow)
+        self._traj_every, self._thermo_every = int(cfg.trajectory.every), int(cfg.thermo.every)
+        self._max_step, self._min_distance = float(cfg.health.max_step), float(cfg.health.min_distance)
+        def on_cuda(key: str) -> bool:   # true | false | auto (= on for CUDA)
+            v = cfg.neighbor[key]
+            return v is True or (v == "auto" and self.device.type == "cuda")
+
+        every, check = int(cfg.neighbor.every), bool(cfg.neighbor.check)
+        # the skin check read back only at scheduled steps (see skin_check.py); None: every step
+        deferred = (DeferredSkinCheck(0.5 * float(cfg.neighbor.skin), int(cfg.neighbor.deferred_max),
+                                      pipelined=on_cuda("pipelined"))
+                    if on_cuda("deferred") and every == 1 and check else None)
+        if deferred is not None and hasattr(model, "static_edges"):
+            model.static_edges = True   # sync-free edge selection; its 'capacity_fill' joins the check
+        self.timers: dict[str, float] = defaultdict(float)
+        self.neighbors = RebuildController(self.domain, self.integrator.dt, every, check, deferred,
+                                           self._check_step, self.timers)
+        self._last_step = int(cfg.steps)
+        self._step0 = 0
+        self.results: dict[str, torch.Tensor] = {}
+        # inside run()'s loop a step with no output due asks a model that can skip them (LJ's
+        # forces_only) for the forces alone, as LAMMPS sums energy and virial on thermo steps
+        # only (under npt, whose pressure needs it every step, the virial too: virial_only);
+        # observables() completes such a step's results when they are read after all
+        self._lazy_energy = False
+        self._energy_missing = False
+        self.writer = None
+        self.last_thermo: dict | None = None
+        self.started = False
+
+    def record(self) -> dict:
+        """The configuration as the trajectory and checkpoint store it: the resolved config, its
+        ``model`` node naming a model given as an object (its route ``api:<class>``, cutoff and
+        tensor hash) instead of the config's, and ``model_identity``: the model's origin (route,
+        factory, arguments, file sha256) as JSON."""
+        import json
+
+        rec = to_container(self.cfg)
+        if self.model_origin.get("api"):
+            rec["model"] = {"name": self.model_origin["route"], "cutoff": self.model_origin["cutoff"],
+                            "tensors_sha256": self.model_origin["tensors_sha256"]}
+        rec["model_identity"] = json.dumps(self.model_origin, sort_keys=True, default=str)
+        return rec
+
+    @property
+    def nl(self):
+        return self.domain.nl
+
+    @property
+    def deferred(self) -> DeferredSkinCheck | None:
+        """The deferred skin check (its counters: reads, posted, rollbacks), or None."""
+        return self.neighbors.deferred
+
+    @deferred.setter
+    def deferred(self, chk: DeferredSkinCheck | None) -> None:   # tests plant a planner here
+        self.neighbors.deferred = chk
+
+    # -- construction helpers ---------------------------------------------------------
+    @classmethod
+    def from_args(cls, args: list[str], **kw) -> "Simulation":
+        return cls(compose_config(args), **kw)
+
+    @property
+    def output_path(self) -> Path:
+        return Path(self.cfg.output)
+
+    @property
+    def log_path(self) -> Path:
+        return self.output_path.with_suffix(".log")
+
+    # -- physics ---------------------------------------------------------------------
+    def rebuild(self) -> None:
+        """Wrap, migrate, canonical order (optional), ghosts, new neighbour list."""
+        self.neighbors.rebuild(self.state)
+
+    def _output_due(self, step: int) -> bool:
+        return (step >= self._last_step
+                or (self._thermo_every > 0 and step % self._thermo_every == 0)
+                or (self.writer is not None and self._traj_every > 0 and step % self._traj_every == 0)
+                or (self._ckpt_every > 0 and step % self._ckpt_every == 0))
+
+    def _check_step(self, worst: float, where: str) -> None:
+        """The reduced step measure (engine/run/health.py) against health.max_step; collective."""
+        if not worst <= self._max_step:   # also catches NaN
+            health.raise_unhealthy(self.comm, self.state, self.integrator.dt, where, bound=self._max_step)
+
+    def _checked_observables(self) -> dict:
+        """Observables of the current step, refused (collectively: they are reduced) when not
+        finite: nothing is written from an unhealthy state."""
+        obs = self.observables()
+        if not health.finite_thermo(obs):
+            health.raise_unhealthy(self.comm, self.state, self.integrator.dt, f"at step {self.state.step}",
+                                   what=f"energy {obs['potential_energy']:.6g} eV, kinetic "
+                                        f"{obs['kinetic_energy']:.6g} eV")
+        return obs
+
+    def compute_forces(self, energy: bool = True) -> None:
+        """This step's model outputs; ``energy=False``: the forces alone where the model can
+        skip the energy and virial (``forces_only``; the same forces), NaN in their place, or
+        under a barostat, whose pressure needs the virial every step, the forces and the virial
+        (``virial_only``; the same bits), NaN energies."""
+        t = time.perf_counter()
+        s, d = self.state, self.domain
+        skip = None if energy else "virial_only" if self._barostat else "forces_only"
+        if skip is not None and not hasattr(self.model, skip):
+            skip = None
+        if skip is not None:
+            setattr(self.model, skip, True)
+        try:
+            out = self.dmodel.compute(d.ctx, d.padded_positions, d.padded_numbers, d.nl.current)
+        finally:
+            if skip is not None:
+                setattr(self.model, skip, False)
+        self._energy_missing = skip is not None
+        if "forces" not in out or "energy" not in out:
+            raise UserError(f"the model returned {sorted(out)}, without {'energy' if 'energy' not in out else 'forces'}"
+                            "; return both, or declare model_config autograd_outputs={'forces': 'energy'} "
+                            "(docs/byo.md)")
+        s.forces = out["forces"].to(s.dtype)
+        if self._barostat:   # npt's pressure: the global virial of these forces
+            if out.get("virial") is None:
+                raise UserError(f"integrator=npt needs the model's virial (the pressure) and model "
+                                f"{origin_text(self.model_origin)} returns none; use a model with a virial or "
+                                "integrator=nose-hoover")
+            self.integrator.virial = out["virial"]
+        self.neighbors.observe_fill(out)
+        self.results = out
+        self.timers["model"] += time.perf_counter() - t
+
+    def observables(self) -> dict:
+        """Thermo observables of the current step; ``pressure`` and ``stress`` are None when the
+        model gives no virial."""
+        s = self.state
+        if self._energy_missing:   # a forces-only step read after all (a stop): complete it (collective)
+            self.compute_forces()
+        virial = self.results.get("virial")
+        if virial is None and not self._virial_missing_said:
+            self._virial_missing_said = True
+            self.reporter.line("Note: the model gives no virial: no pressure or stress in this run "
+                               "(shown as '-' in the thermo table, not written to the trajectory)")
+        return thermo_from(self.domain.kinetic(s), s.cell, self.results["energy"], virial,
+                           self.integrator.degrees_of_freedom(self.n_global))
+
+    def atoms(self, unwrapped: bool = False):
+        """Every atom of the run as ``ase.Atoms`` in id order (velocities in ASE units, forces
+        attached), on rank 0; None on the other ranks.  Collective: every rank calls it.
+        (``sim.state.to_atoms()`` is this rank's atoms only.)"""
+        full = self.domain.gather(self.state, ("positions", "images", "velocities", "forces", "masses", "numbers"))
+        if full is None:
+            return None
+        return atoms_from_arrays(full, self.state.cell, self.state.pbc, unwrapped=unwrapped)
+
+    # -- output ----------------------------------------------------------------------
+    def _open_writer(self) -> None:
+        if self.cfg.trajectory.every <= 0:
+            return
+        import warnings
+
+        from shardmd.engine import __version__
+        from shardmd.engine.io.h5md import H5MDWriter, TrajectoryRebuilt
+
+        static = self.domain.gather(self.state, ("numbers", "masses"))
+        if not self.comm.is_root:
+            self.writer = _NotRoot()
+            return
+        self.output_path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            with warnings.catch_warnings():   # a rebuilt file is said in the run's log instead (below)
+                warnings.simplefilter("ignore", TrajectoryRebuilt)
+                self.writer = H5MDWriter(
+                    self.output_path, species=static["numbers"], masses=static["masses"].astype("float64"),
+                    ids=static["ids"], pbc=self.state.pbc.cpu().numpy(), dtype=self.cfg.precision,
+                    config=self.record(), fields=tuple(self.cfg.trajectory.fields),
+                    creator="ShardMD", creator_version=__version__, mode="a" if self.checkpoint_in else "w",
+                )
+        except ValueError as exc:   # a restart onto an output of another system
+            raise UserError(f"output {str(self.output_path)!r} does not belong to this run ({exc}); give the "
+                            "run's own output= or start fresh with another output=") from None
+        if self.writer.rebuilt:
+            self.reporter.line(self.writer.rebuilt)
+        if self.checkpoint_in is not None:  # frames a dead run wrote after its checkpoint go
+            self.writer.truncate_after(self.state.step)
+
+    def _write(self, obs: dict) -> None:
+        t = time.perf_counter()
+        s = self.state
+        from shardmd.engine.io.trajectory_fields import model_outputs  # per-atom model outputs asked for (energies)
+
+        extra = model_outputs(self.results, self.cfg.trajectory.fields, self.model)
+        full = self.domain.gather(s, extra=extra)
+        if full is None:
+            self.timers["output"] += time.perf_counter() - t
+            return
+        self.writer.write_frame(s.step, s.time, s.cell.detach().cpu().numpy(), positions=full["positions"],
+                                images=full["images"], velocities=full["velocities"], forces=full["forces"],
+                                **{k: full[k] for k in extra})
+        self.writer.write_observables(s.step, s.time, {k: obs[k] for k in (
+            "potential_energy", "kinetic_energy", "total_energy", "temperature", "pressure", "stress")
+            if obs[k] is not None})
+        self.timers["output"] += time.perf_counter() - t
+
+    def _report(self, force_traj=False, force_thermo=False, traj=True) -> None:
+        s = self.state
+        traj_due = traj and self.writer is not None and (force_traj or s.step % self._traj_every == 0)
+        thermo_due = force_thermo or (self._thermo_every > 0 and s.step % self._thermo_every == 0)
+        if not (traj_due or thermo_due):
+            return
+        obs = self._checked_observables()
+        self.last_thermo = obs
+        with self._output_step():
+            if traj_due:
+                self._write(obs)
+            if thermo_due:
+                self.reporter.thermo(s.step, s.time, obs)
+
+    @contextlib.contextmanager
+    def _output_step(self):
+        """Rank 0 writes; every rank learns at once whether that worked (one small all-reduce
+        per output step), so a write error (exit 4) or a refused output file (exit 2) ends all
+        ranks together, cleanly, with rank 0's one line (no MPI abort and its launcher noise)."""
+        failed = None
+        try:
+            yield
+        except UserError as exc:
+            failed = exc
+        code = failed.exit_code if failed else 0
+        if self.comm.size > 1:
+            code = int(self.comm.all_reduce(torch.tensor([code], dtype=torch.int64), "max")[0])
+        if code:
+            err = failed or OutputError("an output step failed on rank 0")
+            err.exit_code, err.collective = code, True
+            raise err
+
+    # -- the loop --------------------------------------------------------------------
+    def setup(self) -> None:
+        """Neighbour list, first forces, output files, header; frame and thermo at the start."""
+        r = self.reporter
+        s = self.state
+        restored = self.checkpoint_in is not None and self.domain.restart_reference is not None
+        if restored:
+            self.domain.restore(self.state)
+        else:
+            self.rebuild()
+            if self._min_distance > 0:   # before the header: a refused start leaves no files
+                health.close_contacts(self.comm, self.domain.close_pairs(s, self._min_distance), self._min_distance)
+        with self._output_step():
+            self._open_writer()   # before the header: an output of another system is refused untouched
+        r.line(f"ShardMD: {self.n_global} atoms, model {origin_text(self.model_origin)}, "
+               f"integrator {self.integrator.name}, "
+               f"dt {self.integrator.dt} fs, {self.cfg.precision} on {self.device}, domains {self.comm.size} "
+               f"(grid {'x'.join(map(str, self.domain.grid.shape))})")
+        if restored:
+            r.line(f"Restart from {self.checkpoint_in['path']} at step {self.state.step}")
+        self.neighbors.start(s)
+        self.compute_forces()
+        if self.checkpoint_in is None:
+            self._report(force_traj=True, force_thermo=True)
+        else:
+            self._report(force_thermo=True, traj=False)  # the file has this step's frame already
+
+    def step(self) -> bool:
+        """Drift, neighbour list, forces, kick. False when the list's check rolled the state
+        back to an earlier step (its forces recomputed): the loop replays from there."""
+        s = self.state
+        t = time.perf_counter()
+        if self._barostat:
+            self.integrator.cell = s.cell
+        self.integrator.first_half(s.positions, s.velocities, s.forces, s.masses, s.ids, s.step)
+        if self._barostat:   # the barostat's new cell (positions moved with it)
+            s.cell = self.integrator.cell
+        self.timers["integrate"] += time.perf_counter() - t
+        s.step += 1
+        s.time += self.integrator.dt
+        upd = self.neighbors.update(s, self._output_due(s.step), self.stop.requested)
+        self._finish_step(upd.kick)
+        return upd.outcome is not Outcome.ROLLED_BACK
+
+    def _finish_step(self, kick: bool = True) -> None:
+        """This step's forces, then the integrator's second half."""
+        s = self.state
+        self.compute_forces(energy=not self._lazy_energy or self._output_due(s.step))
+        if not kick:
+            return
+        t = time.perf_counter()
+        self.integrator.second_half(s.velocities, s.forces, s.masses)
+        self.timers["integrate"] += time.perf_counter() - t
+
+    def run(self, steps: int | None = None) -> dict:
+        """Run until step ``steps`` (default ``cfg.steps``); returns the final observables."""
+        last = int(self.cfg.steps if steps is None else steps)
+        r = self.reporter
+        try:
+            # before set-up: a SIGTERM while the first forces are computed (the output file may
+            # already exist) stops the run at its first step with a checkpoint, not mid-write
+            self.stop.install()
+            if not self.started:
+                self.setup()
+                self.started = True
+            s = self.state
+            # the time split covers the loop only (set-up and the first build are excluded)
+            self.timers.clear()
+            self.domain.timers = {k: 0.0 for k in self.domain.timers}
+            builds0 = self.nl.n_builds
+            r.start(s.step)
+            t_run = time.perf_counter()
+            stopping = False
+            self._last_step, self._step0 = last, s.step
+            self._lazy_energy = True
+            while s.step < last:
+                if not self.step():   # rolled back: the loop replays from the restored step
+                    continue
+                stopping = self.neighbors.stop_agreed(self.stop.requested)
+                self._report(force_traj=stopping, force_thermo=(s.step == last or stopping))
+                r.progress_update(s.step, last, self.integrator.dt, self.n_global)
+                if stopping:
+                    self.checkpoint()
+                    r.line(f"Stopped by {self.stop.signal_name or 'a signal on another rank'} at step "
+                           f"{s.step}; checkpoint written; continue with restart=auto")
+                    self.exit_code = EXIT_STOPPED
+                    break
+                if self._ckpt_every and s.step % self._ckpt_every == 0 and s.step < last:
+                    self.checkpoint()
+            wall = time.perf_counter() - t_run  # the loop's rate excludes the final output
+            self._lazy_energy = False
+            if not stopping:
+                self.checkpoint()
+            if self.writer is not None and s.step % self._traj_every != 0 and not stopping:
+                obs = self._checked_observables()
+                with self._output_step():
+                    self._write(obs)
+            r.progress_update(s.step, last, self.integrator.dt, self.n_global, force=True)
+            self._summary(wall, self.nl.n_builds - builds0)
+            return self.last_thermo or self.observables()
+        finally:
+            self._lazy_energy = False
+            self.close()
+
+    def _summary(self, wall: float, builds: int) -> None:
+        s = self.state
+        for k, v in self.domain.timers.items():
+            self.timers[k] = v
+        rates = self.reporter.rates(s.step, self.integrator.dt, self.n_global, elapsed=wall)
+        migrated = self.domain.migrated()
+        lines = [f"Loop: {wall:.3f} s, {rates['steps_per_s']:.3f} steps/s, {rates['ns_per_day']:.4f} ns/day, "
+                 f"{rates['atom_steps_per_s']:.4g} atom-steps/s, {builds} neighbour builds, "
+                 f"{migrated} atom migrations"]
+        total = max(sum(self.timers.values()), 1e-12)
+        lines.append("Time split: " + ", ".join(
+            f"{k} {v:.3f} s ({100 * v / max(wall, 1e-12):.1f}%)" for k, v in sorted(self.timers.items())))
+        if self.deferred is not None:
+            c = self.deferred
+            lines.append(f"Skin check: deferred, read back {c.reads} times in {s.step - self._step0} steps "
+                         f"({c.posted} without waiting), {c.rollbacks} rollback(s)")
+        peak = self._peak_gpu_bytes()
+        if peak is not None:
+            lines.append(f"Memory: peak GPU {peak / 2**30:.3f} GiB per rank (max over ranks; torch allocator)")
+        self.reporter.summary(lines)
+        self.summary = {"wall_s": wall, "builds": builds, "migrated": migrated, **rates, **dict(self.timers),
+                        "timed_s": total, "peak_gpu_bytes": peak}
+
+    def _peak_gpu_bytes(self) -> int | None:
+        """Largest torch-allocator peak on any rank's GPU since start (bytes); None on CPU."""
+        dev = self.state.positions.device
+        if dev.type != "cuda":
+            return None
+        local = torch.tensor([torch.cuda.max_memory_allocated(dev)], dtype=torch.int64, device=dev)
+        return int(self.comm.all_reduce(local, "max")[0])
+
+    def checkpoint(self):
+        """Write a restart checkpoint of the current step (collective; rank 0 writes)."""
+        t = time.perf_counter()
+        s = self.state
+        self._checked_observables()   # a checkpoint only from a healthy state
+        full = self.domain.gather(s, ("positions", "images", "velocities", "masses", "numbers"),
+                                  extra={"reference_positions": self.domain.reference_positions()})
+        path = None
+        with self._output_step():
+            if full is not None:
+                path = self._write_checkpoint(s, full)
+        self.timers["checkpoint"] += time.perf_counter() - t
+        return path
+
+    def _write_checkpoint(self, s, full: dict):
+        from shardmd.engine import __version__
+
+        cfg = self.record()
+        return write_checkpoint(checkpoint_dir(self.output_path), s.step, s.time, full,
+                                s.cell.detach().cpu().numpy(), s.pbc.cpu().numpy(), cfg,
+                                self._integrator_state(), str(self.model_origin["route"]),
+                                model_identity_of(self.model_origin), __version__,
+                                keep=int(self.cfg.checkpoint.keep))
+
+    def _integrator_state(self) -> dict:
+        """The integrator's state for a checkpoint; with a barostat also the cell of the last
+        neighbour rebuild (a restart rebuilds the lists in it, as the uninterrupted run has them)
+        and the domain grid (chosen for the first cell: the cell's shape changes since)."""
+        d = self.integrator.state_dict()
+        if self._barostat:
+            d["reference_cell"] = self.domain.nl.build_cell.double().cpu().tolist()
+            d["grid"] = list(self.domain.grid.shape)
+        return d
+
+    def close(self) -> None:
+        self.stop.uninstall()
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = None
+        self.reporter.close()
+
+
+def wrap_model(model) -> DistributedModel:
+    """``DistributedModel`` of a bare model: its own spec or output kinds, else the
+    message-passing halo preset (models/contract.py)."""
+    if getattr(model, "distribution_spec", None) is None and not getattr(model, "output_kinds", None):
+        return DistributedModel(model, spec=SPEC_MPNN_HALO)
+    return DistributedModel(model)
+
+
+class _NotRoot:
+    """Stand-in writer on ranks other than 0 (they take part in gathers, write nothing)."""
+
+    def close(self) -> None:
+        pass

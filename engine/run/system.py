@@ -1,0 +1,192 @@
+"""Initial systems: a structure file (anything ASE reads, or a frame of ShardMD's own H5MD
+trajectory or a restart checkpoint) or a lattice builder; velocities.
+
+Atom ids are the atoms' order in the file or builder (0-based).  Thermal velocities come from
+the counter-based generator keyed by (seed, atom id): they never depend on memory order.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from shardmd.engine.errors import UserError
+from shardmd.engine.run.state import State
+from shardmd.integrators.random import STREAM_INIT_VELOCITY, gaussian_noise
+from shardmd.integrators.units import KB, MVV_TO_EV
+
+#: scaled positions of the conventional cubic cells, in the order of ASE's
+#: ``bulk(element, lattice, a=a, cubic=True)``; built here because importing ase.build imports
+#: scipy (~0.3-0.5 s of CPU per process). tests/test_lattice_builder.py compares them with ASE's
+#: bit for bit.
+CUBIC_CELLS = {
+    "sc": [(0.0, 0.0, 0.0)],
+    "bcc": [(0.0, 0.0, 0.0), (0.5, 0.5, 0.5)],
+    "fcc": [(0.0, 0.0, 0.0), (0.0, 0.5, 0.5), (0.5, 0.0, 0.5), (0.5, 0.5, 0.0)],
+    "diamond": [(0.0, 0.0, 0.0), (0.25, 0.25, 0.25), (0.0, 0.5, 0.5), (0.25, 0.75, 0.75),
+                (0.5, 0.0, 0.5), (0.75, 0.25, 0.75), (0.5, 0.5, 0.0), (0.75, 0.75, 0.25)],
+}
+
+
+def unit_cell(lattice: str, element: str, a: float):
+    """The builder's unit cell as ``ase.Atoms``: cubic lattices conventional (a, Å), hcp
+    orthorhombic (ASE's ideal c/a)."""
+    if lattice in CUBIC_CELLS:
+        from ase import Atoms
+
+        scaled = CUBIC_CELLS[lattice]
+        return Atoms([element] * len(scaled), cell=(a, a, a), scaled_positions=scaled, pbc=True)
+    from ase.build import bulk
+
+    return bulk(element, lattice, a=a, orthorhombic=True)
+
+
+def build_atoms(system_cfg):
+    """``ase.Atoms`` from ``system.file`` (if set) or from the lattice builder."""
+    if system_cfg.get("file"):
+        return read_structure(system_cfg["file"], system_cfg.get("index", -1))
+    lattice, element, a = system_cfg["lattice"], system_cfg["element"], float(system_cfg["a"])
+    rep = system_cfg["repeat"]
+    rep = tuple(int(r) for r in (rep if isinstance(rep, (list, tuple)) else list(rep)))
+    try:
+        unit = unit_cell(lattice, element, a)
+    except Exception as exc:  # noqa: BLE001 - ASE refuses e.g. impossible combinations
+        raise UserError(f"system.lattice={lattice} with system.element={element}: {exc}") from None
+    atoms = unit.repeat(rep)
+    atoms.pbc = [bool(p) for p in system_cfg["pbc"]]
+    return atoms
+
+
+def read_own_file(path: str, index: int = -1):
+    """Frame ``index`` of a ShardMD trajectory (committed frames; negative counts from the
+    end), or the state of a restart checkpoint (index 0 or -1), as ``ase.Atoms`` in ASE units
+    (:mod:`shardmd.engine.io.ase_io`).  One-line UserError for an index out of range, a file
+    without frames, an HDF5 file that is not ours, a truncated or damaged file."""
+    from shardmd.engine.io.ase_io import count_structures, iter_structures
+
+    try:
+        kind, n = count_structures(path)
+    except UserError as exc:
+        raise UserError(f"system.file: {exc.one_line()}") from None
+    if n == 0:
+        raise UserError(f"system.file={path!r} is a trajectory without frames (its run wrote none); "
+                        "give a trajectory with frames, a checkpoint or a structure file")
+    if not -n <= index < n:
+        what = "one structure" if kind == "checkpoint" else f"{n} frame{'s' if n > 1 else ''}"
+        raise UserError(f"system.index={index} is out of range: {path!r} holds {what}; give 0..{n - 1} "
+                        f"or -{n}..-1 (-1: the last)")
+    try:
+        return next(iter_structures(path, slice(index % n, index % n + 1)))
+    except UserError as exc:
+        raise UserError(f"system.file: {exc.one_line()}") from None
+
+
+def read_structure(path: str, index: int = -1):
+    from ase.io import read
+
+    p = Path(path)
+    if not p.is_file():
+        raise UserError(f"system.file={path!r}: no such file")
+    if _is_hdf5(p):   # our trajectories and checkpoints: read here, with our checks and messages
+        return _checked(path, read_own_file(str(p), int(index)))
+    try:
+        atoms = read(str(p), index=index)
+    except Exception as exc:  # noqa: BLE001 - any failure becomes one line
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise UserError(f"system.file={path!r}: ASE cannot read it ({first}); give a structure "
+                        "file such as .extxyz, .cif or POSCAR") from None
+    return _checked(path, atoms)
+
+
+def _is_hdf5(p: Path) -> bool:
+    """HDF5's 8-byte signature at offset 0 (where ShardMD's files have it; HDF5 also allows a
+    user block, whose files then go to ASE's readers as before)."""
+    try:
+        with open(p, "rb") as fh:
+            return fh.read(8) == b"\x89HDF\r\n\x1a\n"
+    except OSError:
+        return False
+
+
+def _checked(path: str, atoms):
+    """Refuse a structure without atoms or with a periodic axis that has no cell vector."""
+    if len(atoms) == 0:
+        raise UserError(f"system.file={path!r} holds no atoms")
+    pbc = np.asarray(atoms.pbc)
+    lengths = np.linalg.norm(atoms.cell.array, axis=1)
+    bad = [k for k in range(3) if pbc[k] and lengths[k] < 1e-9]
+    if bad:
+        raise UserError(f"system.file={path!r}: axis {bad[0]} is periodic but has no cell vector; "
+                        "give the cell or make that axis non-periodic")
+    return atoms
+
+
+def thermal_velocities(state: State, temperature: float, seed: int, dof: int,
+                       zero_momentum: bool = True, fixed: torch.Tensor | None = None) -> torch.Tensor:
+    """(n, 3) Å/fs Maxwell-Boltzmann velocities at exactly ``temperature`` for ``dof`` degrees
+    of freedom.  Noise keyed by (seed, atom id); the momentum removal and the rescaling sum in
+    id order, so the result is independent of memory order.  fixed: (k,) global ids whose
+    velocities are 0.0 (zeroed before the momentum removal and the rescaling)."""
+    n = state.n_atoms
+    if n == 0 or temperature <= 0:
+        return torch.zeros_like(state.positions)
+    order = torch.argsort(state.ids)
+    m = state.masses.double()[order]
+    xi = gaussian_noise(seed, 0, STREAM_INIT_VELOCITY, state.ids[order], dtype=torch.float64)
+    v = xi * torch.sqrt(KB * temperature / (m * MVV_TO_EV))[:, None]
+    if fixed is not None and fixed.numel():
+        v[torch.isin(state.ids[order].cpu(), fixed.cpu()).to(v.device)] = 0.0
+    if zero_momentum and n > 1:
+        v = v - (m[:, None] * v).sum(0) / m.sum()
+    ke = 0.5 * float((m[:, None] * v * v).sum()) * MVV_TO_EV
+    if ke > 0:
+        v = v * np.sqrt(0.5 * dof * KB * temperature / ke)
+    out = torch.empty_like(v)
+    out[order] = v
+    return out.to(state.dtype)
+
+
+def initial_state(cfg, dtype: torch.dtype, device, dof_of, zero_momentum: bool) -> State:
+    """State from the ``system`` config node, with velocities per ``system.velocities``.
+
+    dof_of: callable n_atoms -> degrees of freedom (from the integrator)
+    """
+    s = cfg.system
+    if s.get("file") and cfg.get("output") and Path(s.file).resolve() == Path(cfg.output).resolve():
+        raise UserError(f"system.file={s.file!r} is also this run's output: the run would overwrite the "
+                        "structure it starts from; give another output= (or copy the file)")
+    atoms = build_atoms(s)
+    state = State.from_atoms(atoms, dtype=dtype, device=device)
+    has_v = bool(np.any(atoms.get_velocities() != 0)) if atoms.has("momenta") else False
+    return set_velocities(cfg, state, has_v, dof_of, zero_momentum, "the structure")
+
+
+def given_state_velocities(cfg, state: State, dof_of, zero_momentum: bool) -> State:
+    """Velocities of a State given through the Python API (``Simulation(cfg, state=...)``), per
+    ``system.velocities`` and ``temperature`` as for a structure file: auto (the default) keeps
+    the state's velocities if any is non-zero, else draws thermal ones at ``temperature`` (the
+    same seeded generator, keyed by atom id); thermal draws them anyway; zero zeroes them;
+    file refuses a state without velocities."""
+    has_v = bool(torch.any(state.velocities != 0)) if state.n_atoms else False
+    return set_velocities(cfg, state, has_v, dof_of, zero_momentum, "the state given to Simulation")
+
+
+def set_velocities(cfg, state: State, has_v: bool, dof_of, zero_momentum: bool, what: str) -> State:
+    """``state`` with velocities per ``system.velocities`` (in place); fixed atoms (the input's
+    FixAtoms and ``fix.ids``: engine/run/constraints.py) get 0.0 and their dof are not counted."""
+    from shardmd.engine.run.constraints import fixed_dof, resolve_fixed
+
+    mode = cfg.system.velocities
+    if mode == "file" and not has_v:
+        raise UserError(f"system.velocities=file but {what} has no velocities; use system.velocities=thermal "
+                        "(or auto)")
+    if mode == "zero":
+        state.velocities.zero_()
+    elif mode == "thermal" or (mode == "auto" and not has_v):
+        fixed = resolve_fixed(cfg, state, None)
+        dof = fixed_dof(state.n_atoms, fixed.numel()) if fixed.numel() else dof_of(state.n_atoms)
+        state.velocities = thermal_velocities(state, float(cfg.temperature), int(cfg.seed), dof,
+                                              zero_momentum and not fixed.numel(), fixed=fixed
+                                              ).to(state.positions.device)
+    return state
