@@ -11,17 +11,16 @@ also the helper process that fills a disk with the trajectory writer alone.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import importlib.util
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import h5py
 import numpy as np
 import pytest
+from fsfaults import _digest, _remount_ro, _tree_digest, assert_one_line_error, tmpfs
 
 pytestmark = pytest.mark.fault
 
@@ -53,49 +52,6 @@ def _run_all(jobs, timeout=300):
     """Run several engine commands at once; ``jobs`` is [(args, cwd)], returns results in order."""
     procs = [_engine(a, c) for a, c in jobs]
     return [_wait(p, timeout) for p in procs]
-
-
-def assert_one_line_error(r, *needles, codes=(4,)):
-    """Exit status in ``codes``, no crash, stderr exactly one ``error:`` line naming ``needles``."""
-    assert r.returncode not in (-11, 139), f"segfault:\n{r.stderr[-3000:]}"
-    assert r.returncode in codes, f"exit {r.returncode}, wanted {codes}:\n{r.stderr[-3000:]}"
-    assert "Traceback" not in r.stderr and "Exception ignored" not in r.stderr, r.stderr[-3000:]
-    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error:"), r.stderr[-3000:]
-    for n in needles:
-        assert str(n) in lines[0], (n, lines[0])
-    return lines[0]
-
-
-def _digest(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def _tree_digest(d: Path) -> dict[str, str]:
-    return {str(p.relative_to(d)): _digest(p) for p in sorted(d.rglob("*")) if p.is_file()}
-
-
-@contextlib.contextmanager
-def tmpfs(path: Path, size: str, ro: bool = False):
-    """A fresh tmpfs of ``size`` at ``path`` (skips the test where mounting is not allowed)."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a small tmpfs needs root (disk-full / read-only cases)")
-    path.mkdir(parents=True, exist_ok=True)
-    opts = f"size={size}" + (",ro" if ro else "")
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", opts, "tmpfs", str(path)], capture_output=True, text=True)
-    if r.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here ({r.stderr.strip() or 'EPERM'})")
-    try:
-        yield path
-    finally:
-        if subprocess.run(["umount", str(path)], capture_output=True).returncode != 0:
-            subprocess.run(["umount", "-l", str(path)], capture_output=True)
-
-
-def _remount_ro(path: Path) -> None:
-    r = subprocess.run(["mount", "-o", "remount,ro", str(path)], capture_output=True, text=True)
-    if r.returncode != 0:
-        pytest.skip(f"cannot remount read-only ({r.stderr.strip()})")
 
 
 def _check_trajectory(path: Path, every: int) -> list[int]:
@@ -247,129 +203,6 @@ def test_writer_read_only_directory(tmp_path):
         assert [a.info["step"] for a in read_frames(mnt / "t.h5")] == [0, 10]
 
 
-# ---------------------------------------------------------------------- checkpoints
-def _ckpt_args(n=864, seed=0):
-    rng = np.random.default_rng(seed)
-    arrays = {k: rng.random((n, 3)) * 10 for k in ("positions", "velocities", "reference_positions")}
-    arrays.update(masses=np.full(n, 39.948), numbers=np.full(n, 18, dtype=np.int64),
-                  ids=np.arange(n, dtype=np.int64), images=np.zeros((n, 3), dtype=np.int32))
-    return arrays
-
-
-def _write_ck(directory, step, arrays, keep=3):
-    from shardmd.engine.io.checkpoint import write_checkpoint
-
-    return write_checkpoint(Path(directory), step, step * 1.0, arrays, np.eye(3) * 20.0, np.ones(3, bool),
-                            {"model": {"name": "lj"}}, {"name": "verlet"}, "lj", "x" * 64, "0.1.0", keep=keep)
-
-
-@pytest.mark.parametrize("keep,size", [(1, "150k"), (5, "400k")])  # a checkpoint: ~100 kB
-def test_checkpoint_disk_full_keeps_older(tmp_path, keep, size):
-    """A checkpoint that does not fit: OutputError naming it, older ones kept and readable,
-    no temporary file left; rotation never ran for the failed one."""
-    from shardmd.engine.errors import OutputError
-    from shardmd.engine.io.checkpoint import list_checkpoints, read_checkpoint
-
-    arrays = _ckpt_args()
-    with tmpfs(tmp_path / "mnt", size) as mnt:
-        d = mnt / "run.ckpt"
-        written = []
-        with pytest.raises(OutputError) as ei:
-            for step in range(0, 10000, 10):
-                written.append(_write_ck(d, step, arrays, keep=keep))
-        msg = str(ei.value)
-        assert "No space left on device" in msg and f"step-{step:012d}.h5" in msg and str(d) in msg
-        assert "\n" not in msg
-        kept = [p for _, p in list_checkpoints(d)]
-        assert written and kept == written[-keep:]
-        for p in kept:
-            ck = read_checkpoint(p)
-            assert np.array_equal(ck["arrays"]["positions"], arrays["positions"])
-        assert sorted(os.listdir(d)) == [p.name for p in kept]  # no .tmp left
-
-
-def test_checkpoint_refuses_links_and_non_files(tmp_path):
-    """A symlinked checkpoint directory or final name is refused (nothing written through
-    it); a directory at the final name too.  Decision: refuse rather than replace."""
-    from shardmd.engine.errors import OutputError
-    from shardmd.engine.io.checkpoint import list_checkpoints
-
-    arrays = _ckpt_args(20)
-    elsewhere = tmp_path / "elsewhere"
-    elsewhere.mkdir()
-    (tmp_path / "a.ckpt").symlink_to(elsewhere, target_is_directory=True)
-    with pytest.raises(OutputError, match="is a symlink") as ei:
-        _write_ck(tmp_path / "a.ckpt", 20, arrays)
-    assert str(tmp_path / "a.ckpt") in str(ei.value)
-    assert list(elsewhere.iterdir()) == []
-
-    (tmp_path / "b.ckpt").write_text("a file where the directory should be")
-    with pytest.raises(OutputError, match="not a directory"):
-        _write_ck(tmp_path / "b.ckpt", 20, arrays)
-
-    d = tmp_path / "c.ckpt"
-    _write_ck(d, 10, arrays)
-    victim = tmp_path / "victim.txt"
-    victim.write_bytes(b"precious\n")
-    (d / "step-000000000020.h5").symlink_to(victim)
-    with pytest.raises(OutputError, match="is a symlink") as ei:
-        _write_ck(d, 20, arrays)
-    assert "step-000000000020.h5" in str(ei.value)
-    assert victim.read_bytes() == b"precious\n"
-    (d / "step-000000000030.h5").mkdir()
-    with pytest.raises(OutputError, match="not a regular file"):
-        _write_ck(d, 30, arrays)
-    assert [s for s, _ in list_checkpoints(d)] == [10, 20, 30]  # nothing rotated away
-    assert not [n for n in os.listdir(d) if n.endswith(".tmp")]
-
-
-def test_checkpoint_temporary_names(tmp_path, monkeypatch):
-    """Temporaries: unpredictable, never the old name; a killed writer's are ignored, and
-    removed once older than the process (ours by name/owner); links are never followed."""
-    import shardmd.engine.io.checkpoint as ck
-
-    arrays = _ckpt_args(20)
-    d = tmp_path / "run.ckpt"
-    d.mkdir()
-    victim = tmp_path / "victim.txt"
-    victim.write_bytes(b"precious\n")
-    (d / "step-000000000020.h5.tmp").symlink_to(victim)  # the old predictable name
-    stale = d / ".step-000000000010.h5.0123456789abcdef.tmp"
-    stale.write_bytes(b"half a checkpoint")
-    fresh = d / ".step-000000000010.h5.fedcba9876543210.tmp"
-    fresh.write_bytes(b"another writer, now")
-    link = d / ".step-000000000010.h5.aaaaaaaaaaaaaaaa.tmp"
-    link.symlink_to(victim)
-    old = time.time() - 3600
-    os.utime(stale, (old, old))
-    os.utime(link, (old, old), follow_symlinks=False)
-    monkeypatch.setattr(ck, "_PROCESS_START", time.time() - 60)
-
-    seen = []
-    real_open = os.open
-
-    def spy(path, flags, *a, **k):
-        if str(path).endswith(".tmp"):
-            seen.append((Path(path).name, flags))
-        return real_open(path, flags, *a, **k)
-
-    monkeypatch.setattr(ck.os, "open", spy)
-    p = _write_ck(d, 20, arrays)
-    _write_ck(d, 30, arrays)
-    names = [n for n, _ in seen]
-    assert len(names) == 2 and len(set(names)) == 2
-    for name, flags in seen:
-        assert name.startswith(".step-") and name.endswith(".tmp") and len(name) > 30
-        assert flags & os.O_EXCL and flags & os.O_CREAT and flags & os.O_NOFOLLOW
-    assert victim.read_bytes() == b"precious\n"
-    assert p.is_file() and not p.is_symlink()
-    assert not stale.exists()  # ours, older than the process: removed
-    assert fresh.exists()  # may be another live writer's: left alone
-    assert link.is_symlink() and victim.exists()  # not a regular file: left alone
-    assert (d / "step-000000000020.h5.tmp").is_symlink()  # not our name: left alone
-
-
-# ---------------------------------------------------------------------- engine runs
 def test_engine_disk_full(tmp_path):
     """The engine CLI on full disks.  Run 1 fills the disk with frames every 2 steps and
     checkpoints every 10; run 2 writes checkpoints only, so a checkpoint is what fails.

@@ -24,7 +24,7 @@ from shardmd.engine.run.health import step_measure
 from shardmd.engine.run.observables import kinetic_tensor
 from shardmd.engine.run.state import PER_ATOM, State
 from shardmd.integrators import fused
-from shardmd.integrators.npt import inv3, matmul3
+from shardmd.integrators.mat3 import inv3, matmul3
 
 #: memory orders of a rank's atoms, set at every neighbour rebuild (``neighbor.sort``):
 #: spatial = (bin, id) on the neighbour grid (fast kernels), id = ascending id, none = as arrived
