@@ -46,6 +46,25 @@ wp.set_module_options({"enable_backward": False})
 
 
 @wp.func
+def _packed_edge(packed: wp.array(dtype=wp.int64), p: int):
+    """(j, S, S != 0) of edge ``p`` of a packed list; S is decoded only when not zero (rare)."""
+    v = packed[p]
+    k = packed_shift_code(v)
+    s = wp.vec3i(0, 0, 0)
+    shifted = k != ZERO_SHIFT
+    if shifted:
+        s = shift_of_code(k)
+    return packed_neighbor(v), s, shifted
+
+
+@wp.func
+def _array_edge(neighbors: wp.array(dtype=wp.int32), shifts: wp.array(dtype=wp.vec3i), p: int):
+    """(j, S, S != 0) of edge ``p`` of a list kept as neighbour and shift arrays."""
+    s = shifts[p]
+    return neighbors[p], s, (s[0] | s[1] | s[2]) != 0
+
+
+@wp.func
 def _lj_pair(r2: Any, p: Any, cutoff2: Any):
     """(U, fpr) of one edge with ``p = (c12, c6, u_shift)``; ``fpr = -dU/dr / r``, so the
     force on i is ``-fpr * d``.  Both are exactly 0 at and beyond the cutoff."""
@@ -94,20 +113,10 @@ def _lj_kernel(one_species: bool, pair_virial: bool, packed_edges: bool):
         e = zero
         w = type(h)()
         for p in range(offsets[i], offsets[i + 1]):
-            j = int(0)
-            s = wp.vec3i(0, 0, 0)
-            shifted = bool(False)
             if wp.static(packed_edges):
-                v = packed[p]
-                j = packed_neighbor(v)
-                k = packed_shift_code(v)
-                shifted = k != ZERO_SHIFT
-                if shifted:
-                    s = shift_of_code(k)
+                j, s, shifted = _packed_edge(packed, p)
             else:
-                j = neighbors[p]
-                s = shifts[p]
-                shifted = (s[0] | s[1] | s[2]) != 0
+                j, s, shifted = _array_edge(neighbors, shifts, p)
             d = x[j] - xi
             image = type(xi)()
             if shifted:  # rare: S = 0 for ~90 % of the edges
@@ -321,20 +330,10 @@ def _lj_half_kernel(one_species: bool, pair_virial: bool, packed_edges: bool, en
         if wp.static(not pair_virial):
             virials[wrow] = w
         for p in range(offsets[i], offsets[i + 1]):
-            j = int(0)
-            s = wp.vec3i(0, 0, 0)
-            shifted = bool(False)
             if wp.static(packed_edges):
-                v = packed[p]
-                j = packed_neighbor(v)
-                k = packed_shift_code(v)
-                shifted = k != ZERO_SHIFT
-                if shifted:
-                    s = shift_of_code(k)
+                j, s, shifted = _packed_edge(packed, p)
             else:
-                j = neighbors[p]
-                s = shifts[p]
-                shifted = (s[0] | s[1] | s[2]) != 0
+                j, s, shifted = _array_edge(neighbors, shifts, p)
             d = x[j] - xi
             image = type(xi)()
             if shifted:
