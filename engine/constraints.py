@@ -6,7 +6,9 @@ atom ids, 0-based: the order of the input).  A restart takes the set stored in i
 (the integrator's state dict, key ``fixed_ids``, as [start, stop) id ranges); a ``fix.ids`` that
 is not part of it is refused.  Any other ASE constraint (FixBondLengths, FixCom, Hookean,
 FixCartesian, ...) is refused with one line naming it: it would otherwise be dropped silently.
-Ids out of range, an id named twice and a set that holds every atom are refused too.
+Ids out of range, an id named twice and a set that holds every atom are refused too; so is a
+checkpoint's set with ranges beyond its atoms, ids no atom has or every atom (checked on the ranges
+before they are expanded: :func:`fixed_ranges_problem`).
 
 How (:class:`FixedAtoms`, installed by one line in ``Simulation.__init__``; the integrators stay
 unaware of it): before each half step the integrator gets the forces with the fixed atoms' rows
@@ -82,7 +84,40 @@ def to_ranges(ids: torch.Tensor) -> list[list[int]]:
 
 
 def from_ranges(ranges) -> torch.Tensor:
-    return torch.tensor([i for a, b in ranges for i in range(int(a), int(b))], dtype=torch.int64)
+    """[[start, stop), ...] -> the ids (int64); ``ranges`` checked by :func:`fixed_ranges_problem`
+    first (a range of 1e11 ids would allocate 800 GB)."""
+    if not ranges:
+        return torch.zeros(0, dtype=torch.int64)
+    return torch.cat([torch.arange(int(a), int(b), dtype=torch.int64) for a, b in ranges])
+
+
+def fixed_ranges_problem(ranges, ids) -> str | None:
+    """Why ``ranges`` (a checkpoint's ``fixed_ids``: [start, stop) pairs of integers, sorted,
+    not overlapping) cannot be the fixed atoms of a system of atom ``ids`` ((n,) array); None
+    when they can.  Checked without expanding the ranges: each must lie within the ids, every
+    id it names must exist, and at least one atom must stay mobile (a run where nothing moves
+    has no temperature; a fresh run refuses that set too)."""
+    if not isinstance(ranges, list):
+        return f"is {type(ranges).__name__}, expected a list of [start, stop) id ranges"
+    ids = np.sort(np.asarray(ids, dtype=np.int64))
+    n, hi = len(ids), int(ids[-1]) + 1 if len(ids) else 0
+    count, last = 0, None
+    for r in ranges:
+        if not (isinstance(r, list) and len(r) == 2 and all(isinstance(x, int) and not isinstance(x, bool)
+                                                            for x in r)):
+            return f"holds {str(r)[:40]}, expected [start, stop) pairs of integers"
+        a, b = r
+        if not 0 <= a < b <= hi:
+            return f"holds the range [{a}, {b}), outside the atom ids 0..{hi - 1}"
+        if last is not None and a < last:
+            return f"holds the range [{a}, {b}) out of order or overlapping the one before"
+        inside = int(np.searchsorted(ids, b) - np.searchsorted(ids, a))
+        if inside != b - a:
+            return f"holds the range [{a}, {b}), which names {b - a - inside} id(s) no atom has"
+        count, last = count + (b - a), b
+    if count >= n:
+        return f"fixes every atom ({n}): nothing would move (a fresh run refuses that too)"
+    return None
 
 
 def resolve_fixed(cfg, state, checkpoint: dict | None) -> torch.Tensor:
@@ -97,6 +132,9 @@ def resolve_fixed(cfg, state, checkpoint: dict | None) -> torch.Tensor:
         raise UserError(f"fix.ids names id {dup[0]} more than once; give each id once")
     if checkpoint is not None:
         stored = (checkpoint.get("integrator") or {}).get("fixed_ids")
+        problem = fixed_ranges_problem(stored, state.ids.cpu().numpy()) if stored else None
+        if problem:   # read_checkpoint checks this too; a checkpoint dict built by hand meets it here
+            raise UserError(f"checkpoint {checkpoint.get('path', '')}: fixed_ids {problem}; use another checkpoint")
         fixed = from_ranges(stored) if stored else torch.zeros(0, dtype=torch.int64)
         extra = sorted(set(given) - set(fixed.tolist()))
         if extra:
