@@ -110,7 +110,7 @@ def _attr_problem(attrs, name: str, kind: str) -> str | None:
     if kind == "int" and not isinstance(value, (int, np.integer)):
         return f"attribute {name} is {value!r}, expected an integer"
     if not math.isfinite(float(value)) or (name == "step" and int(value) < 0) or (name == "time" and value < 0):
-        return f"attribute {name} is {value!r}, out of range"
+        return f"attribute {name} {value!r} is out of range (a finite number >= 0)"
     return None
 
 
