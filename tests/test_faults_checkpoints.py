@@ -5,6 +5,7 @@ one-line error naming the file, the field and the problem, restart=auto falls ba
 Every engine process here runs under an address-space cap (RLIMIT_AS), so a reader that allocates
 what a file's header claims fails the test instead of exhausting the machine."""
 import json
+import os
 import resource
 import shutil
 import subprocess
@@ -31,10 +32,14 @@ def _cap():
     resource.setrlimit(resource.RLIMIT_AS, (CAP, CAP))
 
 
+#: on the CPU: a CUDA runtime reserves far more address space than the cap (these are file checks)
+ENV = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+
+
 def capped_engine(args, cwd, timeout=240):
     """``python -m engine <args>`` in a real subprocess under the memory cap; CompletedProcess."""
     return subprocess.run([sys.executable, "-m", "engine", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=timeout, preexec_fn=_cap)
+                          timeout=timeout, preexec_fn=_cap, env=ENV)
 
 
 def capped_many(cases, tmp_path, timeout=400) -> list[dict]:
@@ -43,7 +48,7 @@ def capped_many(cases, tmp_path, timeout=400) -> list[dict]:
     (tmp_path / "cases.json").write_text(json.dumps([[list(a), str(c)] for a, c in cases]))
     r = subprocess.run([sys.executable, str(ROOT / "tests" / "helpers" / "cli_many.py"), str(tmp_path / "cases.json"),
                         str(tmp_path / "results.json")], capture_output=True, text=True, timeout=timeout,
-                       preexec_fn=_cap)
+                       preexec_fn=_cap, env=ENV)
     assert r.returncode == 0, r.stderr[-3000:]
     return json.loads((tmp_path / "results.json").read_text())
 
