@@ -281,7 +281,7 @@ DAMAGE = {
 }
 NEEDLE = {"negative step": "step -100", "short array": "atoms/positions has shape", "Z=250": "atomic numbers",
           "duplicate ids": "ids are not unique", "nan velocity": "atoms/velocities holds non-finite",
-          "singular cell": "box/cell is singular", "missing field": "damaged or incomplete"}
+          "singular cell": "box/cell is singular", "missing field": "atoms/masses is missing"}
 
 
 @pytest.mark.parametrize("damage", list(DAMAGE))

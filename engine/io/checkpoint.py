@@ -23,8 +23,10 @@ checkpoint and raises a one-line OutputError (exit status 4).  A checkpoint dire
 final name that is a symlink (or not a directory / regular file) is refused, not followed.
 Temporaries a killed writer left are ignored, and removed by a later run when they are ours
 (name, owner, older than the process).  A reader therefore only ever sees complete files; a
-file that fails to open or lacks a field is reported in one line (and skipped by
-``restart=auto``).
+file that fails to open, lacks a field or fails validation (``checkpoint_check``: shapes and
+sizes from metadata before any array is read, then values, integrator state, fixed atoms) is
+reported in one line naming the file, the field and the problem; ``restart=auto`` passes over
+it to the next older one and says so in one line.
 """
 from __future__ import annotations
 
@@ -40,7 +42,8 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from shardmd.engine.errors import OutputError, UserError
+from shardmd.engine.errors import OneLineWarning, OutputError, UserError
+from shardmd.engine.io.checkpoint_check import layout_problem, parse_json, values_problem
 from shardmd.engine.io.safe_io import IO_ERRORS, fsync_dir, output_error
 
 KIND = "shardmd-checkpoint"
@@ -286,10 +289,17 @@ def list_checkpoints(directory: Path) -> list[tuple[int, Path]]:
 
 
 def read_checkpoint(path: str | Path) -> dict:
-    """Load a checkpoint; one-line UserError for anything that is not a complete one."""
+    """Load a checkpoint; one-line UserError for anything that is not a complete, valid one.
+
+    Validated before anything is allocated from it (:mod:`shardmd.engine.io.checkpoint_check`):
+    the attributes, every dataset's shape and dtype from the file's metadata against the atom
+    count, the arrays' total size against the memory this process can use; then the values
+    (finite, in range), the integrator state and the fixed atoms."""
     p = Path(path)
     if not p.exists():
         raise UserError(f"restart file {str(p)!r} does not exist; give a checkpoint (.ckpt/step-*.h5) or restart=auto")
+    if not p.is_file():
+        raise UserError(f"restart file {str(p)!r} is not a regular file; give a checkpoint (.ckpt/step-*.h5)")
     if not h5py.is_hdf5(p):
         raise UserError(f"restart file {str(p)!r} is not an HDF5 file (truncated or another format); "
                         "give a ShardMD checkpoint")
@@ -299,28 +309,40 @@ def read_checkpoint(path: str | Path) -> dict:
                 what = "an H5MD trajectory" if "h5md" in f else "not a ShardMD checkpoint"
                 raise UserError(f"restart file {str(p)!r} is {what}; restart from a checkpoint in "
                                 f"{checkpoint_dir(p)}/ or {p.with_suffix('.ckpt')}/")
+            problem = layout_problem(f, FORMAT)
+            if problem:
+                raise _unusable(p, problem)
             out = {k: f.attrs[k] for k in ("step", "time", "model_name", "model_identity", "code_version")}
+            for k in ("model_name", "model_identity", "code_version"):
+                out[k] = out[k].decode() if isinstance(out[k], bytes) else str(out[k])
             out["step"], out["time"] = int(out["step"]), float(out["time"])
-            out["config"] = json.loads(f.attrs["config"])
-            out["integrator"] = json.loads(f.attrs["integrator"])
+            for k in ("config", "integrator"):
+                out[k], problem = parse_json(f.attrs[k], k)
+                if problem:
+                    raise _unusable(p, problem)
             out["arrays"] = {name: f["atoms"][name][()] for name in ATOM_FIELDS}
             out["cell"] = f["box/cell"][()]
             out["pbc"] = f["box/pbc"][()]
     except UserError:
         raise
-    except (OSError, KeyError, ValueError, TypeError) as exc:
+    except (OSError, KeyError, ValueError, TypeError, RuntimeError, MemoryError) as exc:
         raise UserError(f"restart file {str(p)!r} is damaged or incomplete ({type(exc).__name__}); "
                         "use an older checkpoint or restart=auto") from None
     problem = checkpoint_problem(out)
     if problem:
-        raise UserError(f"restart file {str(p)!r} is not a usable checkpoint: {problem}; "
-                        "use an older checkpoint or restart=auto")
+        raise _unusable(p, problem)
     return out
+
+
+def _unusable(p: Path, problem: str) -> UserError:
+    return UserError(f"restart file {str(p)!r} is not a usable checkpoint: {problem}; "
+                     "use an older checkpoint or restart=auto")
 
 
 def checkpoint_problem(ck: dict) -> str | None:
     """What makes a loaded checkpoint unusable (None: nothing): every field is checked before
-    any of it is used, since a file may be damaged, edited or not ours."""
+    any of it is used, since a file may be damaged, edited or not ours (shapes and types here,
+    for a dict not read by :func:`read_checkpoint`; values: ``checkpoint_check.values_problem``)."""
     a = ck["arrays"]
     if ck["step"] < 0 or not np.isfinite(ck["time"]):
         return f"step {ck['step']} / time {ck['time']} out of range"
@@ -336,34 +358,35 @@ def checkpoint_problem(ck: dict) -> str | None:
         kind = "iu" if name in ("images", "numbers", "ids") else "f"
         if arr.dtype.kind not in kind:
             return f"atoms/{name} has type {arr.dtype}"
-        if kind == "f" and not np.isfinite(arr).all():
-            return f"atoms/{name} holds non-finite values"
-    if len(np.unique(ids)) != n or ids.min() < 0:
-        return "atom ids are not unique non-negative numbers"
-    z = np.asarray(a["numbers"])
-    if z.min() < 1 or z.max() > 118:
-        return f"atomic numbers outside 1-118 (e.g. {int(z.max() if z.max() > 118 else z.min())})"
-    if (np.asarray(a["masses"]) <= 0).any():
-        return "masses must be > 0"
     cell, pbc = np.asarray(ck["cell"]), np.asarray(ck["pbc"])
-    if cell.shape != (3, 3) or not np.isfinite(cell).all() or pbc.shape != (3,):
+    if cell.shape != (3, 3) or cell.dtype.kind not in "fiu" or pbc.shape != (3,):
         return "box/cell must be a finite (3, 3) array and box/pbc three booleans"
-    if pbc.astype(bool).any() and abs(np.linalg.det(cell)) < 1e-9:   # an all-open cell (a cluster) may be zero
-        return "box/cell is singular"
-    return None
+    try:
+        return values_problem(ck)
+    except RecursionError:
+        return "the integrator state is nested too deeply"
 
 
-def newest_valid(directory: Path) -> tuple[Path, dict] | None:
-    """The newest checkpoint in ``directory`` that loads completely (older ones as fallback);
-    None when there is none. Checkpoints present but none usable is an error, never a fresh
-    start: a fresh start would replace the trajectory those checkpoints belong to."""
+class CheckpointSkipped(OneLineWarning):
+    """``restart=auto`` passed over a checkpoint that does not validate: one line naming it and why."""
+
+
+def newest_valid(directory: Path, skipped: list[str] | None = None) -> tuple[Path, dict] | None:
+    """The newest checkpoint in ``directory`` that validates (older ones as fallback); None
+    when there is none.  The reason for each newer one passed over is appended to ``skipped``
+    (one line each).  Checkpoints present but none usable is an error, never a fresh start: a
+    fresh start would replace the trajectory those checkpoints belong to."""
     found = list_checkpoints(directory)
     reasons = []
     for _, p in reversed(found):
         try:
-            return p, read_checkpoint(p)
+            ck = read_checkpoint(p)
         except UserError as exc:
             reasons.append(exc.one_line())
+            continue
+        if skipped is not None:
+            skipped.extend(f"restart=auto skipped {r}" for r in reasons)
+        return p, ck
     if found:
         raise UserError(f"restart=auto: none of the {len(found)} checkpoint(s) in {str(directory)!r} can be "
                         f"used (newest: {reasons[0]}); nothing was changed. Restart from a good copy with "

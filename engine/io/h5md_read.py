@@ -29,7 +29,8 @@ interrupted is dropped as a whole.
 Files that are not readable trajectories (a directory, an empty, truncated or non-HDF5
 file, an HDF5 file of another layout, a checkpoint, a damaged file) raise
 :class:`TrajectoryReadError`, one line naming the file; it is a ``ValueError`` and a
-:class:`~shardmd.engine.errors.UserError` (``engine info`` prints it and exits 2).  A
+:class:`~shardmd.engine.errors.UserError` (``engine info`` prints it and exits 2); shapes
+and sizes are checked from metadata before anything is read (:mod:`shardmd.engine.io.h5md_check`).  A
 writer that hit a write error (disk full) never commits a frame whose data did not reach
 the file, so every frame read from such a file is real (:mod:`shardmd.engine.io.h5md`).  An
 observable that a killed writer left unreadable is left out with a one-line
@@ -49,6 +50,7 @@ import h5py
 import numpy as np
 
 from shardmd.engine.errors import OneLineWarning, UserError
+from shardmd.engine.io.h5md_check import layout_problem
 from shardmd.engine.io.h5md_units import (  # noqa: F401  (unit strings: re-exported for the writer)
     FIELD_ALIASES,
     FIELD_UNITS,
@@ -281,6 +283,9 @@ class _Reader:
                     if self.f.attrs.get("kind") == "shardmd-checkpoint"
                     else f"an HDF5 file but not an H5MD trajectory (no {PARTICLES})")
             raise TrajectoryReadError(f"{self.path!r} is {what}")
+        problem = layout_problem(self.f, PARTICLES)   # shapes and sizes first: nothing read yet
+        if problem:
+            raise TrajectoryReadError(f"{self.path!r} is not a readable ShardMD trajectory: {problem}")
         p = self.f[PARTICLES]
         self.numbers = p["species"][()].astype(np.int64)
         self.masses = p["mass"][()].astype(np.float64)

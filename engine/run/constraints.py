@@ -6,7 +6,9 @@ atom ids, 0-based: the order of the input).  A restart takes the set stored in i
 (the integrator's state dict, key ``fixed_ids``, as [start, stop) id ranges); a ``fix.ids`` that
 is not part of it is refused.  Any other ASE constraint (FixBondLengths, FixCom, Hookean,
 FixCartesian, ...) is refused with one line naming it: it would otherwise be dropped silently.
-Ids out of range, an id named twice and a set that holds every atom are refused too.
+Ids out of range, an id named twice and a set that holds every atom are refused too; so is a
+checkpoint's set with ranges beyond its atoms, ids no atom has or every atom (checked on the ranges
+before they are expanded: :func:`fixed_ranges_problem`).
 
 How (:class:`FixedAtoms`, installed by one line in ``Simulation.__init__``; the integrators stay
 unaware of it): before each half step the integrator gets the forces with the fixed atoms' rows
@@ -42,6 +44,7 @@ import numpy as np
 import torch
 
 from shardmd.engine.errors import UserError
+from shardmd.engine.io.checkpoint_check import fixed_ranges_problem
 
 #: the ASE constraint the engine applies; every other one is refused
 SUPPORTED = ("FixAtoms",)
@@ -82,7 +85,11 @@ def to_ranges(ids: torch.Tensor) -> list[list[int]]:
 
 
 def from_ranges(ranges) -> torch.Tensor:
-    return torch.tensor([i for a, b in ranges for i in range(int(a), int(b))], dtype=torch.int64)
+    """[[start, stop), ...] -> the ids (int64); ``ranges`` checked by :func:`fixed_ranges_problem`
+    first (a range of 1e11 ids would allocate 800 GB)."""
+    if not ranges:
+        return torch.zeros(0, dtype=torch.int64)
+    return torch.cat([torch.arange(int(a), int(b), dtype=torch.int64) for a, b in ranges])
 
 
 def resolve_fixed(cfg, state, checkpoint: dict | None) -> torch.Tensor:
@@ -97,6 +104,9 @@ def resolve_fixed(cfg, state, checkpoint: dict | None) -> torch.Tensor:
         raise UserError(f"fix.ids names id {dup[0]} more than once; give each id once")
     if checkpoint is not None:
         stored = (checkpoint.get("integrator") or {}).get("fixed_ids")
+        problem = fixed_ranges_problem(stored, state.ids.cpu().numpy()) if stored else None
+        if problem:   # read_checkpoint checks this too; a checkpoint dict built by hand meets it here
+            raise UserError(f"checkpoint {checkpoint.get('path', '')}: fixed_ids {problem}; use another checkpoint")
         fixed = from_ranges(stored) if stored else torch.zeros(0, dtype=torch.int64)
         extra = sorted(set(given) - set(fixed.tolist()))
         if extra:

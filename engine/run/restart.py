@@ -1,9 +1,10 @@
 """Starting a run: fresh, from a checkpoint, or ``restart=auto`` (idempotent resubmission).
 
 - ``restart.file=PATH`` (or ``restart=PATH``) continues from that checkpoint;
-- ``restart=auto`` continues from the newest complete checkpoint in ``<output>.ckpt/`` if
-  there is one, else starts fresh (replacing a partial output of a run that died before its
-  first checkpoint), so resubmitting the same job script is idempotent;
+- ``restart=auto`` continues from the newest checkpoint in ``<output>.ckpt/`` that validates
+  (``engine/io/checkpoint_check.py``; each newer one passed over is named with its reason in one
+  ``Warning:`` line on stderr) if there is one, else starts fresh (replacing a partial output
+  of a run that died before its first checkpoint), so resubmitting the same job script is idempotent;
 - a fresh run never replaces an existing output file unless ``overwrite=true``;
 - physics-changing differences from the checkpoint's config (model, dt, integrator,
   temperature, seed, precision) need ``restart.allow_changes=true``;
@@ -16,6 +17,7 @@ on the same domain count whatever step the checkpoint was taken at.
 """
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -23,7 +25,15 @@ import torch
 
 from shardmd.engine.config.compose import to_container
 from shardmd.engine.errors import CollectiveError, UserError
-from shardmd.engine.io.checkpoint import checkpoint_dir, model_identity, newest_valid, physics_changes, read_checkpoint
+from shardmd.engine.io.checkpoint import (
+    CheckpointSkipped,
+    checkpoint_dir,
+    model_identity,
+    newest_valid,
+    physics_changes,
+    read_checkpoint,
+)
+from shardmd.engine.launch.parallel import env_rank
 from shardmd.engine.run.state import State
 
 
@@ -38,7 +48,11 @@ def resolve(cfg, identity: str | None = None, label: str | None = None, record: 
     ckpt = None
     try:   # every rank reads the same files: an error is met alike everywhere
         if spec == "auto":
-            found = newest_valid(checkpoint_dir(out))
+            skipped: list[str] = []
+            found = newest_valid(checkpoint_dir(out), skipped)
+            if env_rank() == 0:   # every rank reads the same files: rank 0 says it once
+                for line in skipped:
+                    warnings.warn(line, CheckpointSkipped, stacklevel=2)
             ckpt = found[1] if found else None
             if ckpt is not None:
                 ckpt["path"] = str(found[0])
