@@ -38,6 +38,9 @@ Hydra's command line:
   hydra.run.dir=DIR  the run's folder: a relative output= is written there (default: .)
   ~key               remove an optional key (set it to null) or one entry of a map
   --info, --hydra-help, --version
+  allow_code=true    let config files and spec files run code: Hydra callbacks, logging handlers,
+                     _target_, model routes, model.trust_pickle, a spec's modules (refused
+                     without it; the log notes what was allowed). Command line only.
 
 Keys (default, meaning):
 """
@@ -190,6 +193,7 @@ def _run(args: list[str], command: str = "run") -> int:
     from hydra.core.global_hydra import GlobalHydra
     from hydra.types import RunMode
 
+    from . import config_guard
     from .config import job_config, load, normalize_overrides, search_path, split_config_file
     from .errors import UserError
 
@@ -201,7 +205,9 @@ def _run(args: list[str], command: str = "run") -> int:
     for attr, flag in _REFUSED.items():
         if getattr(ns, attr):
             raise UserError(f"{flag} is not supported by python -m engine")
-    file, rest = split_config_file(ns.overrides)
+    allow, given = config_guard.split_allow_code(ns.overrides)
+    config_guard.set_policy(allow)
+    file, rest = split_config_file(given)
     if file is not None and (ns.config_path or ns.config_name):
         raise UserError("give config=FILE.yaml or --config-path/--config-name, not both")
     # a relative --config-path is the working directory's (Hydra's own is the app's source file's)
@@ -215,12 +221,17 @@ def _run(args: list[str], command: str = "run") -> int:
     # what ranks started for a job are given, besides the job's own overrides
     flags = [*([f"--config-path={config_dir}"] if config_dir else []),
              *([f"--config-name={name}"] if config_dir or ns.config_name else []),
-             *([f"--config-dir={extra[0]}"] if extra else [])]
+             *([f"--config-dir={extra[0]}"] if extra else []),
+             *([f"{config_guard.ALLOW_KEY}=true"] if allow else [])]
     overrides = normalize_overrides(rest)
+    # a pkg:// search path is imported while Hydra composes: refused before composing
+    config_guard.check_searchpath(config_guard.primary_file(config_dir, name), overrides, allow)
 
     GlobalHydra.instance().clear()
     hydra = Hydra.create_main_hydra2(task_name="shardmd", config_search_path=search_path(config_dir, extra))
     try:
+        if ns.hydra_help or ns.info:   # both set up logging from the composed config: checked first
+            load(hydra.config_loader, name, overrides)
         if ns.hydra_help:
             hydra.hydra_help(config_name=name, args_parser=parser, args=ns)
             return 0
@@ -230,7 +241,7 @@ def _run(args: list[str], command: str = "run") -> int:
         if ns.cfg:
             if ns.multirun:
                 raise UserError("--cfg prints one job's configuration: drop -m")
-            job_config(load(hydra.config_loader, name, overrides))
+            job_config(load(hydra.config_loader, name, overrides, check_code=False))   # printing runs nothing
             hydra.show_cfg(config_name=name, overrides=overrides, cfg_type=ns.cfg, package=ns.package,
                            resolve=ns.resolve)
             return 0
@@ -284,6 +295,7 @@ def _sweep(hydra, name: str, overrides: list[str], task) -> int:
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from omegaconf import OmegaConf
 
+    from . import config_guard
     from .config import composition_error, job_config, load
     from .errors import UserError
     from .parallel import env_rank, under_launcher
@@ -300,6 +312,7 @@ def _sweep(hydra, name: str, overrides: list[str], task) -> int:
                 cfg = hydra.config_loader.load_sweep_config(master, list(job))
             except Exception as exc:  # noqa: BLE001 - as in config.load: one line whatever Hydra raises
                 raise composition_error(exc, list(job)) from None
+            config_guard.check(cfg, [*overrides, *job], config_guard.allowed())
             job_config(cfg)
     array = os.environ.get("SLURM_ARRAY_TASK_ID")
     if array is not None and jobs is not None and not (array.isdigit() and int(array) < len(jobs)):

@@ -324,15 +324,24 @@ def search_path(config_dir: str | os.PathLike | None = None, extra_dirs: tuple =
     return sp
 
 
-def load(loader, config_name: str, overrides: list[str], multirun: bool = False) -> DictConfig:
-    """Compose with Hydra's config loader (the ``hydra`` node kept); errors as one line."""
+def load(loader, config_name: str, overrides: list[str], multirun: bool = False,
+         check_code: bool = True) -> DictConfig:
+    """Compose with Hydra's config loader (the ``hydra`` node kept); errors as one line.
+    ``check_code``: refuse anything the composed config would import or instantiate unless
+    ``allow_code=true`` was given (engine/config_guard.py; its notes go to the log)."""
     from hydra.types import RunMode
 
+    from . import config_guard
+
     try:
-        return loader.load_configuration(config_name=config_name, overrides=list(overrides),
-                                         run_mode=RunMode.MULTIRUN if multirun else RunMode.RUN)
+        cfg = loader.load_configuration(config_name=config_name, overrides=list(overrides),
+                                        run_mode=RunMode.MULTIRUN if multirun else RunMode.RUN)
     except Exception as exc:  # noqa: BLE001 - Hydra and OmegaConf raise many kinds; each becomes one line
         raise composition_error(exc, overrides) from None
+    if check_code:
+        config_guard.set_policy(config_guard.allowed(),
+                                config_guard.check(cfg, overrides, config_guard.allowed()))
+    return cfg
 
 
 def job_config(cfg: DictConfig) -> DictConfig:
@@ -348,12 +357,18 @@ def job_config(cfg: DictConfig) -> DictConfig:
 
 
 def compose_config(args: list[str]) -> DictConfig:
-    """Normalise ``args`` (key=value strings; ``config=FILE.yaml`` starts from a file of yours),
-    compose with Hydra and validate."""
+    """Normalise ``args`` (key=value strings; ``config=FILE.yaml`` starts from a file of yours;
+    ``allow_code=true`` lets the files run code, engine/config_guard.py), compose with Hydra and
+    validate."""
     from hydra._internal.config_loader_impl import ConfigLoaderImpl
 
-    file, rest = split_config_file(list(args))
+    from . import config_guard
+
+    allow, args = config_guard.split_allow_code(list(args))
+    file, rest = split_config_file(args)
     overrides = normalize_overrides(rest)
+    config_guard.set_policy(allow)
+    config_guard.check_searchpath(file, overrides, allow)
     loader = ConfigLoaderImpl(config_search_path=search_path(file.parent if file else None))
     return job_config(load(loader, file.stem if file else "config", overrides))
 

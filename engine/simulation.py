@@ -28,6 +28,7 @@ from shardmd.models.registry import origin_text
 from . import health
 from . import restart as restart_mod
 from .checkpoint import api_model_origin, checkpoint_dir, model_identity_of, write_checkpoint
+from . import config_guard
 from .config import compose_config, echo_line, to_container
 from .constraints import constrain
 from .errors import CollectiveError, OutputError, UserError
@@ -84,7 +85,8 @@ class Simulation:
         self.integrator = make_integrator(cfg, comm=self.comm)
         if model is None:
             try:
-                model = build_model(to_container(cfg.model), self.dtype, self.device)
+                model = build_model(to_container(cfg.model), self.dtype, self.device,
+                                    allow_imports=config_guard.allowed())
             except (ValueError, KeyError, NotImplementedError) as exc:
                 raise UserError(str(exc).strip("'\"")) from None
             self.model_origin = model_origin(to_container(cfg.model))
@@ -148,7 +150,8 @@ class Simulation:
         self.reporter = reporter or Reporter(self.log_path if self.comm.is_root else None, quiet=cfg.quiet,
                                              progress=cfg.thermo.progress, enabled=self.comm.is_root,
                                              log_mode="a" if self.checkpoint_in else "w",
-                                             config_line=echo_line(cfg))
+                                             config_line="\n".join(
+                                                 [echo_line(cfg), *config_guard.log_notes(to_container(cfg.model))]))
         self._ckpt_every = int(cfg.checkpoint.every)
         self.stop = StopRequest()
         self.exit_code = 0
