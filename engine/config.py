@@ -389,6 +389,9 @@ def composition_error(exc: Exception, overrides: list[str]) -> UserError:
         info = SCHEMA.get(key)
         fix = info.check.fix if info and info.check and info.check.fix else "see python -m engine --help"
         return UserError(f"{full_key}={given!r} is invalid: {fix}")
+    if isinstance(cause, (ConfigAttributeError, ConfigKeyError)) and full_key == "allow_code":
+        return UserError("allow_code is read from the command line only, never from a config file: remove it "
+                         "from the file and give allow_code=true on the command line if you trust the file")
     if isinstance(cause, (ConfigAttributeError, ConfigKeyError)) and full_key:
         wrong = _wrong_group(full_key, overrides)
         if wrong:
