@@ -326,13 +326,30 @@ def _sweep(hydra, name: str, overrides: list[str], task) -> int:
         returns = hydra.multirun(config_name=name, task_function=task, overrides=overrides)
     except _Stopped as stop:
         return stop.code
-    codes = [(r.hydra_cfg.hydra.job.num, r.return_value) for batch in returns for r in batch]
-    failed = [(num, code) for num, code in codes if code]
-    if failed and env_rank() == 0:
-        sys.stderr.write(f"error: {len(failed)} of {len(codes)} jobs failed: "
-                         + ", ".join(f"job {num} (exit {code})" for num, code in failed)
-                         + f"; outputs in {master.hydra.sweep.dir}\n")
+    rows = [row for batch in returns for r in batch if (row := _job_row(r))[2] is not None]   # None: not run here
+    failed = [(num, code) for num, _, code, _ in rows if code]
+    if env_rank() == 0 and (failed or not master.quiet):
+        out = sys.stderr if failed else sys.stdout
+        out.write(f"sweep: {len(rows) - len(failed)} of {len(rows)} jobs succeeded\n" + "".join(
+            f"  job {num}: {' '.join(ovr) or '(no overrides)'} -> exit {code}, {folder}\n"
+            for num, ovr, code, folder in rows))
+        if failed:
+            out.write(f"error: {len(failed)} of {len(rows)} jobs failed: "
+                      + ", ".join(f"job {num} (exit {code})" for num, code in failed)
+                      + f"; outputs in {master.hydra.sweep.dir}\n")
+        out.flush()
     return failed[0][1] if failed else 0
+
+
+def _job_row(r) -> tuple[int, list[str], int | None, str]:
+    """(job number, its overrides, exit status, output folder) of a job Hydra ran; a job Hydra
+    itself failed (its exception kept in the return) counts as exit 1; None: another SLURM
+    array task's job."""
+    from hydra.core.utils import JobStatus
+
+    hc = r.hydra_cfg.hydra
+    code = r._return_value if r.status == JobStatus.COMPLETED else 1
+    return int(hc.job.num), list(r.overrides or []), None if code is None else int(code), str(hc.runtime.output_dir)
 
 
 def job_output(output: str, output_dir: str) -> str:
@@ -376,6 +393,16 @@ def _job(cfg, flags: list[str], command: str = "run") -> int | None:
         code = exc.exit_code
     except KeyboardInterrupt:
         raise _Stopped(130) from None
+    except Exception as exc:  # noqa: BLE001 - a job's fault (a model's bug): one line, the next job runs
+        if env_rank() == 0:
+            first = " ".join(str(exc).split())
+            sys.stderr.write(f"error: job {hc.job.num}: {type(exc).__name__}: {first} "
+                             "(SHARDMD_TRACEBACK=1 prints the traceback)\n")
+            if os.environ.get("SHARDMD_TRACEBACK"):
+                import traceback
+
+                traceback.print_exc()
+        code = 1
     if code in (75, 130):
         raise _Stopped(code)
     return code
