@@ -43,3 +43,66 @@ def test_a_sweep_with_a_failing_job_prints_a_summary_and_exits_non_zero(tmp_path
     assert lines[-1] == "error: 1 of 3 jobs failed: job 1 (exit 1); outputs in sw"
     # the jobs after the failed one ran
     assert (tmp_path / "sw" / "2" / "run.h5").is_file() and (tmp_path / "sw" / "0" / "run.h5").is_file()
+
+
+# -- the ASE calculator: pickle, deepcopy, threads --------------------------------------------------
+def _atoms(seed: int = 0):
+    import numpy as np
+    from ase.build import bulk
+
+    a = bulk("Ar", "fcc", a=5.26, cubic=True).repeat((3, 3, 3))
+    a.positions += np.random.default_rng(seed).normal(0, 0.05, a.positions.shape)
+    return a
+
+
+def test_the_ase_calculator_pickles_and_deepcopies_by_its_config():
+    import copy
+    import pickle
+
+    import numpy as np
+
+    from shardmd.engine.ase_calculator import ShardMDCalculator
+
+    calc = ShardMDCalculator(model="lj", epsilon={"Ar": 0.011}, cutoff=8.0, skin=0.5)
+    atoms = _atoms()
+    atoms.calc = calc
+    e, f = atoms.get_potential_energy(), atoms.get_forces()
+    for copied in (pickle.loads(pickle.dumps(calc)), copy.deepcopy(calc)):
+        assert copied is not calc and copied.todict() == calc.todict()
+        assert copied.model is not calc.model   # rebuilt from the record
+        other = atoms.copy()
+        other.calc = copied
+        assert other.get_potential_energy() == e
+        assert np.array_equal(other.get_forces(), f)
+
+
+def test_the_ase_calculator_is_safe_from_threads():
+    """Four threads share one calculator, each with its own atoms: every answer equals the
+    one a calculator of its own gives."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import numpy as np
+
+    from shardmd.engine.ase_calculator import ShardMDCalculator
+
+    shared = ShardMDCalculator(model="lj", cutoff=8.0)
+    systems = [_atoms(seed) for seed in range(4)]
+    expected = []
+    for a in systems:
+        b = a.copy()
+        b.calc = ShardMDCalculator(model="lj", cutoff=8.0)
+        expected.append((b.get_potential_energy(), b.get_forces()))
+
+    def work(i: int):
+        out = []
+        for _ in range(5):
+            e = shared.get_potential_energy(systems[i])
+            f = shared.get_forces(systems[i])
+            out.append((e, f))
+        return out
+
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(work, range(4)))
+    for (e0, f0), got in zip(expected, results):
+        for e, f in got:
+            assert np.isclose(e, e0, rtol=1e-12, atol=0) and np.allclose(f, f0, rtol=1e-10, atol=1e-12)
