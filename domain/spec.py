@@ -476,4 +476,5 @@ PRESETS = {s.name: s for s in (SPEC_MPNN_HALO, SPEC_PAIR_HALO, SPEC_MPNN_SHARDED
 
 __all__ = ["CompilePolicy", "DistributionSpec", "FrozenMap", "GraphPadder", "HaloStorage", "MLIPSpec",
            "OutputKind", "PRESETS", "SPEC_MPNN_HALO",
-           "SPEC_MPNN_SHARDED", "SPEC_PAIR_HALO", "SPEC_VERSION", "STORAGES", "ShardedStorage", "SpecImportRefused", "SpecLoadError", "spec_modules"]
+           "SPEC_MPNN_SHARDED", "SPEC_PAIR_HALO", "SPEC_VERSION", "STORAGES", "ShardedStorage",
+           "SpecImportRefused", "SpecLoadError", "spec_modules"]

@@ -339,6 +339,7 @@ def load(loader, config_name: str, overrides: list[str], multirun: bool = False,
     except Exception as exc:  # noqa: BLE001 - Hydra and OmegaConf raise many kinds; each becomes one line
         raise composition_error(exc, overrides) from None
     if check_code:
+        _from_shardmd(cfg)   # a file without ShardMD's keys also lacks its Hydra settings: say that first
         config_guard.set_policy(config_guard.allowed(),
                                 config_guard.check(cfg, overrides, config_guard.allowed()))
     return cfg
@@ -427,12 +428,16 @@ def _active(cfg: DictConfig) -> set[str]:
             if g in cfg and OmegaConf.is_dict(cfg[g]) and "name" in cfg[g]}
 
 
-def validate(cfg: DictConfig) -> None:
-    """Check every value; raise a one-line UserError naming the key and the fix."""
+def _from_shardmd(cfg: DictConfig) -> None:
     top = [k for k in SCHEMA if "." not in k]
     if any(k not in cfg for k in top) or any(g not in cfg for g in GROUPS):
         raise UserError("the configuration does not start from ShardMD's keys: a config file of yours needs "
                         "`defaults: [shardmd, _self_]` at its top (README, 'Config files')")
+
+
+def validate(cfg: DictConfig) -> None:
+    """Check every value; raise a one-line UserError naming the key and the fix."""
+    _from_shardmd(cfg)
     active = _active(cfg)
     for path, info in SCHEMA.items():
         if info.owners and not active.intersection(info.owners):

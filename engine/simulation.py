@@ -25,10 +25,9 @@ from shardmd.domain.spec import SPEC_MPNN_HALO
 from shardmd.models import build_model, check_model, model_origin
 from shardmd.models.registry import origin_text
 
-from . import health
+from . import config_guard, health
 from . import restart as restart_mod
 from .checkpoint import api_model_origin, checkpoint_dir, model_identity_of, write_checkpoint
-from . import config_guard
 from .config import compose_config, echo_line, to_container
 from .constraints import constrain
 from .errors import CollectiveError, OutputError, UserError
