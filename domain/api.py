@@ -50,6 +50,7 @@ from .spec import (
     MLIPSpec,
     OutputKind,
     ShardedStorage,
+    SpecImportRefused,
     SpecLoadError,
 )
 from .warp_setup import as_array, as_mat33, as_vec3, as_vec3i, init_warp, scalar_type, wp_device
@@ -74,7 +75,8 @@ __all__ = [
     "MLIPSpec", "MethodAdapter", "ModelConfig", "NeighborConfig", "OpAdapter", "OutputKind", "PRESETS",
     "PythonAdapter",
     "ReverseOutputs", "SPEC_MPNN_HALO", "SPEC_MPNN_SHARDED", "SPEC_PAIR_HALO", "ScatterOutputs", "Scope", "ShardMeta",
-    "ShardTensor", "ShardedStorage", "SliceOutputsOwned", "SliceOwned", "SpecLoadError", "StorageIdNeighborList",
+    "ShardTensor", "ShardedStorage", "SliceOutputsOwned", "SliceOwned", "SpecImportRefused", "SpecLoadError",
+    "StorageIdNeighborList",
     "Transform", "TransformError", "all_reduce_sum", "all_to_all_v", "autograd_target", "current_dd_context",
     "current_scope", "defer_dynamo", "dispatch_trace", "grad_leaf", "refresh_halo", "refresh_neighbors",
     "register_handler",

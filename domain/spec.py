@@ -23,8 +23,14 @@ per-point; 0-d or ``n_systems`` rows -> per-system; anything else -> global.
 
 JSON (``save``/``load``, ``version`` 1) stores every field (files written before
 ``compile_policy`` existed load with the default policy); an op is stored as
-``"namespace::name"`` beside the module whose import registers it, so ``load`` imports the
-module when the op is not registered yet, or raises :class:`SpecLoadError` naming both.
+``"namespace::name"`` beside the module whose import registers it.
+
+A spec file is data: ``load``/``from_json``/``from_dict`` check every field first, then
+resolve the modules the spec names (each op's ``module``, each helper adapter's module,
+target and replacement) without importing any: a module already imported (the model's
+factory imported it) or one of ShardMD's own is used; any other is refused with a one-line
+:class:`SpecImportRefused` naming it, unless ``allow_imports=True`` (the command line's
+``allow_code=true``), which imports it.  :func:`spec_modules` lists what a spec names.
 """
 from __future__ import annotations
 
@@ -32,6 +38,7 @@ import dataclasses
 import enum
 import importlib
 import json
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,6 +53,10 @@ SPEC_VERSION = 1
 
 class SpecLoadError(ValueError):
     """A saved spec cannot be loaded (one-line message naming what is missing)."""
+
+
+class SpecImportRefused(SpecLoadError):
+    """A spec names a module that is not imported yet, and imports were not allowed."""
 
 
 class OutputKind(str, enum.Enum):
@@ -236,36 +247,29 @@ class MLIPSpec:
         return p
 
     @classmethod
-    def from_dict(cls, d: dict) -> "MLIPSpec":
-        if d.get("format") != "shardmd-spec":
-            raise SpecLoadError("not a ShardMD spec (missing \"format\": \"shardmd-spec\")")
-        v = d.get("version")
-        if v != SPEC_VERSION:
-            raise SpecLoadError(f"spec version {v!r} is not supported (this ShardMD reads version {SPEC_VERSION})")
-        known = {"format", "version", "name", "description", "distribution", "output_kinds", "owned_only_outputs",
-                 "reverse_outputs", "all_reduce_outputs"}
-        extra = set(d) - known
-        if extra:
-            raise SpecLoadError(f"spec has unknown fields {sorted(extra)} (written by a newer ShardMD?)")
+    def from_dict(cls, d: dict, allow_imports: bool = False) -> "MLIPSpec":
+        """The spec a :meth:`to_dict` mapping describes; every field is checked before any
+        module is resolved; ``allow_imports``: import the modules it names that are not imported
+        yet (else :class:`SpecImportRefused`)."""
+        _check_fields(d)
         dd = d["distribution"]
         st = dict(dd["storage"])
-        kind = st.pop("kind")
-        if kind not in STORAGES:
-            raise SpecLoadError(f"unknown storage kind {kind!r}; known: {', '.join(STORAGES)}")
-        storage = STORAGES[kind](**st)
+        storage = STORAGES[st.pop("kind")](**st)
+        missing = [(m, who) for m, who in _needed_modules(d) if not _importable_now(m)]
+        if missing and not allow_imports:
+            (m, who), more = missing[0], len({m for m, _ in missing}) - 1
+            raise SpecImportRefused(f"{who} needs module {m!r}" + (f" (and {more} more)" if more else "")
+                                    + ", which is not imported, and a spec file is data: it imports nothing; "
+                                    "import it in the model's factory, or give allow_code=true on the command "
+                                    "line (MLIPSpec.load(..., allow_imports=True))")
+        for m in dict.fromkeys(m for m, _ in missing):
+            _import(m)
         ops = tuple(_load_op(o) for o in dd.get("custom_ops", []))
         helpers = []
         for h in dd.get("third_party_helpers", []):
             h = dict(h)
-            t = h.pop("type")
-            helpers.append(HELPERS[t](**h))
-        extra = set(dd) - {f.name for f in dataclasses.fields(DistributionSpec)}
-        if extra:
-            raise SpecLoadError(f"spec distribution has unknown fields {sorted(extra)} (written by a newer ShardMD?)")
-        try:
-            policy = CompilePolicy.from_dict(dd.get("compile_policy") or {})
-        except (TypeError, ValueError) as exc:
-            raise SpecLoadError(f"spec compile_policy: {exc}") from None
+            helpers.append(HELPERS[h.pop("type")](**h))
+        policy = CompilePolicy.from_dict(dd.get("compile_policy") or {})
         dist = DistributionSpec(storage=storage, system_reductions=bool(dd["system_reductions"]), custom_ops=ops,
                                 third_party_helpers=tuple(helpers), compile_policy=policy)
         return cls(name=d["name"], description=d.get("description", ""), distribution=dist,
@@ -273,12 +277,146 @@ class MLIPSpec:
                    reverse_outputs=d["reverse_outputs"], all_reduce_outputs=d["all_reduce_outputs"])
 
     @classmethod
-    def from_json(cls, text: str) -> "MLIPSpec":
-        return cls.from_dict(json.loads(text))
+    def from_json(cls, text: str, allow_imports: bool = False) -> "MLIPSpec":
+        try:
+            d = json.loads(text)
+        except ValueError as exc:
+            raise SpecLoadError(f"not JSON ({exc})") from None
+        return cls.from_dict(d, allow_imports=allow_imports)
 
     @classmethod
-    def load(cls, path) -> "MLIPSpec":
-        return cls.from_json(Path(path).read_text())
+    def load(cls, path, allow_imports: bool = False) -> "MLIPSpec":
+        return cls.from_json(Path(path).read_text(), allow_imports=allow_imports)
+
+
+def _module_of(path) -> str | None:
+    """The module of a ``'module:qualname'`` path (None for anything else)."""
+    return path.partition(":")[0] or None if isinstance(path, str) else None
+
+
+def spec_modules(d: dict) -> list[str]:
+    """Every module a spec mapping names (ops' ``module``, helpers' module, target, replacement),
+    in order, once each."""
+    dd = d.get("distribution") or {}
+    names = [o.get("module") for o in dd.get("custom_ops", [])]
+    for h in dd.get("third_party_helpers", []):
+        names += [h.get("module_path"), _module_of(h.get("target")), _module_of(h.get("replacement"))]
+    return list(dict.fromkeys(n for n in names if isinstance(n, str) and n))
+
+
+def _needed_modules(d: dict) -> list[tuple[str, str]]:
+    """(module, what names it) for each module resolving the spec would import: the module of
+    each op that is not registered yet, and every module of each helper adapter."""
+    dd = d["distribution"]
+    out = [(o["module"], f"spec op '{o['op']}'") for o in dd.get("custom_ops", [])
+           if o.get("module") and _find_op(o["op"], o.get("overload", "default")) is None]
+    for i, h in enumerate(dd.get("third_party_helpers", [])):
+        for m in (h.get("module_path"), _module_of(h.get("target")), _module_of(h.get("replacement"))):
+            if m:
+                out.append((m, f"spec third_party_helpers[{i}] ({h['type']})"))
+    return out
+
+
+def _importable_now(module: str) -> bool:
+    """Whether ``module`` is used without running any code it was not already running: imported
+    already, or ShardMD's own (an installed package: never the working directory's)."""
+    return module in sys.modules or module == "shardmd" or module.startswith("shardmd.")
+
+
+def _import(module: str) -> None:
+    try:
+        importlib.import_module(module)
+    except Exception as exc:  # noqa: BLE001 - any import failure is reported in one line
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        raise SpecLoadError(f"cannot import the spec's module '{module}' ({type(exc).__name__}: {first})") from None
+
+
+_SPEC_FIELDS = {"format", "version", "name", "description", "distribution", "output_kinds", "owned_only_outputs",
+                "reverse_outputs", "all_reduce_outputs"}
+_HELPER_FIELDS = {"PythonAdapter": ({"module_path", "attr_name", "replacement"}, {"factory"}),
+                  "MethodAdapter": ({"target", "method_name", "replacement"}, {"factory"}),
+                  "JitAdapter": ({"target", "replacement"}, {"factory", "check_signature"})}
+
+
+def _need(ok: bool, what: str) -> None:
+    if not ok:
+        raise SpecLoadError(what)
+
+
+def _names(v) -> bool:
+    return isinstance(v, list) and all(isinstance(x, str) for x in v)
+
+
+def _check_fields(d) -> None:
+    """Every field of a spec mapping, before anything is resolved (one-line SpecLoadError)."""
+    _need(isinstance(d, dict), "a spec is a JSON object")
+    if d.get("format") != "shardmd-spec":
+        raise SpecLoadError("not a ShardMD spec (missing \"format\": \"shardmd-spec\")")
+    v = d.get("version")
+    if v != SPEC_VERSION:
+        raise SpecLoadError(f"spec version {v!r} is not supported (this ShardMD reads version {SPEC_VERSION})")
+    extra = set(d) - _SPEC_FIELDS
+    if extra:
+        raise SpecLoadError(f"spec has unknown fields {sorted(extra)} (written by a newer ShardMD?)")
+    _need(isinstance(d.get("name"), str), "spec name: give a string")
+    _need(isinstance(d.get("description", ""), str), "spec description: give a string")
+    kinds = d.get("output_kinds")
+    _need(isinstance(kinds, dict) and all(x in {k.value for k in OutputKind} for x in kinds.values()),
+          f"spec output_kinds: give {{output: kind}} with kinds {', '.join(k.value for k in OutputKind)}")
+    for f in ("owned_only_outputs", "reverse_outputs", "all_reduce_outputs"):
+        _need(_names(d.get(f)), f"spec {f}: give a list of output names")
+    dd = d.get("distribution")
+    _need(isinstance(dd, dict), "spec distribution: give an object")
+    extra = set(dd) - {f.name for f in dataclasses.fields(DistributionSpec)}
+    if extra:
+        raise SpecLoadError(f"spec distribution has unknown fields {sorted(extra)} (written by a newer ShardMD?)")
+    st = dd.get("storage")
+    _need(isinstance(st, dict) and st.get("kind") in STORAGES,
+          f"spec storage: unknown storage kind {st.get('kind') if isinstance(st, dict) else st!r}; "
+          f"known: {', '.join(STORAGES)}")
+    try:
+        STORAGES[st["kind"]](**{k: x for k, x in st.items() if k != "kind"})
+    except (TypeError, ValueError) as exc:
+        raise SpecLoadError(f"spec storage: {exc}") from None
+    _need(isinstance(dd.get("system_reductions"), bool), "spec system_reductions: give true or false")
+    ops = dd.get("custom_ops", [])
+    _need(isinstance(ops, list), "spec custom_ops: give a list")
+    for i, o in enumerate(ops):
+        _need(isinstance(o, dict) and isinstance(o.get("op"), str) and "::" in o["op"],
+              f"spec custom_ops[{i}]: give {{\"op\": \"namespace::name\", ...}}")
+        _need(o.get("module") is None or isinstance(o["module"], str), f"spec custom_ops[{i}].module: give a string")
+        _need(isinstance(o.get("overload", "default"), str), f"spec custom_ops[{i}].overload: give a string")
+        for t in ("arg_transforms", "output_transforms"):
+            pairs = o.get(t, [])
+            _need(isinstance(pairs, list) and all(isinstance(p, list) and len(p) == 2 and isinstance(p[1], dict)
+                                                  for p in pairs), f"spec custom_ops[{i}].{t}: give [[key, transform]]")
+            for _, tr in pairs:
+                try:
+                    transform_from_dict(tr)
+                except (KeyError, TypeError, ValueError) as exc:
+                    raise SpecLoadError(f"spec custom_ops[{i}].{t}: {exc}") from None
+    helpers = dd.get("third_party_helpers", [])
+    _need(isinstance(helpers, list), "spec third_party_helpers: give a list")
+    for i, h in enumerate(helpers):
+        t = h.get("type") if isinstance(h, dict) else None
+        _need(t in _HELPER_FIELDS, f"spec third_party_helpers[{i}]: unknown type {t!r}; known: {', '.join(HELPERS)}")
+        need, opt = _HELPER_FIELDS[t]
+        keys = set(h) - {"type"}
+        _need(need <= keys <= need | opt, f"spec third_party_helpers[{i}] ({t}): give the fields "
+              f"{', '.join(sorted(need))} (optional: {', '.join(sorted(opt))})")
+        _need(all(isinstance(h[k], str) and h[k] for k in need), f"spec third_party_helpers[{i}] ({t}): "
+              f"{', '.join(sorted(need))} are strings ('module:qualname' for targets and replacements)")
+        _need(all(isinstance(h[k], bool) for k in opt & keys), f"spec third_party_helpers[{i}] ({t}): "
+              f"{', '.join(sorted(opt))} take true or false")
+    try:
+        CompilePolicy.from_dict(dd.get("compile_policy") or {})
+    except (TypeError, ValueError) as exc:
+        raise SpecLoadError(f"spec compile_policy: {exc}") from None
+    try:
+        MLIPSpec(name=d["name"], output_kinds=kinds, owned_only_outputs=d["owned_only_outputs"],
+                 reverse_outputs=d["reverse_outputs"], all_reduce_outputs=d["all_reduce_outputs"])
+    except ValueError as exc:
+        raise SpecLoadError(f"spec outputs: {exc}") from None
 
 
 def _find_op(qualname: str, overload: str):
@@ -291,16 +429,14 @@ def _find_op(qualname: str, overload: str):
 
 
 def _load_op(o: dict) -> OpAdapter:
+    """The adapter of a checked op entry; its module was imported already (or allowed)."""
     qual, overload, module = o["op"], o.get("overload", "default"), o.get("module")
     op = _find_op(qual, overload)
     if op is None:
         if not module:
             raise SpecLoadError(f"spec op '{qual}' is not registered and the spec names no module that registers it")
-        try:
-            importlib.import_module(module)
-        except Exception as exc:  # noqa: BLE001 - any import failure is reported in one line
-            raise SpecLoadError(f"spec op '{qual}': cannot import its module '{module}' "
-                                f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})") from None
+        if module not in sys.modules:
+            _import(module)
         op = _find_op(qual, overload)
         if op is None:
             raise SpecLoadError(f"spec op '{qual}': module '{module}' was imported but does not register it")
@@ -340,4 +476,5 @@ PRESETS = {s.name: s for s in (SPEC_MPNN_HALO, SPEC_PAIR_HALO, SPEC_MPNN_SHARDED
 
 __all__ = ["CompilePolicy", "DistributionSpec", "FrozenMap", "GraphPadder", "HaloStorage", "MLIPSpec",
            "OutputKind", "PRESETS", "SPEC_MPNN_HALO",
-           "SPEC_MPNN_SHARDED", "SPEC_PAIR_HALO", "SPEC_VERSION", "STORAGES", "ShardedStorage", "SpecLoadError"]
+           "SPEC_MPNN_SHARDED", "SPEC_PAIR_HALO", "SPEC_VERSION", "STORAGES", "ShardedStorage",
+           "SpecImportRefused", "SpecLoadError", "spec_modules"]

@@ -49,6 +49,7 @@ from __future__ import annotations
 import atexit
 import math
 import sys
+import threading
 
 import numpy as np
 import torch
@@ -154,6 +155,9 @@ class ShardMDCalculator(Calculator):
     def __init__(self, model: str = "lj", checkpoint=None, precision: str = "float64", device: str = "cpu",
                  skin: float = 1.0, comm: Comm | None = None, domains=None, checkpoint_sha256: str | None = None,
                  **model_kwargs):
+        # one evaluation at a time: threads sharing a calculator take turns (its lists, state and
+        # results are one set); reentrant, as get_property calls calculate
+        self._lock = threading.RLock()
         super().__init__()
         self.comm = comm or job_comm(device)
         self.stats = {"builds": 0, "rebuilds": 0, "reuses": 0}
@@ -195,7 +199,25 @@ class ShardMDCalculator(Calculator):
         self.parameters = Parameters(record)
         self.reset()
 
+    # -- copies and threads ------------------------------------------------------------
+    def __reduce__(self):
+        """Pickle and deepcopy by the record (``todict()``): the copy builds the model afresh
+        (a model file must still have its ``checkpoint_sha256``); atoms and results are not
+        carried.  One process only: ranks of a decomposition cannot be copied."""
+        if self.comm.size > 1:
+            raise TypeError(f"ShardMDCalculator on {self.comm.size} ranks cannot be pickled or copied: make one "
+                            "per process with ShardMDCalculator(**calc.todict())")
+        return (_rebuild, (dict(self.parameters),))
+
+    def get_property(self, name, atoms=None, allow_calculation=True):
+        with self._lock:   # the check of the atoms, the evaluation and the read of the results together
+            return super().get_property(name, atoms, allow_calculation)
+
     def set(self, **kwargs) -> dict:
+        with self._lock:
+            return self._set(**kwargs)
+
+    def _set(self, **kwargs) -> dict:
         """ASE's ``set``: changed parameters rebuild the model and reset; returns the changed ones."""
         if not hasattr(self, "model"):   # Calculator.__init__'s own call, before the model exists
             return super().set(**kwargs)
@@ -212,8 +234,9 @@ class ShardMDCalculator(Calculator):
 
     def reset(self) -> None:
         """Forget results, atoms and the decomposition: the next call builds everything afresh."""
-        super().reset()
-        self._forget()
+        with self._lock:
+            super().reset()
+            self._forget()
 
     def _forget(self) -> None:
         self._dec = self._state = self._system = self._fold = None
@@ -233,6 +256,10 @@ class ShardMDCalculator(Calculator):
                 and np.array_equal(pbc, p0))
 
     def calculate(self, atoms=None, properties=("energy",), system_changes=all_changes):
+        with self._lock:
+            self._calculate(atoms, properties, system_changes)
+
+    def _calculate(self, atoms, properties, system_changes) -> None:
         super().calculate(atoms, properties, system_changes)
         pos, cell, pbc, numbers, masses = self._shared_input(self.atoms)
         try:
@@ -317,3 +344,8 @@ class ShardMDCalculator(Calculator):
             stress = -virial / abs(np.linalg.det(cell))
             self.results["stress"] = np.array([stress[0, 0], stress[1, 1], stress[2, 2],
                                                stress[1, 2], stress[0, 2], stress[0, 1]])
+
+
+def _rebuild(params: dict) -> ShardMDCalculator:
+    """A calculator from its record (unpickling, deepcopy)."""
+    return ShardMDCalculator(**params)

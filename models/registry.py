@@ -142,8 +142,9 @@ def factory_arguments(cfg: Mapping) -> dict:
     return {k: v for k, v in cfg.items() if k not in RESERVED}
 
 
-def build_model(cfg: Mapping, dtype: torch.dtype = torch.float64, device="cpu"):
-    """Model from a config mapping with a ``name`` key (the composed ``model`` node)."""
+def build_model(cfg: Mapping, dtype: torch.dtype = torch.float64, device="cpu", allow_imports: bool = False):
+    """Model from a config mapping with a ``name`` key (the composed ``model`` node);
+    ``allow_imports``: a ``spec`` file may import the modules it names (``allow_code=true``)."""
     name = cfg["name"]
     factory = resolve(name)
     kwargs = factory_arguments(cfg)
@@ -177,11 +178,13 @@ def build_model(cfg: Mapping, dtype: torch.dtype = torch.float64, device="cpu"):
         _RESOLVED_HEADS[_key(cfg)] = model.head   # model_origin records the head a multi-head model runs
     spec_file = cfg.get("spec")
     if spec_file:
-        from shardmd.domain.api import MLIPSpec, SpecLoadError
+        from shardmd.domain.api import MLIPSpec, SpecImportRefused, SpecLoadError
 
         try:
             text = Path(spec_file).read_text()
-            spec = MLIPSpec.from_json(text)
+            spec = MLIPSpec.from_json(text, allow_imports=allow_imports)
+        except SpecImportRefused as exc:
+            raise ValueError(f"model.spec={spec_file}: {exc}") from None
         except (OSError, ValueError, SpecLoadError) as exc:
             raise ValueError(f"model.spec={spec_file}: cannot load the spec ({exc}); give a file written by "
                              "MLIPSpec.save / report.spec.save") from None

@@ -38,6 +38,9 @@ Hydra's command line:
   hydra.run.dir=DIR  the run's folder: a relative output= is written there (default: .)
   ~key               remove an optional key (set it to null) or one entry of a map
   --info, --hydra-help, --version
+  allow_code=true    let config files and spec files run code: Hydra callbacks, logging handlers,
+                     _target_, model routes, model.trust_pickle, a spec's modules (refused
+                     without it; the log notes what was allowed). Command line only.
 
 Keys (default, meaning):
 """
@@ -200,6 +203,7 @@ def _run(args: list[str], command: str = "run") -> int:
     from hydra.core.global_hydra import GlobalHydra
     from hydra.types import RunMode
 
+    from shardmd.engine.config import guard as config_guard
     from shardmd.engine.config.compose import job_config, load, normalize_overrides, search_path, split_config_file
     from shardmd.engine.errors import UserError
 
@@ -211,7 +215,9 @@ def _run(args: list[str], command: str = "run") -> int:
     for attr, flag in _REFUSED.items():
         if getattr(ns, attr):
             raise UserError(f"{flag} is not supported by python -m engine")
-    file, rest = split_config_file(ns.overrides)
+    allow, given = config_guard.split_allow_code(ns.overrides)
+    config_guard.set_policy(allow)
+    file, rest = split_config_file(given)
     if file is not None and (ns.config_path or ns.config_name):
         raise UserError("give config=FILE.yaml or --config-path/--config-name, not both")
     # a relative --config-path is the working directory's (Hydra's own is the app's source file's)
@@ -225,12 +231,17 @@ def _run(args: list[str], command: str = "run") -> int:
     # what ranks started for a job are given, besides the job's own overrides
     flags = [*([f"--config-path={config_dir}"] if config_dir else []),
              *([f"--config-name={name}"] if config_dir or ns.config_name else []),
-             *([f"--config-dir={extra[0]}"] if extra else [])]
+             *([f"--config-dir={extra[0]}"] if extra else []),
+             *([f"{config_guard.ALLOW_KEY}=true"] if allow else [])]
     overrides = normalize_overrides(rest)
+    # a pkg:// search path is imported while Hydra composes: refused before composing
+    config_guard.check_searchpath(config_guard.primary_file(config_dir, name), overrides, allow)
 
     GlobalHydra.instance().clear()
     hydra = Hydra.create_main_hydra2(task_name="shardmd", config_search_path=search_path(config_dir, extra))
     try:
+        if ns.hydra_help or ns.info:   # both set up logging from the composed config: checked first
+            load(hydra.config_loader, name, overrides)
         if ns.hydra_help:
             hydra.hydra_help(config_name=name, args_parser=parser, args=ns)
             return 0
@@ -240,7 +251,7 @@ def _run(args: list[str], command: str = "run") -> int:
         if ns.cfg:
             if ns.multirun:
                 raise UserError("--cfg prints one job's configuration: drop -m")
-            job_config(load(hydra.config_loader, name, overrides))
+            job_config(load(hydra.config_loader, name, overrides, check_code=False))   # printing runs nothing
             hydra.show_cfg(config_name=name, overrides=overrides, cfg_type=ns.cfg, package=ns.package,
                            resolve=ns.resolve)
             return 0
@@ -294,6 +305,7 @@ def _sweep(hydra, name: str, overrides: list[str], task) -> int:
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from omegaconf import OmegaConf
 
+    from shardmd.engine.config import guard as config_guard
     from shardmd.engine.config.compose import composition_error, job_config, load
     from shardmd.engine.errors import UserError
     from shardmd.engine.launch.parallel import env_rank, under_launcher
@@ -310,6 +322,7 @@ def _sweep(hydra, name: str, overrides: list[str], task) -> int:
                 cfg = hydra.config_loader.load_sweep_config(master, list(job))
             except Exception as exc:  # noqa: BLE001 - as in config.load: one line whatever Hydra raises
                 raise composition_error(exc, list(job)) from None
+            config_guard.check(cfg, [*overrides, *job], config_guard.allowed())
             job_config(cfg)
     array = os.environ.get("SLURM_ARRAY_TASK_ID")
     if array is not None and jobs is not None and not (array.isdigit() and int(array) < len(jobs)):
@@ -323,13 +336,30 @@ def _sweep(hydra, name: str, overrides: list[str], task) -> int:
         returns = hydra.multirun(config_name=name, task_function=task, overrides=overrides)
     except _Stopped as stop:
         return stop.code
-    codes = [(r.hydra_cfg.hydra.job.num, r.return_value) for batch in returns for r in batch]
-    failed = [(num, code) for num, code in codes if code]
-    if failed and env_rank() == 0:
-        sys.stderr.write(f"error: {len(failed)} of {len(codes)} jobs failed: "
-                         + ", ".join(f"job {num} (exit {code})" for num, code in failed)
-                         + f"; outputs in {master.hydra.sweep.dir}\n")
+    rows = [row for batch in returns for r in batch if (row := _job_row(r))[2] is not None]   # None: not run here
+    failed = [(num, code) for num, _, code, _ in rows if code]
+    if env_rank() == 0 and (failed or not master.quiet):
+        out = sys.stderr if failed else sys.stdout
+        out.write(f"sweep: {len(rows) - len(failed)} of {len(rows)} jobs succeeded\n" + "".join(
+            f"  job {num}: {' '.join(ovr) or '(no overrides)'} -> exit {code}, {folder}\n"
+            for num, ovr, code, folder in rows))
+        if failed:
+            out.write(f"error: {len(failed)} of {len(rows)} jobs failed: "
+                      + ", ".join(f"job {num} (exit {code})" for num, code in failed)
+                      + f"; outputs in {master.hydra.sweep.dir}\n")
+        out.flush()
     return failed[0][1] if failed else 0
+
+
+def _job_row(r) -> tuple[int, list[str], int | None, str]:
+    """(job number, its overrides, exit status, output folder) of a job Hydra ran; a job Hydra
+    itself failed (its exception kept in the return) counts as exit 1; None: another SLURM
+    array task's job."""
+    from hydra.core.utils import JobStatus
+
+    hc = r.hydra_cfg.hydra
+    code = r._return_value if r.status == JobStatus.COMPLETED else 1
+    return int(hc.job.num), list(r.overrides or []), None if code is None else int(code), str(hc.runtime.output_dir)
 
 
 def job_output(output: str, output_dir: str) -> str:
@@ -373,6 +403,16 @@ def _job(cfg, flags: list[str], command: str = "run") -> int | None:
         code = exc.exit_code
     except KeyboardInterrupt:
         raise _Stopped(130) from None
+    except Exception as exc:  # noqa: BLE001 - a job's fault (a model's bug): one line, the next job runs
+        if env_rank() == 0:
+            first = " ".join(str(exc).split())
+            sys.stderr.write(f"error: job {hc.job.num}: {type(exc).__name__}: {first} "
+                             "(SHARDMD_TRACEBACK=1 prints the traceback)\n")
+            if os.environ.get("SHARDMD_TRACEBACK"):
+                import traceback
+
+                traceback.print_exc()
+        code = 1
     if code in (75, 130):
         raise _Stopped(code)
     return code

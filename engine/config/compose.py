@@ -351,15 +351,25 @@ def search_path(config_dir: str | os.PathLike | None = None, extra_dirs: tuple =
     return sp
 
 
-def load(loader, config_name: str, overrides: list[str], multirun: bool = False) -> DictConfig:
-    """Compose with Hydra's config loader (the ``hydra`` node kept); errors as one line."""
+def load(loader, config_name: str, overrides: list[str], multirun: bool = False,
+         check_code: bool = True) -> DictConfig:
+    """Compose with Hydra's config loader (the ``hydra`` node kept); errors as one line.
+    ``check_code``: refuse anything the composed config would import or instantiate unless
+    ``allow_code=true`` was given (engine/config/guard.py; its notes go to the log)."""
     from hydra.types import RunMode
 
+    from shardmd.engine.config import guard as config_guard
+
     try:
-        return loader.load_configuration(config_name=config_name, overrides=list(overrides),
-                                         run_mode=RunMode.MULTIRUN if multirun else RunMode.RUN)
+        cfg = loader.load_configuration(config_name=config_name, overrides=list(overrides),
+                                        run_mode=RunMode.MULTIRUN if multirun else RunMode.RUN)
     except Exception as exc:  # noqa: BLE001 - Hydra and OmegaConf raise many kinds; each becomes one line
         raise composition_error(exc, overrides) from None
+    if check_code:
+        _from_shardmd(cfg)   # a file without ShardMD's keys also lacks its Hydra settings: say that first
+        config_guard.set_policy(config_guard.allowed(),
+                                config_guard.check(cfg, overrides, config_guard.allowed()))
+    return cfg
 
 
 def job_config(cfg: DictConfig) -> DictConfig:
@@ -375,12 +385,18 @@ def job_config(cfg: DictConfig) -> DictConfig:
 
 
 def compose_config(args: list[str]) -> DictConfig:
-    """Normalise ``args`` (key=value strings; ``config=FILE.yaml`` starts from a file of yours),
-    compose with Hydra and validate."""
+    """Normalise ``args`` (key=value strings; ``config=FILE.yaml`` starts from a file of yours;
+    ``allow_code=true`` lets the files run code, engine/config/guard.py), compose with Hydra and
+    validate."""
     from hydra._internal.config_loader_impl import ConfigLoaderImpl
 
-    file, rest = split_config_file(list(args))
+    from shardmd.engine.config import guard as config_guard
+
+    allow, args = config_guard.split_allow_code(list(args))
+    file, rest = split_config_file(args)
     overrides = normalize_overrides(rest)
+    config_guard.set_policy(allow)
+    config_guard.check_searchpath(file, overrides, allow)
     loader = ConfigLoaderImpl(config_search_path=search_path(file.parent if file else None))
     return job_config(load(loader, file.stem if file else "config", overrides))
 
@@ -401,6 +417,9 @@ def composition_error(exc: Exception, overrides: list[str]) -> UserError:
         info = key_info(key, _active_in(overrides))
         fix = info.check.fix if info and info.check and info.check.fix else "see python -m engine --help"
         return UserError(f"{full_key}={given!r} is invalid: {fix}")
+    if isinstance(cause, (ConfigAttributeError, ConfigKeyError)) and full_key == "allow_code":
+        return UserError("allow_code is read from the command line only, never from a config file: remove it "
+                         "from the file and give allow_code=true on the command line if you trust the file")
     if isinstance(cause, (ConfigAttributeError, ConfigKeyError)) and full_key:
         wrong = _wrong_group(full_key, overrides)
         if wrong:
@@ -446,12 +465,16 @@ def _active(cfg: DictConfig) -> set[str]:
             if g in cfg and OmegaConf.is_dict(cfg[g]) and "name" in cfg[g]}
 
 
-def validate(cfg: DictConfig) -> None:
-    """Check every value; raise a one-line UserError naming the key and the fix."""
+def _from_shardmd(cfg: DictConfig) -> None:
     top = [k for k in SCHEMA if "." not in k]
     if any(k not in cfg for k in top) or any(g not in cfg for g in GROUPS):
         raise UserError("the configuration does not start from ShardMD's keys: a config file of yours needs "
                         "`defaults: [shardmd, _self_]` at its top (README, 'Config files')")
+
+
+def validate(cfg: DictConfig) -> None:
+    """Check every value; raise a one-line UserError naming the key and the fix."""
+    _from_shardmd(cfg)
     active = _active(cfg)
     for path, info in SCHEMA.items():
         if info.owners and not active.intersection(info.owners):

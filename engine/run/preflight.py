@@ -71,7 +71,9 @@ def model_cutoff(cfg) -> float:
     from shardmd.models import build_model
 
     try:
-        return float(build_model(m, torch.float64, "cpu").cutoff)
+        from shardmd.engine.config import guard as config_guard
+
+        return float(build_model(m, torch.float64, "cpu", allow_imports=config_guard.allowed()).cutoff)
     except (ValueError, KeyError, NotImplementedError) as exc:
         raise UserError(str(exc)) from None
 

@@ -22,6 +22,7 @@ from omegaconf import DictConfig
 from shardmd.domain.comm import Comm
 from shardmd.domain.distributed_model import DistributedModel
 from shardmd.domain.spec import SPEC_MPNN_HALO
+from shardmd.engine.config import guard as config_guard
 from shardmd.engine.config.compose import compose_config, echo_line, to_container
 from shardmd.engine.errors import CollectiveError, OutputError, UserError
 from shardmd.engine.io.checkpoint import api_model_origin, checkpoint_dir, model_identity_of, write_checkpoint
@@ -83,7 +84,8 @@ class Simulation:
         self.integrator = make_integrator(cfg, comm=self.comm)
         if model is None:
             try:
-                model = build_model(to_container(cfg.model), self.dtype, self.device)
+                model = build_model(to_container(cfg.model), self.dtype, self.device,
+                                    allow_imports=config_guard.allowed())
             except (ValueError, KeyError, NotImplementedError) as exc:
                 raise UserError(str(exc).strip("'\"")) from None
             self.model_origin = model_origin(to_container(cfg.model))
@@ -147,7 +149,8 @@ class Simulation:
         self.reporter = reporter or Reporter(self.log_path if self.comm.is_root else None, quiet=cfg.quiet,
                                              progress=cfg.thermo.progress, enabled=self.comm.is_root,
                                              log_mode="a" if self.checkpoint_in else "w",
-                                             config_line=echo_line(cfg))
+                                             config_line="\n".join(
+                                                 [echo_line(cfg), *config_guard.log_notes(to_container(cfg.model))]))
         self._ckpt_every = int(cfg.checkpoint.every)
         self.stop = StopRequest()
         self.exit_code = 0
