@@ -235,9 +235,14 @@ def build_neighbor_list(
                writes up to that many in its one pass over the candidates; more cost the second
                (emit) pass, a larger reserve only untouched memory. None: a third of the
                candidates (a sphere fills ~27 % of the scanned cube of bins)
+
+    Three steps: the points binned and sorted by (bin, id) (:class:`_Bins`), one mask
+    bit per candidate pair (:func:`_candidate_words`), then the scan kernel's passes: mark and
+    emit at once on the CPU, else count, then emit packed edges, or neighbour and shift arrays
+    when an image is too far for the packed form (:func:`_scan`).
     """
     n = int(positions.shape[0])
-    dtype, device = positions.dtype, positions.device
+    device = positions.device
     pbc_t = tuple(bool(p) for p in (pbc.tolist() if torch.is_tensor(pbc) else pbc))
     nq = n if n_query is None else int(n_query)
     if n == 0 or nq == 0:
@@ -250,53 +255,87 @@ def build_neighbor_list(
             half=half,
             order=torch.arange(nq, dtype=torch.int32, device=device),
         )
-    cell = cell.to(dtype=dtype, device=device).contiguous()
+    cell = cell.to(dtype=positions.dtype, device=device).contiguous()
     # An open axis needs a usable frame vector even if the user gave a zero one.
     cell = _regularise_open_axes(cell, pbc_t, positions, cutoff)
-    nb, reach = _bin_grid(cell, pbc_t, cutoff, n)
-    dev = wp_device(positions)
-    pbc_v, nb_v, reach_v = wp.vec3i(*[int(p) for p in pbc_t]), wp.vec3i(*nb), wp.vec3i(*reach)
-    xw, img, bin_of = bin_points(positions, cell, pbc_t, nb)
-    cell_w = as_mat33(cell[None])
-    # points sorted by (bin, id): a stable sort by id, then a stable sort by bin
-    if ids is None:
-        order = torch.argsort(bin_of, stable=True)
-    else:
-        by_id = torch.argsort(ids, stable=True)
-        order = by_id[torch.argsort(bin_of[by_id], stable=True)]
-    n_bins = nb[0] * nb[1] * nb[2]
-    per_bin = torch.bincount(bin_of.long(), minlength=n_bins)
-    bin_start = torch.zeros(n_bins + 1, dtype=torch.int64, device=device)
-    bin_start[1:] = torch.cumsum(per_bin, 0)
-    order32, start32 = order.to(torch.int32).contiguous(), bin_start.to(torch.int32).contiguous()
-    rank = torch.empty_like(order32)
-    rank[order] = torch.arange(n, dtype=torch.int32, device=device)
-    # the query points in (bin, id) order: the visit order of a half list's kernel
-    visit = order32 if nq == n else order32[order32 < nq].contiguous()
-    xs = xw[order].contiguous()  # wrapped positions in (bin, id) order: bins read contiguously
-    # one mask bit per candidate: point i owns ceil(candidates / 32) words from word_start[i]
-    candidates = _candidates_per_bin(per_bin, nb, reach, pbc_t)[bin_of[:nq].long()]
-    word_start = torch.zeros(nq + 1, dtype=torch.int64, device=device)
+    b = _Bins(positions, cell, pbc_t, cutoff, ids, nq)
+    word_start, n_words, max_img = _candidate_words(b, pbc_t, nq)
+    return _scan(b, cell, pbc_t, cutoff, half, nq, capacity, word_start, n_words, max_img)
+
+
+class _Bins:
+    """The points binned and sorted by (bin, id): what the scan kernel reads.
+
+    nb, reach: bins per axis and bins searched each way; xs (n, 3): wrapped positions in
+    sorted order (bins read contiguously); img (n, 3): bin images of the wrap; bin_of (n,):
+    each point's bin; order (n,): sorted slot -> point; rank: point -> slot; start (n_bins + 1,):
+    the first slot of each bin; per_bin: points per bin; visit: the query points in sorted
+    order (a half list's visit order)."""
+
+    def __init__(self, positions, cell, pbc_t, cutoff, ids, nq):
+        n, device = int(positions.shape[0]), positions.device
+        self.nb, self.reach = _bin_grid(cell, pbc_t, cutoff, n)
+        xw, self.img, self.bin_of = bin_points(positions, cell, pbc_t, self.nb)
+        # points sorted by (bin, id): a stable sort by id, then a stable sort by bin
+        if ids is None:
+            order = torch.argsort(self.bin_of, stable=True)
+        else:
+            by_id = torch.argsort(ids, stable=True)
+            order = by_id[torch.argsort(self.bin_of[by_id], stable=True)]
+        n_bins = self.nb[0] * self.nb[1] * self.nb[2]
+        self.per_bin = torch.bincount(self.bin_of.long(), minlength=n_bins)
+        bin_start = torch.zeros(n_bins + 1, dtype=torch.int64, device=device)
+        bin_start[1:] = torch.cumsum(self.per_bin, 0)
+        self.order, self.start = order.to(torch.int32).contiguous(), bin_start.to(torch.int32).contiguous()
+        self.rank = torch.empty_like(self.order)
+        self.rank[order] = torch.arange(n, dtype=torch.int32, device=device)
+        self.visit = self.order if nq == n else self.order[self.order < nq].contiguous()
+        self.xs = xw[order].contiguous()
+        self.n, self.dtype = n, positions.dtype
+
+
+
+def _candidate_words(b: _Bins, pbc_t, nq: int) -> tuple[torch.Tensor, int, int]:
+    """(word_start (nq + 1,) int64, mask words in all, the largest bin image): one mask bit per
+    candidate; point i owns ceil(candidates / 32) words from word_start[i]."""
+    candidates = _candidates_per_bin(b.per_bin, b.nb, b.reach, pbc_t)[b.bin_of[:nq].long()]
+    word_start = torch.zeros(nq + 1, dtype=torch.int64, device=candidates.device)
     word_start[1:] = torch.cumsum((candidates + 31) // 32, 0)
     # one read-back for two sizes: the mask words, and the largest bin image (packed edges)
-    n_words, max_img = torch.stack([word_start[-1], img.abs().max().to(torch.int64)]).tolist()
+    n_words, max_img = torch.stack([word_start[-1], b.img.abs().max().to(torch.int64)]).tolist()
     if n_words >= 2**31:
         raise ValueError(f"neighbour search: {32 * n_words} candidate pairs exceed the int32 index range; "
                          "the cutoff is far too large for this system")
-    mask = torch.empty(max(n_words, 1), dtype=torch.int32, device=device)
+    return word_start, n_words, max_img
 
+
+def _scan(b: _Bins, cell, pbc_t, cutoff, half, nq, capacity, word_start, n_words, max_img) -> NeighborList:
+    """The scan kernel's passes (mode 3: mark and emit packed edges at once; 0: count; 2: emit
+    packed edges; 1: emit neighbour and shift arrays) and the list they make."""
+    n, device = b.n, b.xs.device
+    mask = torch.empty(max(n_words, 1), dtype=torch.int32, device=device)
     counts = torch.zeros(nq, dtype=torch.int32, device=device)
     offsets = torch.zeros(nq + 1, dtype=torch.int32, device=device)
     dummy_n = torch.zeros(1, dtype=torch.int32, device=device)
     dummy_s = torch.zeros(1, 3, dtype=torch.int32, device=device)
     dummy_p = torch.zeros(1, dtype=torch.int64, device=device)
-    scal = scalar_type(dtype)
-    common = [as_vec3(xs), as_array(order32), as_array(rank), as_array(start32), as_array(bin_of),
-              as_vec3i(img), cell_w, pbc_v, nb_v, reach_v, scal(float(cutoff) ** 2),
+    common = [as_vec3(b.xs), as_array(b.order), as_array(b.rank), as_array(b.start), as_array(b.bin_of),
+              as_vec3i(b.img), as_mat33(cell[None]), wp.vec3i(*[int(p) for p in pbc_t]), wp.vec3i(*b.nb),
+              wp.vec3i(*b.reach), scalar_type(b.dtype)(float(cutoff) ** 2),
               as_array(word_start.to(torch.int32)), (2 if nq == n else 1) if half else 0, nq]
     mask_w = wp.from_torch(mask, dtype=wp.uint32)
+    dev = wp_device(b.xs)
+
+    def launch(mode, neighbors=dummy_n, shifts=dummy_s, packed=dummy_p, words=dummy_p):
+        wp.launch(nk.scan_neighbors, dim=nq, device=dev,
+                  inputs=common + [mode, mask_w, as_array(offsets), as_array(counts), as_array(neighbors),
+                                   as_vec3i(shifts), as_array(packed), as_array(words)])
+
+    def made(**edges) -> NeighborList:
+        return NeighborList(offsets=offsets, cutoff=float(cutoff), n_points=n, half=half, order=b.visit, **edges)
+
     # a shift component is (bin periods folded, at most ceil(reach / nb)) + img_i - img_j
-    fold = max((-(-reach[k] // nb[k]) for k in range(3) if pbc_t[k]), default=0)
+    fold = max((-(-b.reach[k] // b.nb[k]) for k in range(3) if pbc_t[k]), default=0)
     packable = fold + 2 * max_img < nk.PACK_LIMIT
     if packable and device.type == "cpu" and ONE_PASS_ON_CPU:
         # one pass (mark and emit at a running cursor): a CPU launch runs the rows in order, so
@@ -304,37 +343,26 @@ def build_neighbor_list(
         cap = max(int(capacity) if capacity is not None else (32 * n_words) // 3, 1)
         packed = torch.empty(cap, dtype=torch.int64, device=device)
         # each sorted slot's packed word with the run's shift zero (nk._pack(j, -img_j))
-        ims = 512 - img[order].to(torch.int64)
-        words = ((((ims[:, 0] << 10) | ims[:, 1]) << 10 | ims[:, 2]) << 31) | order
-        wp.launch(nk.scan_neighbors, dim=nq, device=dev,
-                  inputs=common + [3, mask_w, as_array(offsets), as_array(counts), as_array(dummy_n),
-                                   as_vec3i(dummy_s), as_array(packed), as_array(words.contiguous())])
+        ims = 512 - b.img[b.order.long()].to(torch.int64)
+        words = ((((ims[:, 0] << 10) | ims[:, 1]) << 10 | ims[:, 2]) << 31) | b.order.long()
+        launch(3, packed=packed, words=words.contiguous())
         n_edges = int(offsets[-1])
         if n_edges <= cap:
-            return NeighborList(offsets=offsets, cutoff=float(cutoff), n_points=n, packed=packed[:n_edges],
-                                half=half, order=visit)
+            return made(packed=packed[:n_edges])
         # more edges than reserved: the offsets and the mask are complete; emit as below
     else:
-        wp.launch(nk.scan_neighbors, dim=nq, device=dev,
-                  inputs=common + [0, mask_w, as_array(offsets), as_array(counts), as_array(dummy_n),
-                                   as_vec3i(dummy_s), as_array(dummy_p), as_array(dummy_p)])
+        launch(0)
         offsets[1:] = torch.cumsum(counts, 0)
     n_edges = int(offsets[-1])
     if packable:   # packed edges only: arrays unpacked when asked for
         packed = torch.empty(max(n_edges, 1), dtype=torch.int64, device=device)
-        wp.launch(nk.scan_neighbors, dim=nq, device=dev,
-                  inputs=common + [2, mask_w, as_array(offsets), as_array(counts), as_array(dummy_n),
-                                   as_vec3i(dummy_s), as_array(packed), as_array(dummy_p)])
-        return NeighborList(offsets=offsets, cutoff=float(cutoff), n_points=n, packed=packed[:n_edges], half=half,
-                            order=visit)
+        launch(2, packed=packed)
+        return made(packed=packed[:n_edges])
     # points many cells away from the cell (unwrapped input): write the edges directly
     neighbors = torch.empty(max(n_edges, 1), dtype=torch.int32, device=device)
     shifts = torch.empty(max(n_edges, 1), 3, dtype=torch.int32, device=device)
-    wp.launch(nk.scan_neighbors, dim=nq, device=dev,
-              inputs=common + [1, mask_w, as_array(offsets), as_array(counts), as_array(neighbors),
-                               as_vec3i(shifts), as_array(dummy_p), as_array(dummy_p)])
-    return NeighborList(offsets=offsets, neighbors=neighbors[:n_edges], shifts=shifts[:n_edges],
-                        cutoff=float(cutoff), n_points=n, half=half, order=visit)
+    launch(1, neighbors=neighbors, shifts=shifts)
+    return made(neighbors=neighbors[:n_edges], shifts=shifts[:n_edges])
 
 
 def _regularise_open_axes(cell: torch.Tensor, pbc, positions: torch.Tensor, cutoff: float):
