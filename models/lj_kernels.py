@@ -347,7 +347,7 @@ def _lj_half_kernel(one_species: bool, pair_virial: bool, packed_edges: bool, en
             # liquid ~30 % of a skin list's edges lie beyond the cutoff in no pattern, and the
             # mispredicted branch cost more than the update it skipped; on a perfect lattice it
             # is predictable, which is why calls on the start lattice did not show it
-            # (docs/benchmarks.md, issue 24: "the in-loop gap")
+            # (docs/benchmarks.md: "the in-loop gap")
             u, fpr = _lj_pair(wp.dot(d, d), params, cutoff2)
             g = fpr * d  # force on j from i
             hu = zero

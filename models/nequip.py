@@ -1,6 +1,6 @@
 """NequIP (the ``nequip`` package, unmodified) behind the model contract, through the specs.
 
-The second MLIP family (issue 20, item 5), wrapped with **no exchange code of its own**:
+The second MLIP family, wrapped with **no exchange code of its own**:
 where MACE is driven through mace-torch's LAMMPS ghost-exchange hook (models/mace.py), NequIP
 runs on the spec alone.  Its message passing is plain PyTorch except for one opaque helper,
 ``torch_runstats.scatter.scatter`` (a TorchScript function: the ops inside it run below

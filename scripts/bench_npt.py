@@ -155,7 +155,7 @@ def interleaved(n: int, cases: list[str], args) -> None:
     from shardmd.engine.run.state import State
 
     sims = {}
-    # steps= of the whole session: a step at or past it counts as an output step (energy and virial)
+    # steps= of the whole benchmark run: a step at or past it counts as an output step (energy and virial)
     whole = argparse.Namespace(**{**vars(args), "steps": args.steps * args.interleave + 1})
     start = equilibrated(n, args) if args.equilibrate else None
     for case in cases:

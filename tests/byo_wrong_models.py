@@ -1,5 +1,5 @@
 """A user's 2-interaction-layer SchNet-like model in plain PyTorch (no ShardMD import in the
-model itself), and the three wrong wrappings of issue 20 item 4 that the validator must
+model itself), and the three wrong wrappings that the validator must
 diagnose by their root cause:
 
 - ``schnet_local``: no per-layer exchange (the spec's halo mode is ``local``);

@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # xdist workers share this machine's cores, and the full suite is CPU-bound: every engine a
 # test starts takes one torch thread (threads=0 follows OMP_NUM_THREADS), and an OpenMP thread
 # waiting for work sleeps instead of spinning. Two threads per process oversubscribed the
-# cores: a 1-domain LJ run used 15-25 % more CPU for the same steps (session 12).
+# cores: a 1-domain LJ run used 15-25 % more CPU for the same steps.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
@@ -237,7 +237,7 @@ def validated(request):
 def pytest_runtest_protocol(item, nextitem):
     """The CPU a test used, set-up and teardown included: this process's and that of every
     child it waited for (mpiexec reaps its ranks, so a launch's ranks count). The full suite is
-    CPU-bound on two cores: CPU, not wall time, says what a cut saves (issue 23)."""
+    CPU-bound on two cores: CPU, not wall time, says what a cut saves."""
     log = os.environ.get("SHARDMD_CPU_LOG")
     if not log:
         yield
@@ -257,8 +257,7 @@ def pytest_runtest_protocol(item, nextitem):
 # -- SLURM tier: one status line at the end of every run that ran it (tests/test_slurm.py) -------
 def pytest_terminal_summary(terminalreporter):
     """``SLURM tier: N passed, M skipped ... in S s``, how the cluster came up, and each distinct
-    skip reason: ``-q`` prints no skip reasons, and a tier that skipped must say why in CI's log
-    (issue 25). S is the sum of the tier's test durations (set-up included): its wall time on
+    skip reason: ``-q`` prints no skip reasons, and a tier that skipped must say why in CI's log. S is the sum of the tier's test durations (set-up included): its wall time on
     the one worker that runs the module."""
     counts: dict[str, int] = {}
     notes: list[str] = []

@@ -1,4 +1,4 @@
-"""Initial velocities of a state given through the Python API (issue 21 item 5):
+"""Initial velocities of a state given through the Python API:
 ``Simulation(cfg, state=State.from_atoms(atoms))`` honours ``temperature`` and
 ``system.velocities`` exactly as the config path (a structure file) does."""
 import numpy as np

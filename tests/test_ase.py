@@ -323,7 +323,7 @@ def test_ase_verlet_equals_engine_verlet(tmp_path):
 
 @pytest.mark.mpi
 @pytest.mark.slow   # ~25 s each; the calculator's one-rank checks stay in the fast tier
-@pytest.mark.parametrize("k", [2])   # (4 ranks as well until session 12: ~90 s of CPU, the same paths)
+@pytest.mark.parametrize("k", [2])   # 2 ranks: 4 take the same paths at ~90 s more CPU
 def test_ase_script_under_mpiexec(k, tmp_path):
     r = subprocess.run(mpiexec_cmd(k, [str(HERE / "mpi" / "ase_cases.py"), str(tmp_path)]),
                        capture_output=True, text=True, timeout=900)

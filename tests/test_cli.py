@@ -92,7 +92,7 @@ def test_mace_and_domains_are_accepted_by_the_config(engine_cli, tmp_path):
     (["run", "model=lj", "neighbor.pipelined=maybe"], "neighbor.pipelined"),
     (["run", "model=mace", "model.cuda_graph=maybe"], "model.cuda_graph"),
     (["fly"], "unknown command"),
-    # issue 22: forms that gave Hydra's raw messages
+    # forms that once gave Hydra's raw messages
     (["run", "model=lj", "integrator.friction=0.1"], "add integrator=langevin"),
     (["run", "model=mace", "model.cutoff=5"],
      "model.cutoff is a key of model=lj or model=morse only (this run has model=mace)"),

@@ -77,8 +77,7 @@ def test_self_launch_equals_mpiexec(tmp_path, one_and_four):
 @pytest.mark.slow
 def test_hot_gas_migration_stress_on_8_domains(tmp_path):
     """A hot dilute gas crossing faces and periodic corners for 600 steps (~290 atom
-    migrations; 3,000 steps until session 11, ~1,450: 8 ranks on 2 cores took 3.5 minutes;
-    1,000 in session 11):
+    migrations; 3,000 steps, ~1,450 migrations, took 8 ranks on 2 cores 3.5 minutes):
     the atom count and id checksum are verified at every rebuild (a mismatch stops the run);
     NVE energy behaves as on one domain."""
     gas = ["model=lj", "system.a=11.0", "system.repeat=[4,4,4]", "temperature=2500", "dt=2.0",

@@ -419,7 +419,7 @@ def _wait_for_sigterm_handler(pid: int, timeout: float = 60.0) -> None:
 def test_sigterm_while_starting_stops_after_the_first_step(tmp_path, domains):
     """SIGTERM while the process still imports (a batch system's preemption right after the
     start): recorded, not fatal (engine/__main__.py installs it first); the run stops after
-    its first step with a checkpoint and exit 75 (before session 11: killed, exit -15 or 143).
+    its first step with a checkpoint and exit 75 (not killed: -15 or 143).
     With domains=2 the signal reaches the self-launching parent before its ranks exist, and
     they start with it (stop.PENDING_ENV)."""
     proc = subprocess.Popen([sys.executable, "-m", "engine", "run", *SMALL, "system.repeat=[4,4,4]", "steps=1000",

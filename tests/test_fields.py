@@ -1,5 +1,5 @@
 """Per-atom energies in trajectories (``trajectory.fields=[..., energies]``), the drift panel of
-``engine plot``, and ``engine info | head -1`` (issue 22 item 4).
+``engine plot``, and ``engine info | head -1``.
 
 Real files, real readers (h5py, ASE, MDAnalysis), real runs; the CLI runs in this process
 (the ``cli`` pattern of tests/test_readers.py) except where a real pipe is needed.

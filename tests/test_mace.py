@@ -21,7 +21,7 @@ _INPUTS: dict = {}
 
 def _mace_inputs(tmp_path_factory):
     """(folder, model file): a random two-species MACE and the ortho/tri structures, made once
-    per session (the shared MPI worlds need them before this module's tests run)."""
+    per test run (the shared MPI worlds need them before this module's tests run)."""
     if "setup" not in _INPUTS:
         _INPUTS["setup"] = _make_inputs(tmp_path_factory)
     return _INPUTS["setup"]
@@ -70,7 +70,7 @@ def _reference(model, numbers, positions, cell):
 
 
 # "::cueq": the same model converted by mace-torch to cuEquivariance (its torch fallback on CPU)
-# (8 domains, 2x2x2, went in session 12: 64 s of an 8-rank world on two cores. MACE on eight
+# (no 8-domain case here: 64 s of an 8-rank world on two cores. MACE on eight
 # domains against one is test_readme's verbatim `+model=mace +domains=8`, to 1e-10 Å.)
 CASES = {2: ["ortho.extxyz:1x1x2", "tri.extxyz", "tri.extxyz::cueq"], 3: ["ortho.extxyz:3x1x1"],
          4: ["ortho.extxyz:2x2x1", "tri.extxyz"]}
@@ -170,7 +170,7 @@ def validate_jobs(item):
 @pytest.mark.slow
 def test_trace_and_validate_mace_wrapper(validated):
     """The MACE wrapper with its spec passes the validator at 2 ranks (forces and energies to
-    1e-10 relative against one process, halo complete). (4 ranks went in session 12: ~40 s of
+    1e-10 relative against one process, halo complete). (2 ranks: 4 cost ~40 s more of
     CPU; MACE on 3 and 4 domains is test_mace_on_k_domains_equals_mace_calculator's.)"""
     (rep,) = validated(2, "shipped_mace")
     assert rep.ok, rep.next_action

@@ -31,7 +31,7 @@ print("max force difference", float(np.abs(b.get_forces() - c.get_forces()).max(
 def test_mace_calculator_then_ours_in_one_process(tmp_path):
     """mace-torch's calculator first, ours after it, in one process: e3nn's scripted spherical
     harmonics are shared by both, and our executor switch (models/mace.py) once broke them with
-    a segmentation fault or TorchScript INTERNAL ASSERT (found by CI, session 11). A fresh
+    a segmentation fault or TorchScript INTERNAL ASSERT. A fresh
     process: the executor a function gets is kept for the life of the process."""
     import sys
 

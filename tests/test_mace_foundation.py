@@ -1,4 +1,4 @@
-"""MACE foundation models by name (issue 20 item 6): ``model.checkpoint=<name>`` goes through
+"""MACE foundation models by name: ``model.checkpoint=<name>`` goes through
 mace-torch's own resolver (``mace.calculators.foundations_models``) to the file in its cache,
 loaded by our safe loader; ``model.head=`` picks a head of a multi-head model.  No network
 here: a random 3-species MACE is saved under the file name mace-torch caches each model as,

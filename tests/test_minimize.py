@@ -1,6 +1,6 @@
 """FIRE minimisation (engine/relax/minimize.py) against ASE's own FIRE (ase.optimize.FIRE) driving the
 engine's ASE calculator (engine/ase_calculator.py): the same forces, ASE's optimiser and its
-FixAtoms handling as the independent reference.  Energies to <= 1e-6 eV (issue 21)."""
+FixAtoms handling as the independent reference.  Energies to <= 1e-6 eV."""
 import h5py
 import numpy as np
 import pytest

@@ -1,4 +1,4 @@
-"""Third-party readers open ShardMD's files (issue 22): MDAnalysis's H5MD reader and ASE's
+"""Third-party readers open ShardMD's files: MDAnalysis's H5MD reader and ASE's
 ``ase.io.read`` (through the ``ase.ioformats`` entry point), compared field by field with
 h5py's raw values converted by hand; starting a run from a frame of our own trajectory
 (``system.file=run.h5``); ``convert`` of checkpoints; files written before the unit change.

@@ -156,8 +156,7 @@ def test_readme_command_runs(block_dirs, block, argv):
 
 def _follows_one_domain(folder: Path, env) -> None:
     """The headline job (`+model=mace +domains=8`: the shipped model, the default Cu system,
-    8 ranks) follows the 1-domain trajectory to 1e-10 Å. (Until session 12 this was
-    test_mace's own test, which ran the 8 ranks a second time under mpiexec: mpiexec and
+    8 ranks) follows the 1-domain trajectory to 1e-10 Å. (The 8 ranks run once: mpiexec and
     self-launch giving the same trajectory bit for bit is test_decomposed_runs'
     test_self_launch_equals_mpiexec.)"""
     from shardmd.engine.io.h5md import read_frames

@@ -50,7 +50,7 @@ def first_runs(tmp_path_factory):
     the first 100 steps (split.h5, its checkpoint at step 100), made once, side by side. The
     langevin 2-domain pair is also test_restart_on_other_domain_counts' reference and start
     (BASE, langevin, 2 domains, 200 and 100 steps). Tests copy the folder before they add to
-    it. (4 domains until session 12: three launches of five processes each per integrator.)"""
+    it."""
     def get(integrator, domains):
         if (integrator, domains) not in _FIRST:
             d = tmp_path_factory.mktemp(f"first_{integrator}_{domains}")
@@ -120,8 +120,7 @@ def _kill_trials(tmp_path, trials, seed):
 @pytest.mark.mpi
 @pytest.mark.slow
 def test_sigkill_twelve_trials(tmp_path):
-    # (a three-trial twin, also in the slow tier only, went in session 11: a subset of this;
-    # twenty trials of 3-9 s each became twelve of 2.5-7 s in session 12: 158 -> ~70 s)
+    # twelve trials of 2.5-7 s each (~70 s): a kill lands in every phase of a step
     _kill_trials(tmp_path, 12, seed=2)
 
 

@@ -1,4 +1,4 @@
-"""The second MLIP family through the specs (issue 20, item 5): NequIP (the nequip package,
+"""The second MLIP family through the specs: NequIP (the nequip package,
 unmodified, random weights) on 1, 2, 4 and 8 domains against nequip's own ASE calculator (its
 neighbour list, its ForceOutput/StressOutput on the whole system: an independent,
 single-process reference) and against the same model as one process (ShardMDCalculator on

@@ -28,7 +28,7 @@ def world_tasks(item):
 
 
 @pytest.mark.mpi
-# 3 ranks in the slow tier: the fast tier launches no 3-rank world (issue 23)
+# 3 ranks in the slow tier: the fast tier launches no 3-rank world
 @pytest.mark.parametrize("k", [2, pytest.param(3, marks=pytest.mark.slow), 4])
 def test_handlers_transforms_adapters_on_k_ranks(k, mpi_world):
     res = json.loads((mpi_world(k, f"shard_cases{k}") / "res.json").read_text())

@@ -1,4 +1,4 @@
-"""Bring your own model, end to end (issue 20 items 1-3, 7): a model file of the user's own in a
+"""Bring your own model, end to end: a model file of the user's own in a
 working directory, on the CLI (``model=py:module:factory``) across domains, self-launched and
 under mpiexec, against one domain; the entry-point route of the shipped models; a model
 without a virial; restarts with another model; the Python API under a launcher; hostile
@@ -96,7 +96,7 @@ def _sim(args, **kw):
 @pytest.mark.slow
 @pytest.mark.mpi
 def test_py_route_self_launched_and_mpiexec_match_one_domain(tmp_path):
-    """The acceptance run of issue 20: the user's mymodel.py (make()) in a working directory of
+    """The whole route of a user's model: the user's mymodel.py (make()) in a working directory of
     its own, outside the repository, `python -m engine run model=py:mymodel:make domains=4` and
     the same under `mpiexec -n 4` (the venv's), against domains=1: final positions after 30
     steps (float64) to 1e-10 Å, migrations included. One launch each (the tutorial's test runs

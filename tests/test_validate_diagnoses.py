@@ -1,4 +1,4 @@
-"""trace_and_validate names the root cause for a pure-PyTorch author (issue 20 item 4): a
+"""trace_and_validate names the root cause for a pure-PyTorch author: a
 2-layer SchNet-like model (tests/byo_wrong_models.py) wrapped three wrong ways, each with its
 own diagnosis and fix, and the correct wrapping as the control.  One launch of 2 ranks."""
 import sys

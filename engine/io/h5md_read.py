@@ -221,7 +221,7 @@ def open_unlocked(p: str) -> h5py.File:
     """``h5py.File(p, "r")`` without HDF5's file lock (so a running job's file opens), or with
     it where this process already has the file open with the lock: HDF5 refuses a second open
     of one file with other locking flags ("file locking flag values don't match"), which is
-    what an MDAnalysis Universe or a plain ``h5py.File`` left open in the same session holds."""
+    what an MDAnalysis Universe or a plain ``h5py.File`` left open in the same process holds."""
     try:
         return h5py.File(p, "r", locking=False)
     except TypeError:  # very old h5py without the locking keyword
