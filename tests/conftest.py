@@ -257,8 +257,9 @@ def pytest_runtest_protocol(item, nextitem):
 # -- SLURM tier: one status line at the end of every run that ran it (tests/test_slurm.py) -------
 def pytest_terminal_summary(terminalreporter):
     """``SLURM tier: N passed, M skipped ... in S s``, how the cluster came up, and each distinct
-    skip reason: ``-q`` prints no skip reasons, and a tier that skipped must say why in CI's log. S is the sum of the tier's test durations (set-up included): its wall time on
-    the one worker that runs the module."""
+    skip reason: ``-q`` prints no skip reasons, and a tier that skipped must say why in CI's
+    log. S is the sum of the tier's test durations (set-up included): its wall time on the one
+    worker that runs the module."""
     counts: dict[str, int] = {}
     notes: list[str] = []
     seconds = 0.0
