@@ -467,6 +467,8 @@ def _active(cfg: DictConfig) -> set[str]:
 
 def _from_shardmd(cfg: DictConfig) -> None:
     top = [k for k in SCHEMA if "." not in k]
+    if all(k in cfg for k in top) and "model" in cfg.keys() and OmegaConf.is_missing(cfg, "model"):
+        raise UserError(f"no model given: add model=<name>, one of: {', '.join(group_options('model'))}")
     if any(k not in cfg for k in top) or any(g not in cfg for g in GROUPS):
         raise UserError("the configuration does not start from ShardMD's keys: a config file of yours needs "
                         "`defaults: [shardmd, _self_]` at its top (README, 'Config files')")

@@ -17,7 +17,7 @@ import traceback
 
 
 def run_one(argv, cwd) -> dict:
-    from shardmd.engine.cli import main
+    from shardmd.engine.cli.main import main
 
     os.chdir(cwd)
     sys.stderr.flush()
