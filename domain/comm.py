@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 
 from .launcher_env import detect as detect_launcher
+from .shm_janitor import watch_segments
 from .stale_shm import remove_stale_segments
 
 
@@ -210,6 +211,7 @@ def init_comm(device: str = "cpu", timeout_s: float = 120.0) -> Comm:
     rank, size = world.Get_rank(), world.Get_size()
     local = world.Split_type(MPI.COMM_TYPE_SHARED)
     local_rank, local_size = local.Get_rank(), local.Get_size()
+    watch_segments(local, local_rank)   # MPI's /dev/shm segment goes after any end (shm_janitor.py)
     local.Free()
     dev = _pick_device(device, local_rank)
     if size == 1:

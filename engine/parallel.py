@@ -159,6 +159,11 @@ def launch_self(n: int, argv: list[str]) -> int:
         if not pids and signum not in unsent:
             unsent.append(signum)
 
+    import tempfile
+
+    from shardmd.domain.shm_janitor import NOTE_ENV
+
+    env[NOTE_ENV] = note = tempfile.mkdtemp(prefix="shardmd-shm-")   # private (0700), unpredictable
     proc = subprocess.Popen(cmd, env=env)
     old = {}
     for name in ("SIGTERM", "SIGINT", "SIGUSR1"):
@@ -181,6 +186,16 @@ def launch_self(n: int, argv: list[str]) -> int:
     finally:
         for s, h in old.items():
             signal.signal(s, h)
+        _remove_segments(note)
+
+
+def _remove_segments(note: str) -> None:
+    """After the ranks ended: their MPI shared-memory segments that are left (an abnormal end:
+    MPI_Finalize never ran) and mapped by no live process; the note folder too."""
+    from shardmd.domain.shm_janitor import noted, remove_orphans
+
+    remove_orphans(noted(Path(note)))
+    shutil.rmtree(note, ignore_errors=True)
 
 
 def _start_time(pid: int) -> str:
