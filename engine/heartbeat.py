@@ -8,7 +8,9 @@ gloo or MPI is used from the thread), every other rank connects to it, and both 
 byte every ``silence / 10`` s (0.05-2 s). A peer whose bytes stop for ``health.rank_silence``
 seconds has stopped answering: the rank that sees it prints one line naming the silent rank,
 its host and pid, and ends with :data:`EXIT_RANK_LOST`; MPI's launcher then ends every other
-rank (a stopped one included: it is killed, not signalled to stop). Rank 0 watches every rank;
+rank (a stopped one included: it is killed, not signalled to stop; under srun through MPI_Abort,
+since srun ends a step's tasks on an abort, not on one task's exit). A connection to rank 0's
+port that does not introduce itself as one of the job's ranks is dropped, never judged. Rank 0 watches every rank;
 the others watch rank 0 (rank 1 first; ranks above wait one more silence, so one line is said).
 
 What counts as answering: the beat comes from a thread of the rank's own process, so a rank
@@ -64,6 +66,9 @@ class Heartbeat:
         self.lost = lost or self._end_job
         self.listener: socket.socket | None = None
         self._stop = threading.Event()
+        #: how the job is ended: this process's exit, which MPICH's mpiexec (and a self-launch) answers
+        #: by killing every other rank, a stopped one too; MPI_Abort under srun
+        self.end = None
 
     # -- start-up (main thread) ----------------------------------------------------------------
     def listen(self, host: str) -> tuple[str, int, str, int]:
@@ -111,17 +116,28 @@ class Heartbeat:
         except OSError:
             data = b""
         if not data:   # the peer ended: MPI's launcher reports a rank that died, not the heartbeat
-            self.sel.unregister(peer.sock)
-            peer.sock.close()
-            self.peers.pop(id(peer.sock), None)
+            self._drop(peer)
             return
         peer.seen = now
         if peer.buffer is not None:
             peer.buffer += data
             if b"\n" in peer.buffer:
-                line = peer.buffer.split(b"\n", 1)[0].decode(errors="replace").split()
-                peer.rank, peer.host, peer.pid = int(line[0]), line[1], int(line[2])
-                peer.buffer = None
+                try:
+                    line = peer.buffer.split(b"\n", 1)[0].decode(errors="replace").split()
+                    rank, host, pid = int(line[0]), line[1], int(line[2])
+                    if not 0 < rank < self.size:
+                        raise ValueError(rank)
+                except (ValueError, IndexError):   # not one of our ranks: never judged, dropped
+                    self._drop(peer)
+                    return
+                peer.rank, peer.host, peer.pid, peer.buffer = rank, host, pid, None
+            elif len(peer.buffer) > 1024:
+                self._drop(peer)
+
+    def _drop(self, peer: Peer) -> None:
+        self.sel.unregister(peer.sock)
+        peer.sock.close()
+        self.peers.pop(id(peer.sock), None)
 
     def _beat(self) -> None:
         for peer in list(self.peers.values()):
@@ -141,7 +157,7 @@ class Heartbeat:
         if self.listener is not None:
             self.listener.setblocking(False)
             self.sel.register(self.listener, selectors.EVENT_READ, None)
-        started = last = time.monotonic()
+        last = time.monotonic()
         while not self._stop.is_set():
             for key, _ in self.sel.select(timeout=self.every):
                 if key.data is None:
@@ -155,19 +171,13 @@ class Heartbeat:
             last = now
             self._beat()
             for peer in list(self.peers.values()):
-                if now - peer.seen > self._limit_for(peer):
-                    self.lost(peer, now - peer.seen)
-                    return
-            if self.rank == 0 and now - started > HELLO_TIMEOUT_S + self.silence:
-                self._check_hellos(now)
-
-    def _check_hellos(self, now: float) -> None:
-        """Rank 0: a rank that never connected is reported like a silent one (once)."""
-        if len(self.peers) < self.size - 1 and not getattr(self, "_hellos_checked", False):
-            self._hellos_checked = True
-            known = {p.rank for p in self.peers.values()}
-            missing = min(r for r in range(1, self.size) if r not in known)
-            self.lost(Peer(None, missing, "unknown", 0, now), now)
+                if now - peer.seen <= self._limit_for(peer):
+                    continue
+                if peer.buffer is not None:   # a connection that never said which rank it is
+                    self._drop(peer)
+                    continue
+                self.lost(peer, now - peer.seen)
+                return
 
     def _end_job(self, peer: Peer, silent_s: float) -> None:
         """One line naming the silent rank, then this process ends; MPI's launcher ends the rest."""
@@ -177,12 +187,13 @@ class Heartbeat:
             f"(health.rank_silence={self.silence:g}); every rank ends now (exit {EXIT_RANK_LOST}). Is it "
             "stopped (SIGSTOP, a debugger) or its node down? Continue from the newest checkpoint with "
             "restart=auto\n")
-        _flush_and_exit(EXIT_RANK_LOST)
+        _flush_and_exit(EXIT_RANK_LOST, self.end)
 
 
-def _flush_and_exit(code: int) -> None:
+def _flush_and_exit(code: int, end=None) -> None:
     """Flush stderr and any open HDF5 file (the main thread waits in a collective, not in
-    h5py), then end the process; a flush that hangs is cut short after 10 s."""
+    h5py), then end the process (``end(code)`` first where given); whatever hangs is cut short
+    after 10 s."""
     threading.Timer(10.0, os._exit, (code,)).start()
     try:
         sys.stderr.flush()
@@ -195,6 +206,8 @@ def _flush_and_exit(code: int) -> None:
                 h5py.h5f.flush(fid)
         except Exception:  # noqa: BLE001 - ending anyway; the checkpoints are written whole or not at all
             pass
+    if end is not None:
+        end(code)
     os._exit(code)
 
 
@@ -212,6 +225,17 @@ def start(comm, silence_s: float) -> Heartbeat | None:
     else:
         address = comm.broadcast_object(address)
     if comm.rank != 0:
-        hb.connect(address)
+        try:
+            hb.connect(address)
+        except OSError as exc:   # rank 0's port unreachable from here: run on, unwatched
+            import warnings
+
+            from .errors import OneLineWarning
+
+            warnings.warn(f"rank {comm.rank}: no heartbeat to rank 0 at {address[0]}:{address[1]} ({exc}); a "
+                          "stopped rank is found by the collective timeout only", OneLineWarning, stacklevel=2)
+            return None
+    if comm.mpi is not None and os.environ.get("SLURM_STEP_ID") is not None:
+        hb.end = comm.mpi.COMM_WORLD.Abort   # srun ends a step's other tasks on an MPI abort, not on an exit
     hb.start()
     return hb

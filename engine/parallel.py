@@ -246,7 +246,7 @@ def watch_parent() -> None:
     threading.Thread(target=watch, name="shardmd-parent-watch", daemon=True).start()
 
 
-def job_comm(device: str = "cpu"):
+def job_comm(device: str = "cpu", rank_silence: float = 30.0):
     """The process's :class:`~shardmd.domain.comm.Comm` for Python API runs: the launcher's ranks
     (mpiexec, srun, torchrun) joined into one process group on first use, then reused by every
     Simulation of the process; a single rank without a launcher.  The group is ended when the
@@ -261,6 +261,10 @@ def job_comm(device: str = "cpu"):
     _JOB_COMM = comm
     if comm.size > 1:
         import atexit
+
+        from .heartbeat import start
+
+        start(comm, rank_silence)   # health.rank_silence of the first Simulation (engine/heartbeat.py)
 
         previous = sys.excepthook
 

@@ -334,3 +334,23 @@ def test_sigkill_of_the_launcher_while_a_rank_gets_no_cpu_still_checkpoints(tmp_
     ckpts = checkpoints(tmp_path)
     assert ckpts, "the ranks stop as on SIGTERM and checkpoint"
     assert read_checkpoint(ckpts[-1])["step"] >= 1
+
+
+def test_heartbeat_judges_ranks_only_and_names_the_silent_one():
+    """Rank 0's side over real sockets: a stranger on its port (no hello, or garbage) is dropped
+    and never blamed; a rank that introduced itself and then fell silent is reported, named."""
+    from shardmd.engine.heartbeat import Heartbeat
+
+    lost = []
+    hb = Heartbeat(0, 3, 0.5, lost=lambda peer, silent: lost.append((peer.rank, peer.host, peer.pid, silent)))
+    address = hb.listen("127.0.0.1")
+    hb.start()
+    strangers = [socket.create_connection(address[:2]) for _ in range(2)]
+    strangers[1].sendall(b"GET / HTTP/1.0\n")
+    rank2 = socket.create_connection(address[:2])
+    rank2.sendall(b"2 node-b 4242\n")
+    wait_until("the silent rank reported", lambda: lost, 30, poll=0.05)
+    assert lost[0][:3] == (2, "node-b", 4242) and lost[0][3] > 0.5
+    assert len(lost) == 1
+    for s in [*strangers, rank2]:
+        s.close()
