@@ -23,27 +23,20 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from .launcher_env import detect as detect_launcher
+from .shm_janitor import watch_segments
 from .stale_shm import remove_stale_segments
-
-#: environment variables that reveal a process started by an MPI launcher
-LAUNCHER_ENV = ("PMI_RANK", "PMI_SIZE", "PMIX_RANK", "OMPI_COMM_WORLD_SIZE", "MPI_LOCALNRANKS",
-                "MV2_COMM_WORLD_SIZE", "I_MPI_HYDRA_HOST_FILE")
-
-
-#: what torchrun (torch.distributed.run) sets in every worker it starts
-TORCHRUN_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 
 
 def under_torchrun() -> bool:
     """True in a worker started by torchrun (its rendezvous, no MPI)."""
-    return "TORCHELASTIC_RUN_ID" in os.environ or all(v in os.environ for v in TORCHRUN_ENV)
+    return detect_launcher().kind == "torchrun"
 
 
 def under_launcher() -> bool:
-    """True when this process was started by mpirun/mpiexec/srun with MPI wiring, or by torchrun."""
-    if any(v in os.environ for v in LAUNCHER_ENV) or under_torchrun():
-        return True
-    return int(os.environ.get("SLURM_NTASKS", "1")) > 1 and "SLURM_PROCID" in os.environ
+    """True when this process was started by mpirun/mpiexec/srun with MPI wiring, or by torchrun
+    (a consistent launcher environment: domain/launcher_env.py; stray variables do not count)."""
+    return detect_launcher().kind in ("mpi", "torchrun")
 
 
 @dataclass
@@ -207,7 +200,7 @@ def init_comm(device: str = "cpu", timeout_s: float = 120.0) -> Comm:
     """The job's :class:`Comm`: a single-rank one without a launcher, else from MPI."""
     if not under_launcher():
         return Comm(device=_pick_device(device, 0))
-    if under_torchrun() and not any(v in os.environ for v in LAUNCHER_ENV):
+    if under_torchrun():
         return _init_torchrun(device, timeout_s)
     for path in remove_stale_segments():   # a requeued SLURM job's killed earlier start
         print(f"shardmd: removed {path}, left by a killed earlier start of this SLURM job step "
@@ -218,6 +211,7 @@ def init_comm(device: str = "cpu", timeout_s: float = 120.0) -> Comm:
     rank, size = world.Get_rank(), world.Get_size()
     local = world.Split_type(MPI.COMM_TYPE_SHARED)
     local_rank, local_size = local.Get_rank(), local.Get_size()
+    watch_segments(local, local_rank)   # MPI's /dev/shm segment goes after any end (shm_janitor.py)
     local.Free()
     dev = _pick_device(device, local_rank)
     if size == 1:

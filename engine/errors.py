@@ -9,10 +9,16 @@ Exit statuses (the CLI's, also those of every rank under MPI):
       energy); frames and checkpoints up to the last healthy output are kept
  4    an output could not be written (disk full, read-only, I/O error); earlier frames
       and checkpoints are kept
+ 5    a rank stopped answering (no heartbeat for ``health.rank_silence`` s: stopped, e.g.
+      SIGSTOP or a debugger, or its node down); every rank ended; the checkpoints written
+      before are kept (``engine/launch/heartbeat.py``)
 75    stopped by a signal after writing a checkpoint (``engine/launch/stop.py``)
 ====  ===================================================================================
 """
 from __future__ import annotations
+
+#: exit status of every rank when one stopped answering (engine/launch/heartbeat.py)
+EXIT_RANK_LOST = 5
 
 
 class UserError(Exception):

@@ -94,6 +94,7 @@ def test_a_sweep_under_a_launcher_needs_one_folder(tmp_path, capsys, monkeypatch
     """Every rank of mpiexec/srun runs the sweep; ${now:} could differ between them."""
     monkeypatch.setenv("PMI_RANK", "0")
     monkeypatch.setenv("PMI_SIZE", "1")
+    monkeypatch.setenv("PMI_PORT", "localhost:1")   # a launcher's wiring: without it the two are strays
     code, _, err = cli(["run", *TINY, "temperature=100,200", "-m"], tmp_path, capsys, monkeypatch)
     assert code == 2
     one_line(err, "give hydra.sweep.dir=DIR")

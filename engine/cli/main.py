@@ -457,6 +457,10 @@ def _run_ranks(cfg, command: str = "run") -> int:
 
         watch_parent()
     comm = init_comm(cfg.device) if cfg.domains > 1 else None
+    if comm is not None:   # a rank that stops answering ends the job in seconds, named
+        from shardmd.engine.launch.heartbeat import start
+
+        start(comm, float(cfg.health.rank_silence))
     code = 0
     try:
         if command == "minimize":

@@ -174,6 +174,9 @@ class Health:
                           "value, stops the run with exit status 3", number("give a distance > 0 in Å", gt=0))
     min_distance: float = key(0.5, "Å: a start with two atoms closer than this is refused, naming them; 0 allows "
                               "close contacts", number("give a distance >= 0 in Å (0: no check)", ge=0))
+    rank_silence: float = key(30.0, "s: a rank of a multi-rank run whose heartbeat is silent this long (stopped, "
+                              "or its node down) ends every rank with exit status 5, naming it; 0: off",
+                              number("give seconds >= 0 (0: off)", ge=0))
 
 
 @dataclass

@@ -16,10 +16,30 @@ import subprocess
 import sys
 from pathlib import Path
 
-from shardmd.domain.comm import under_launcher, under_torchrun
+from shardmd.domain.launcher_env import detect
 
-RANK_ENV = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID", "MV2_COMM_WORLD_RANK")
-SIZE_ENV = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "SLURM_NTASKS", "MV2_COMM_WORLD_SIZE")
+
+def under_launcher() -> bool:
+    """Whether a launcher (mpiexec/mpirun/srun with MPI wiring, torchrun) started this process
+    (domain/launcher_env.py). Variables that form no launcher are ignored with one warning naming
+    them (once a process); a SLURM step that gave several tasks no MPI wiring is refused (exit 2)."""
+    found = detect()
+    if found.refusal:
+        from shardmd.engine.errors import UserError
+
+        raise UserError(found.refusal)
+    text = found.warning()
+    if text and text not in _WARNED:
+        import warnings
+
+        from shardmd.engine.errors import OneLineWarning
+
+        _WARNED.add(text)
+        warnings.warn(text, OneLineWarning, stacklevel=2)
+    return found.active
+
+
+_WARNED: set[str] = set()
 
 
 def default_threads(ranks: int, env=os.environ) -> int:
@@ -41,28 +61,14 @@ def default_threads(ranks: int, env=os.environ) -> int:
 
 
 def env_rank() -> int:
-    """This process's rank as the launcher announced it (0 without a launcher)."""
-    if under_torchrun():
-        return int(os.environ.get("RANK", "0"))
-    for v in RANK_ENV:
-        if v in os.environ:
-            try:
-                return int(os.environ[v])
-            except ValueError:
-                pass
-    return 0
+    """This process's rank as its launcher announced it (0 without a launcher, and with stray
+    variables that form none: domain/launcher_env.py)."""
+    return detect().rank
 
 
 def env_size() -> int:
-    if under_torchrun():
-        return int(os.environ.get("WORLD_SIZE", "1"))
-    for v in SIZE_ENV:
-        if v in os.environ:
-            try:
-                return int(os.environ[v])
-            except ValueError:
-                pass
-    return 1
+    """The job's rank count as its launcher announced it (1 without a launcher)."""
+    return detect().size
 
 
 def find_mpiexec() -> str | None:
@@ -137,6 +143,8 @@ def launch_self(n: int, argv: list[str]) -> int:
     cmd = launch_command(n, argv)
     env = dict(os.environ, SHARDMD_SELF_LAUNCHED="1", PYTHONUNBUFFERED="1",
                SHARDMD_PARENT=f"{os.getpid()}:{_start_time(os.getpid())}")
+    for stray in detect(env).stray:   # ignored here (one warning), not handed to the ranks
+        env.pop(stray.split("=", 1)[0], None)
     if early_signal():   # came while this process started: the ranks begin with it
         env[PENDING_ENV] = early_signal()
     unsent: list[int] = []   # signals that found no rank yet (the ranks were still starting)
@@ -151,6 +159,11 @@ def launch_self(n: int, argv: list[str]) -> int:
         if not pids and signum not in unsent:
             unsent.append(signum)
 
+    import tempfile
+
+    from shardmd.domain.shm_janitor import NOTE_ENV
+
+    env[NOTE_ENV] = note = tempfile.mkdtemp(prefix="shardmd-shm-")   # private (0700), unpredictable
     proc = subprocess.Popen(cmd, env=env)
     old = {}
     for name in ("SIGTERM", "SIGINT", "SIGUSR1"):
@@ -173,6 +186,16 @@ def launch_self(n: int, argv: list[str]) -> int:
     finally:
         for s, h in old.items():
             signal.signal(s, h)
+        _remove_segments(note)
+
+
+def _remove_segments(note: str) -> None:
+    """After the ranks ended: their MPI shared-memory segments that are left (an abnormal end:
+    MPI_Finalize never ran) and mapped by no live process; the note folder too."""
+    from shardmd.domain.shm_janitor import noted, remove_orphans
+
+    remove_orphans(noted(Path(note)))
+    shutil.rmtree(note, ignore_errors=True)
 
 
 def _start_time(pid: int) -> str:
@@ -184,18 +207,24 @@ def _start_time(pid: int) -> str:
         return ""
 
 
-#: seconds between the watchdog's looks at the launching process, and the grace a rank has
-#: to stop and checkpoint after it is gone before the rank ends itself
-WATCH_EVERY, WATCH_GRACE = 0.5, 6.0
+#: seconds between the watchdog's looks at the launching process; the grace a rank has to end
+#: after its run ended (checkpoint written); the longest a stop may take before that (a set-up,
+#: a first compile, a step and a checkpoint on a busy machine: a fixed 6 s from the signal ended
+#: loaded ranks before their checkpoint)
+WATCH_EVERY, WATCH_GRACE, WATCH_LIMIT = 0.5, 10.0, 600.0
 
 
 def watch_parent() -> None:
     """In a rank the engine started itself: when the launching process is gone (killed with
     SIGKILL, which it cannot forward), stop this rank as SIGTERM would (all ranks stop at a
-    common step and checkpoint), and end it outright ``WATCH_GRACE`` s later. A daemon thread."""
+    common step and checkpoint), and end it outright ``WATCH_GRACE`` s after its run ended
+    (stop.RUN_ENDED), or ``WATCH_LIMIT`` s after the signal if the run never gets there (a
+    rank that cannot stop must not outlive its launcher for ever). A daemon thread."""
     import signal
     import threading
     import time
+
+    from shardmd.engine.launch.stop import RUN_ENDED
 
     spec = os.environ.get("SHARDMD_PARENT", "")
     pid, _, started = spec.partition(":")
@@ -210,13 +239,14 @@ def watch_parent() -> None:
             time.sleep(WATCH_EVERY)
         sys.stderr.write(f"rank {env_rank()}: the launching process {pid} is gone; stopping\n")
         os.kill(os.getpid(), signal.SIGTERM)
+        RUN_ENDED.wait(WATCH_LIMIT)
         time.sleep(WATCH_GRACE)
         os._exit(1)
 
     threading.Thread(target=watch, name="shardmd-parent-watch", daemon=True).start()
 
 
-def job_comm(device: str = "cpu"):
+def job_comm(device: str = "cpu", rank_silence: float = 30.0):
     """The process's :class:`~shardmd.domain.comm.Comm` for Python API runs: the launcher's ranks
     (mpiexec, srun, torchrun) joined into one process group on first use, then reused by every
     Simulation of the process; a single rank without a launcher.  The group is ended when the
@@ -231,6 +261,10 @@ def job_comm(device: str = "cpu"):
     _JOB_COMM = comm
     if comm.size > 1:
         import atexit
+
+        from shardmd.engine.launch.heartbeat import start
+
+        start(comm, rank_silence)   # health.rank_silence of the first Simulation (engine/launch/heartbeat.py)
 
         previous = sys.excepthook
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 
 #: exit status of a run stopped early by a signal, with a checkpoint to continue from
 #: (75 = EX_TEMPFAIL: "try again"; resubmit with restart=auto)
@@ -23,6 +24,10 @@ EARLY_SIGNALS = tuple(s for s in (getattr(signal, n, None) for n in ("SIGTERM", 
 #: environment variable through which a self-launching parent hands a recorded signal to its ranks
 PENDING_ENV = "SHARDMD_PENDING_STOP"
 _EARLY: list[int] = []
+#: set when a run's stop handling ends (:meth:`StopRequest.uninstall`, after the stop's checkpoint
+#: or any other end of the run): a watchdog that asked for a stop waits for it, however long a
+#: busy machine makes the set-up, the step or the checkpoint (engine/launch/parallel.py watch_parent)
+RUN_ENDED = threading.Event()
 
 
 def _record(signum, frame) -> None:
@@ -75,6 +80,7 @@ class StopRequest:
             self.signal_name = pending
 
     def uninstall(self) -> None:
+        RUN_ENDED.set()
         for s, old in self._old.items():
             try:
                 signal.signal(s, old)

@@ -64,7 +64,7 @@ class Simulation:
         if comm is None:
             from shardmd.engine.launch.parallel import job_comm, under_launcher
 
-            comm = job_comm(str(cfg.device)) if under_launcher() else Comm()
+            comm = job_comm(str(cfg.device), float(cfg.health.rank_silence)) if under_launcher() else Comm()
         self.comm = comm
         if cfg.domains == 1 and self.comm.size > 1:   # the default under a launcher: its rank count
             cfg = self.cfg = cfg.copy()
