@@ -31,7 +31,7 @@ import time
 import weakref
 from pathlib import Path
 
-from .errors import UserError
+from .errors import CollectiveError, UserError
 
 #: name of the lock beside the output: ``run.h5`` -> ``run.h5.lock``
 SUFFIX = ".lock"
@@ -184,3 +184,11 @@ def output_in_use(output: str | os.PathLike) -> str | None:
         return None
     finally:
         os.close(fd)   # also drops the shared lock taken above
+
+
+def refuse_if_in_use(comm, output: str | os.PathLike) -> None:
+    """CollectiveError on every rank of ``comm`` when rank 0 finds ``output`` held by a running
+    job (:func:`output_in_use`); rank 0's line names it.  Collective."""
+    busy = output_in_use(output) if comm.is_root else None
+    if comm.any(busy is not None):
+        raise CollectiveError(busy or "the output is open in another running process (rank 0 says which)")

@@ -33,7 +33,7 @@ from .constraints import constrain
 from .errors import CollectiveError, OutputError, UserError
 from .integrator_setup import make_integrator
 from .observables import thermo_from
-from .output_lock import OutputLock, output_in_use
+from .output_lock import OutputLock, refuse_if_in_use
 from .parallel import default_threads
 from .preflight import check_outputs
 from .rank_domain import RankDomain
@@ -78,7 +78,7 @@ class Simulation:
         except UserError as exc:   # the same paths on every rank
             raise CollectiveError(str(exc)) from None
         self._lock: OutputLock | None = None
-        self._refuse_if_in_use()
+        refuse_if_in_use(self.comm, cfg.output)   # said before "exists" or a restart's verdicts
         self.dtype = DTYPES[cfg.precision]
         self.device = self.comm.device if self.comm.size > 1 else torch.device(cfg.device)
         if self.device.type == "cuda" and not torch.cuda.is_available():
@@ -308,23 +308,10 @@ class Simulation:
         return atoms_from_arrays(full, self.state.cell, self.state.pbc, unwrapped=unwrapped)
 
     # -- output ----------------------------------------------------------------------
-    def _refuse_if_in_use(self) -> None:
-        """Refuse (every rank, collectively) an output another running job holds: said before any
-        other verdict on the output (exists, restart), so the line names the job.  Collective."""
-        busy = output_in_use(self.cfg.output) if self.comm.is_root else None
-        if self.comm.any(busy is not None):
-            raise CollectiveError(busy or "the output is in use by a running job (rank 0 says which)")
-
-    def _claim_outputs(self) -> None:
-        """Take the output's lock (engine/output_lock.py) before any output is created, truncated
-        or appended to; a job that holds it ends this run on every rank, nothing touched.  Collective."""
-        with self._output_step():
-            if self.comm.is_root and self._lock is None:
-                self.output_path.parent.mkdir(parents=True, exist_ok=True)
-                self._lock = OutputLock(self.output_path)
-
     def _open_writer(self) -> None:
-        self._claim_outputs()
+        with self._output_step():   # the lock before any output is touched (engine/output_lock.py)
+            if self.comm.is_root and self._lock is None:
+                self._lock = OutputLock(self.output_path)
         if self.cfg.trajectory.every <= 0:
             return
         import warnings

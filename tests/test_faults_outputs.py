@@ -117,3 +117,74 @@ def test_two_runs_started_at_once_leave_one_readable_trajectory(tmp_path):
             lines = err.strip().splitlines()
             _one_error(lines, "'run.h5' is open in another running process")
     _intact(tmp_path / "run.h5", last_step=1500)
+
+
+# -- item: inputs and outputs are never one file ----------------------------------------------------
+@pytest.fixture(scope="module")
+def argon(tmp_path_factory) -> Path:
+    """A small argon crystal as extxyz, slightly displaced (FIRE has work to do)."""
+    from ase.build import bulk
+
+    d = tmp_path_factory.mktemp("argon")
+    a = bulk("Ar", "fcc", a=5.26, cubic=True).repeat(2)
+    a.positions[0] += 0.2
+    a.write(d / "my.extxyz")
+    return d / "my.extxyz"
+
+
+def _place(src: Path, dst: Path, how: str) -> None:
+    if how == "copy":
+        dst.write_bytes(src.read_bytes())
+    elif how == "symlink":
+        dst.symlink_to(src.name)
+    else:
+        dst.hardlink_to(src)
+
+
+@pytest.mark.parametrize("case", ["default name", "symlink", "hard link"])
+def test_minimize_never_writes_over_its_input(tmp_path, argon, capfd, monkeypatch, case):
+    """The relaxed structure's default name is output's with .extxyz, which was the input's for
+    system.file=my.extxyz output=my.h5: the run overwrote its input and exited 0; a link to it
+    as minimize.structure did the same."""
+    src = tmp_path / "my.extxyz"
+    _place(argon, src, "copy")
+    before = src.read_bytes()
+    extra = []
+    if case != "default name":
+        _place(src, tmp_path / "alias.extxyz", "symlink" if case == "symlink" else "hard")
+        extra = ["minimize.structure=alias.extxyz"]
+    code, lines = run_in_process(["minimize", "model=lj", "system.file=my.extxyz", "output=my.h5", "quiet=true",
+                                  "threads=1", "minimize.steps=5", *extra], tmp_path, capfd, monkeypatch)
+    assert src.read_bytes() == before
+    assert code == 2
+    line = _one_error(lines, "system.file='my.extxyz'", "relaxed structure", "minimize.structure=")
+    if case == "hard link":
+        assert "the same file by a link" in line
+    assert not (tmp_path / "my.h5").exists() and not (tmp_path / "my.log").exists()
+
+
+@pytest.mark.parametrize("case", ["trajectory by hard link", "log by symlink", "restart onto the output"])
+def test_run_never_writes_over_its_input(tmp_path, argon, capfd, monkeypatch, case):
+    """The structure file or the checkpoint a run starts from is never one of its outputs, also
+    through a link (before: only one path spelled two ways was caught, for the trajectory)."""
+    if case == "restart onto the output":
+        code, _ = run_in_process(["run", *SMALL, "steps=10", "output=first.h5"], tmp_path, capfd, monkeypatch)
+        assert code == 0
+        ckpt = sorted((tmp_path / "first.ckpt").glob("step-*.h5"))[-1]
+        (tmp_path / "out.h5").hardlink_to(ckpt)
+        src, args = ckpt, [f"restart={ckpt}", "steps=20", "output=out.h5"]
+        needle = "restart.file="
+    else:
+        src = tmp_path / "my.extxyz"
+        _place(argon, src, "copy")
+        if case == "trajectory by hard link":
+            (tmp_path / "out.h5").hardlink_to(src)
+        else:
+            (tmp_path / "out.log").symlink_to("my.extxyz")
+        args = ["system.file=my.extxyz", "output=out.h5", "overwrite=true", "steps=5"]
+        needle = "system.file='my.extxyz'"
+    before = src.read_bytes()
+    code, lines = run_in_process(["run", *SMALL, *args], tmp_path, capfd, monkeypatch)
+    assert src.read_bytes() == before
+    assert code == 2
+    _one_error(lines, needle, "is also this run's", "overwrite the")
