@@ -345,6 +345,9 @@ def minimize_cfg(cfg):
     if cfg.restart.file is not None:
         raise UserError("python -m engine minimize does not restart from checkpoints; drop restart= (start "
                         "from the structure: system.file=...)")
+    from shardmd.engine.run.preflight import check_outputs
+
+    check_outputs(cfg, structure=structure_path(cfg))   # the relaxed structure is no input, no other output
     cfg = copy.deepcopy(cfg)
     with open_dict(cfg):
         cfg.system.velocities = "zero"
@@ -354,6 +357,13 @@ def minimize_cfg(cfg):
     return cfg
 
 
+def structure_path(cfg) -> str:
+    """Where ``minimize`` writes the relaxed structure: ``minimize.structure``, else ``output``
+    with the suffix .extxyz."""
+    m = cfg.minimize
+    return str(m.structure) if m.structure is not None else str(Path(cfg.output).with_suffix(".extxyz"))
+
+
 def minimize_run(cfg, comm=None) -> int:
     """``python -m engine minimize``: FIRE per the ``minimize`` keys on this rank; exit status 0
     (also when not converged within minimize.steps: the log says so)."""
@@ -361,7 +371,7 @@ def minimize_run(cfg, comm=None) -> int:
 
     cfg = minimize_cfg(cfg)
     m = cfg.minimize
-    structure = m.structure if m.structure is not None else str(Path(cfg.output).with_suffix(".extxyz"))
+    structure = structure_path(cfg)
     sim = Simulation(cfg, comm=comm)
     FIRE(sim, cell=bool(m.cell), pressure=float(m.pressure), dt=float(m.dt), maxstep=float(m.maxstep),
          dtmax=float(m.dtmax)).run(

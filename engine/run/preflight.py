@@ -33,16 +33,74 @@ def _nearest_existing(p: Path) -> Path:
     return p
 
 
-def check_outputs(cfg) -> None:
-    """Trajectory, log and checkpoint folder: distinct, of the right kind, and writable."""
+def _identity(p: Path) -> tuple[Path, tuple[int, int] | None]:
+    """(the path with every symbolic link resolved, (st_dev, st_ino) if it exists)."""
+    try:
+        st = os.stat(p)
+        key = (st.st_dev, st.st_ino)
+    except (OSError, ValueError):
+        key = None
+    try:
+        return p.resolve(), key
+    except (OSError, RuntimeError):   # a loop of links: its absolute path still compares
+        return p.absolute(), key
+
+
+def _same(a: tuple, b: tuple) -> str | None:
+    """How two identities are one file: '' (one path), 'by a link' (one inode), or None."""
+    if a[0] == b[0]:
+        return ""
+    if a[1] is not None and a[1] == b[1]:
+        return " (the same file by a link)"
+    return None
+
+
+def check_outputs(cfg, structure: str | os.PathLike | None = None) -> None:
+    """Trajectory, log and checkpoint folder (and ``structure``, the relaxed structure of
+    ``minimize``): distinct, of the right kind, writable, and none of them an input (the
+    structure file or the checkpoint restarted from), by resolved path and by inode (symbolic
+    and hard links)."""
+    from shardmd.engine.io.output_lock import lock_path
+
     paths = output_paths(cfg.output)
-    seen: dict[Path, str] = {}
+    if structure is not None:
+        paths["relaxed structure (minimize.structure)"] = Path(structure)
+    paths["output lock"] = lock_path(cfg.output)
+    seen: list[tuple[str, Path, tuple]] = []
     for what, p in paths.items():
-        key = p.absolute()
-        if key in seen:
-            raise UserError(f"output={cfg.output!r}: the {what} would be the same path as the {seen[key]} "
-                            f"({p}); give output= a name ending in .h5, e.g. output=run.h5")
-        seen[key] = what
+        ident = _identity(p)
+        for other, _q, oid in seen:
+            how = _same(ident, oid)
+            if how is not None:
+                fix = ("give minimize.structure= another name" if "structure" in what + other
+                       else "give output= a name ending in .h5, e.g. output=run.h5")
+                raise UserError(f"output={cfg.output!r}: the {what} would be the same path as the {other} "
+                                f"({p}{how}); {fix}")
+        seen.append((what, p, ident))
+    _check_inputs(cfg, seen)
+    _check_kinds(cfg, paths)
+
+
+def _check_inputs(cfg, outputs: list[tuple[str, Path, tuple]]) -> None:
+    """No input (system.file, restart.file) is one of ``outputs`` (what, path, identity)."""
+    inputs = []
+    if cfg.system.get("file"):
+        inputs.append(("system.file", cfg.system.file, "structure"))
+    if cfg.restart.file and cfg.restart.file != "auto":
+        inputs.append(("restart.file", cfg.restart.file, "checkpoint"))
+    for key, given, kind in inputs:
+        ident = _identity(Path(given))
+        for what, p, oid in outputs:
+            how = _same(ident, oid)
+            if how is None:
+                continue
+            fix = ("give minimize.structure= another name (e.g. relaxed.extxyz)" if "structure" in what
+                   else "give another output= (or copy the file)")
+            raise UserError(f"{key}={given!r} is also this run's {what} ({str(p)!r}{how}): the run would "
+                            f"overwrite the {kind} it starts from; {fix}")
+
+
+def _check_kinds(cfg, paths: dict[str, Path]) -> None:
     out, log, ckpt = paths["output"], paths["log"], paths["checkpoint folder"]
     for what, p in (("output", out), ("log", log)):
         if p.is_dir():

@@ -26,6 +26,7 @@ from shardmd.engine.config import guard as config_guard
 from shardmd.engine.config.compose import compose_config, echo_line, to_container
 from shardmd.engine.errors import CollectiveError, OutputError, UserError
 from shardmd.engine.io.checkpoint import api_model_origin, checkpoint_dir, model_identity_of, write_checkpoint
+from shardmd.engine.io.output_lock import OutputLock, refuse_if_in_use
 from shardmd.engine.launch.parallel import default_threads
 from shardmd.engine.launch.stop import EXIT_STOPPED, StopRequest
 from shardmd.engine.run import health
@@ -76,6 +77,8 @@ class Simulation:
             check_outputs(cfg)
         except UserError as exc:   # the same paths on every rank
             raise CollectiveError(str(exc)) from None
+        self._lock: OutputLock | None = None
+        refuse_if_in_use(self.comm, cfg.output)   # said before "exists" or a restart's verdicts
         self.dtype = DTYPES[cfg.precision]
         self.device = self.comm.device if self.comm.size > 1 else torch.device(cfg.device)
         if self.device.type == "cuda" and not torch.cuda.is_available():
@@ -308,6 +311,9 @@ class Simulation:
 
     # -- output ----------------------------------------------------------------------
     def _open_writer(self) -> None:
+        with self._output_step():   # the lock before any output is touched (engine/io/output_lock.py)
+            if self.comm.is_root and self._lock is None:
+                self._lock = OutputLock(self.output_path)
         if self.cfg.trajectory.every <= 0:
             return
         import warnings
@@ -557,11 +563,16 @@ class Simulation:
         return d
 
     def close(self) -> None:
-        self.stop.uninstall()
-        if self.writer is not None:
-            self.writer.close()
-            self.writer = None
-        self.reporter.close()
+        try:
+            self.stop.uninstall()
+            if self.writer is not None:
+                self.writer.close()
+                self.writer = None
+            self.reporter.close()
+        finally:
+            if self._lock is not None:   # after every output is closed
+                self._lock.release()
+                self._lock = None
 
 
 def wrap_model(model) -> DistributedModel:

@@ -153,9 +153,6 @@ def initial_state(cfg, dtype: torch.dtype, device, dof_of, zero_momentum: bool) 
     dof_of: callable n_atoms -> degrees of freedom (from the integrator)
     """
     s = cfg.system
-    if s.get("file") and cfg.get("output") and Path(s.file).resolve() == Path(cfg.output).resolve():
-        raise UserError(f"system.file={s.file!r} is also this run's output: the run would overwrite the "
-                        "structure it starts from; give another output= (or copy the file)")
     atoms = build_atoms(s)
     state = State.from_atoms(atoms, dtype=dtype, device=device)
     has_v = bool(np.any(atoms.get_velocities() != 0)) if atoms.has("momenta") else False
