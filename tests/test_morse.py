@@ -86,7 +86,8 @@ def test_bad_parameters_are_one_line_errors():
 def test_same_key_keeps_its_own_default_check_and_help_per_model():
     """model.cutoff is a key of model=lj and of model=morse: each keeps its own default, its
     own check message and its own help text."""
-    from shardmd.engine.config.compose import KEYS, UserError, compose_config, validate
+    from shardmd.engine.config.compose import UserError, compose_config, validate
+    from shardmd.engine.config.help import KEYS
 
     assert compose_config(["model=lj"]).model.cutoff == 8.5
     assert compose_config(["model=morse"]).model.cutoff == 6.0

@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from shardmd.engine.config.compose import KEYS
+from shardmd.engine.config.help import KEYS
 from shardmd.engine.launch.parallel import find_mpiexec
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -199,8 +199,8 @@ def test_readme_starts_with_two_commands_and_ci_runs_the_second():
 
 def test_key_table_is_the_schemas():
     """README's table is made from the dataclasses (engine/config/schema.py); regenerate with
-    python -c "from shardmd.engine.config.compose import readme_table; print(readme_table())"."""
-    from shardmd.engine.config.compose import readme_table
+    python -c "from shardmd.engine.config.help import readme_table; print(readme_table())"."""
+    from shardmd.engine.config.help import readme_table
 
     start, end = "<!-- generated:", "<!-- end generated -->"
     block = TEXT[TEXT.index(start):TEXT.index(end)]
@@ -211,7 +211,7 @@ def test_key_table_is_the_schemas():
 
 def test_key_table_check_catches_a_change(monkeypatch):
     """The table check fails when a dataclass's help or default changes."""
-    import shardmd.engine.config.compose as config
+    import shardmd.engine.config.help as config
 
     monkeypatch.setitem(config.KEYS, "dt", ("2.0", "time step, fs"))
     assert config.readme_table() not in TEXT

@@ -47,7 +47,7 @@ Keys (default, meaning):
 
 
 def _help() -> str:
-    from shardmd.engine.config.compose import help_text
+    from shardmd.engine.config.help import help_text
 
     return USAGE + help_text() + "\n"
 

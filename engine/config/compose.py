@@ -1,9 +1,9 @@
 """Run configuration: users' spellings in, a composed and checked ``DictConfig`` out.
 
 The keys, types, defaults and help texts are the dataclasses of ``engine/config/schema.py``
-(registered with Hydra's ConfigStore); everything here is derived from them: ``KEYS`` (the key
-table), ``help_text`` (``--help``), ``readme_table`` (README's table, checked by a test),
-``validate`` (each key's check), and the one-line errors.
+(registered with Hydra's ConfigStore); everything here is derived from them: ``SCHEMA`` (each
+key's default, help and check, per group choice), ``validate`` (each key's check), and the
+one-line errors; engine/config/help.py makes ``--help`` and README's table from them.
 
 Users type ``model=lj`` and ``+model=lj``, ``domains=8`` and ``+domains=8``, ``~grid``;
 ``normalize_overrides`` rewrites each into the one spelling Hydra needs (groups and schema keys
@@ -140,16 +140,6 @@ def _default_choices() -> dict[str, str | None]:
 DEFAULT_CHOICES = _default_choices()
 
 
-def _group_help(group: str) -> str:
-    text = f"{schema.GROUP_HELP[group]}: " + ", or ".join(
-        f"{name} ({cls.__doc__.strip()})" if name != schema.OPEN_CHOICES.get(group) else cls.__doc__.strip()
-        for name, cls in schema.GROUPS[group].items())
-    for (g, choice), changes in schema.GROUP_DEFAULTS.items():
-        if g == group:
-            text += f"; {group}={choice} also sets " + " ".join(f"{k}={hydra_value(v)}" for k, v in _flat(changes))
-    return text
-
-
 def _flat(node: Any, prefix: str = ""):
     """(dotted key, value) leaves of a plain mapping, OmegaConf maps and lists kept whole."""
     for k, v in node.items():
@@ -162,28 +152,6 @@ def _flat(node: Any, prefix: str = ""):
 OPEN_MAPS = tuple(k for k, info in SCHEMA.items() if info.open_map)
 
 
-def _default_text(info: KeyInfo) -> str:
-    return hydra_value(info.default, spaced=True)
-
-
-def _key_text(info: KeyInfo) -> tuple[str, str]:
-    """(default, description) of a key for --help and README; a key several choices share
-    shows each choice's own default and help where they differ."""
-    if not info.owners:
-        return _default_text(info), info.help
-    own = [(o.split("=")[1], _OWN[(info.path, o)]) for o in info.owners]
-    defaults = {_default_text(k) for _, k in own}
-    default = defaults.pop() if len(defaults) == 1 else ", ".join(f"{_default_text(k)} ({c})" for c, k in own)
-    if len({k.help for _, k in own}) == 1:
-        return default, ", ".join(c for c, _ in own) + ": " + info.help
-    return default, "; ".join(f"{c}: {k.help}" for c, k in own)
-
-
-#: every key users may set: (default shown in help, description)
-KEYS: dict[str, tuple[str, str]] = {
-    **{g: ("(required)" if DEFAULT_CHOICES.get(g) is None else DEFAULT_CHOICES[g], _group_help(g)) for g in GROUPS},
-    **{k: _key_text(i) for k, i in SCHEMA.items()},
-}
 #: keys ``~key`` may remove (reset to null), and maps whose single entries it may remove
 REMOVABLE = tuple(k for k, i in SCHEMA.items() if i.optional)
 
@@ -501,29 +469,6 @@ def to_container(cfg: DictConfig) -> dict:
 
 
 # -- what people read --------------------------------------------------------------------------------
-def help_text(width: int = 100) -> str:
-    import textwrap
-
-    kw = max(len(k) for k in KEYS)
-    dw = 18
-    lines = []
-    for k, (d, desc) in KEYS.items():
-        head = f"  {k:<{kw}}  {d:<{dw}} "
-        if len(head) > kw + dw + 5:
-            lines.append(head.rstrip())
-            head = " " * (kw + dw + 5)
-        lines += textwrap.wrap(desc, width, initial_indent=head, subsequent_indent=" " * (kw + dw + 5)) or [head]
-    return "\n".join(lines)
-
-
-def readme_table() -> str:
-    """README's key table (tests/test_readme.py checks README holds exactly this)."""
-    rows = ["| key | default | meaning |", "|---|---|---|"]
-    rows += [f"| `{k}` | `{d}` | {desc} |" if not d.startswith("(") else f"| `{k}` | {d} | {desc} |"
-             for k, (d, desc) in KEYS.items()]
-    return "\n".join(rows)
-
-
 def echo_line(cfg: DictConfig) -> str:
     """The resolved configuration as one line of command-line overrides (the log's first line)."""
     c = _plain(cfg)
