@@ -35,7 +35,7 @@ from .integrator_setup import make_integrator
 from .observables import thermo_from
 from .output_lock import OutputLock, refuse_if_in_use
 from .parallel import default_threads
-from .preflight import check_outputs
+from .preflight import check_outputs, check_size
 from .rank_domain import RankDomain
 from .rebuild import Outcome, RebuildController
 from .reporting import Reporter
@@ -117,6 +117,7 @@ class Simulation:
         # fixed atoms (input FixAtoms, fix.ids, a checkpoint's set): engine/constraints.py
         self.integrator = constrain(self.integrator, cfg, state, self.checkpoint_in, lambda: self.state.ids)
         health.check_inputs(state)
+        check_size(cfg, self.comm, state, self.dmodel.cutoff + float(cfg.neighbor.skin), self.device, model)
         if hasattr(model, "check_species"):
             try:
                 model.check_species(state.numbers)
