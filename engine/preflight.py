@@ -99,10 +99,17 @@ def _check_inputs(cfg, outputs: list[tuple[str, Path, tuple]]) -> None:
             how = _same(ident, oid)
             if how is None:
                 continue
+            if key == "restart.file" and what == "output" and not how:   # the trajectory given as checkpoint
+                raise UserError(f"restart.file={given!r} is this run's output, an H5MD trajectory, not a "
+                                f"checkpoint; give one of {str(checkpoint_dir_of(cfg))!r}/step-*.h5, or restart=auto")
             fix = ("give minimize.structure= another name (e.g. relaxed.extxyz)" if "structure" in what
                    else "give another output= (or copy the file)")
             raise UserError(f"{key}={given!r} is also this run's {what} ({str(p)!r}{how}): the run would "
                             f"overwrite the {kind} it starts from; {fix}")
+
+
+def checkpoint_dir_of(cfg) -> Path:
+    return output_paths(cfg.output)["checkpoint folder"]
 
 
 def _check_kinds(cfg, paths: dict[str, Path]) -> None:
@@ -201,6 +208,9 @@ ATOM_BYTES = 1024
 EDGE_BYTES = {"lj": 24, "mace": 1600}
 LEARNED_EDGE_BYTES = 1600
 GIB = 2**30
+#: atoms per Å^3 far above any real material (solids ~0.02-0.2): only above it does the density
+#: alone refuse a start (the close-contact search would need ~density x list volume pairs per atom)
+MAX_DENSITY = 1.0
 
 
 def builder_count(system_cfg) -> int | None:
@@ -315,9 +325,10 @@ def size_problem(cfg, n: int, cell, pbc, positions, cutoff: float, ranks: int, d
         volume, flat = float(np.prod(np.maximum(extent, 1.0))), 1.0
     density = n / max(volume, 1e-300)
     d = float(cfg.health.min_distance)
-    if pbc.all() and d > 0 and density > 2**0.5 / d**3:
+    if pbc.all() and d > 0 and density > max(2**0.5 / d**3, MAX_DENSITY):
         # atoms at least d apart are spheres of radius d/2 that do not overlap: at most the
-        # densest packing (pi/sqrt(18) of the volume), i.e. sqrt(2)/d^3 atoms per Å^3
+        # densest packing (pi/sqrt(18) of the volume), i.e. sqrt(2)/d^3 atoms per Å^3.  Below
+        # MAX_DENSITY the close-contact search (cheap there) names the closest pair instead
         shape = (f"; the cell is nearly flat (its volume is {flat:.1e} of the product of its vector lengths)"
                  if flat < 1e-2 else "")
         return (f"the system has {n:,} atoms in {volume:.4g} Å^3 ({density:.3g} atoms/Å^3{shape}): atoms "
