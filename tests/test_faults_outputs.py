@@ -188,3 +188,83 @@ def test_run_never_writes_over_its_input(tmp_path, argon, capfd, monkeypatch, ca
     assert src.read_bytes() == before
     assert code == 2
     _one_error(lines, needle, "is also this run's", "overwrite the")
+
+
+# -- item: sizes refused up front, under a memory cap ------------------------------------------------
+CAP_BYTES = 6 * 2**30   # address space of the capped engine: torch needs ~3 GiB of it to start
+
+
+def _capped_engine(args, cwd, timeout=240) -> subprocess.CompletedProcess:
+    """``python -m engine`` under RLIMIT_AS = CAP_BYTES: a regression that allocates the
+    gigabytes fails here (MemoryError, traceback), never the machine."""
+    import resource
+
+    def cap():
+        resource.setrlimit(resource.RLIMIT_AS, (CAP_BYTES, CAP_BYTES))
+
+    return subprocess.run([sys.executable, "-m", "engine", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout, preexec_fn=cap)
+
+
+def _write_atoms(path: Path, kind: str) -> None:
+    import numpy as np
+    from ase import Atoms
+
+    if kind == "dense":      # 50,000 atoms in a 10 Å box
+        pos = np.random.default_rng(0).random((50_000, 3)) * 10
+        Atoms(f"Ar{len(pos)}", positions=pos, cell=[10, 10, 10], pbc=True).write(path)
+    else:                    # flat: two vectors 0.01 degrees apart
+        Atoms("Ar4", positions=[[0, 0, 0], [2.6, 0, 0], [0, 2.6, 0], [2.6, 2.6, 2.6]],
+              cell=[[5.2, 0, 0], [5.2, 0.001, 0], [0, 0, 5.2]], pbc=True).write(path)
+
+
+@pytest.mark.parametrize("case, args, needles", [
+    ("repeat", ["system.repeat=[400,400,400]"], ["256,000,000 atoms", "limits.max_atoms=100,000,000"]),
+    ("repeat, limit raised", ["system.repeat=[400,400,400]", "limits.max_atoms=1000000000"],
+     ["256,000,000 atoms", "GiB", "limits.memory_gb="]),
+    ("dense", ["system.file=in.extxyz"], ["50,000 atoms in 1000 Å^3", "health.min_distance=0.5"]),
+    ("dense", ["system.file=in.extxyz", "health.min_distance=0"], ["GiB per rank", "limits.memory_gb="]),
+    ("flat", ["system.file=in.extxyz", "health.min_distance=0"], ["the cell is nearly flat"]),
+])
+def test_sizes_are_refused_before_allocating(tmp_path, case, args, needles):
+    """Before: 5-7.5 GB allocations and a traceback (the flat cell: minutes of work)."""
+    if case in ("dense", "flat"):
+        _write_atoms(tmp_path / "in.extxyz", case)
+    r = _capped_engine(["run", "model=lj", "quiet=true", "threads=1", "steps=2", *args], tmp_path)
+    assert r.returncode == 2, r.stderr[-2000:]
+    _one_error(r.stderr.strip().splitlines(), *needles)
+    assert not (tmp_path / "run.h5").exists() and not (tmp_path / "run.log").exists()
+
+
+def test_memory_limit_is_the_users(tmp_path, capfd, monkeypatch):
+    """limits.memory_gb is the budget when given: a small run refused under a tiny one, run under the default."""
+    code, lines = run_in_process(["run", *SMALL, "steps=2", "limits.memory_gb=0.0001"], tmp_path, capfd, monkeypatch)
+    assert code == 2
+    _one_error(lines, "limits.memory_gb=0.0001", "GiB per rank")
+    code, lines = run_in_process(["run", *SMALL, "steps=2"], tmp_path, capfd, monkeypatch)
+    assert code == 0, lines
+
+
+# -- minor items: what an input is, names too long ----------------------------------------------------
+@pytest.mark.parametrize("kind, needle", [("fifo", "is a named pipe (FIFO)"), ("dev", "is a device"),
+                                          ("dir", "is a directory"), ("long", "longer than file systems allow")])
+def test_structure_that_is_no_file_says_what_it_is(tmp_path, capfd, monkeypatch, kind, needle):
+    import os
+
+    path = {"fifo": tmp_path / "pipe", "dev": Path("/dev/zero"), "dir": tmp_path / "folder",
+            "long": tmp_path / ("a" * 300 + ".extxyz")}[kind]
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "dir":
+        path.mkdir()
+    code, lines = run_in_process(["run", *SMALL, f"system.file={path}"], tmp_path, capfd, monkeypatch)
+    assert code == 2
+    _one_error(lines, "system.file=", needle)
+
+
+@pytest.mark.parametrize("key", ["output", "minimize.structure"])
+def test_output_name_too_long_is_one_line(tmp_path, capfd, monkeypatch, key):
+    cmd = "minimize" if key == "minimize.structure" else "run"
+    code, lines = run_in_process([cmd, *SMALL, "steps=2", f"{key}={'b' * 300}.h5"], tmp_path, capfd, monkeypatch)
+    assert code == 2
+    _one_error(lines, f"{key}=", "longer than file systems allow")

@@ -79,11 +79,12 @@ def _pairs(v) -> bool:
 
 
 def _existing_file(v) -> bool | str:
-    from pathlib import Path
+    from shardmd.engine.io.safe_io import input_file_problem
 
     if v is None:
         return True
-    return Path(v).is_file() or "no such file; give the path of a structure file ASE can read"
+    bad = input_file_problem(v)
+    return bad is None or f"{bad}; give the path of a structure file ASE can read"
 
 
 def _element(v) -> bool:
@@ -225,6 +226,16 @@ class Minimize:
 
 
 @dataclass
+class Limits:
+    max_atoms: int = key(100_000_000, "most atoms a run accepts, checked before the system is built (raise it for "
+                         "a larger system)", whole(1))
+    memory_gb: float = key(0.0, "GiB one rank may use: a run whose estimate (atoms, neighbours within the list "
+                           "radius, the model's bytes per edge) is larger is refused before it allocates; 0: the "
+                           "memory available (the host's share per local rank, a GPU's free memory)",
+                           number("give GiB >= 0 (0: what is available)", ge=0))
+
+
+@dataclass
 class ShardMD:
     """The run: top-level keys, sections, and the group choices (``model``, ``integrator``)."""
 
@@ -263,6 +274,7 @@ class ShardMD:
     thermo: Thermo = field(default_factory=Thermo)
     fix: Fix = field(default_factory=Fix)
     minimize: Minimize = field(default_factory=Minimize)
+    limits: Limits = field(default_factory=Limits)
 
 
 # -- group choices ----------------------------------------------------------------------------

@@ -98,6 +98,7 @@ class OutputLock:
         # a retry: another run released (removed) the file between our open and our lock, or
         # the lock is held without a holder line (a quick look by output_in_use, or a holder
         # between its lock and its write): up to ~0.5 s of those before calling it busy
+        self.path.parent.mkdir(parents=True, exist_ok=True)   # output=new/dir/run.h5
         for attempt in range(100):
             fd = _open(self.path, self.output)
             try:

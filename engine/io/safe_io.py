@@ -153,3 +153,48 @@ def check_output_path(path: str | os.PathLike, what: str = "output") -> Path:
     if not parent.is_dir():
         raise UserError(f"{what} {str(p)!r}: {str(parent)!r} is not a directory")
     return p
+
+
+#: longest name of one path component most file systems take (ext4, xfs, btrfs, NFS: bytes)
+NAME_MAX = 255
+
+
+def name_problem(path: str | os.PathLike) -> str | None:
+    """Why the OS would refuse ``path`` as a name (a component over NAME_MAX bytes, a NUL), or None."""
+    text = os.fspath(path)
+    if "\x00" in text:
+        return "its name holds a NUL character"
+    for part in Path(text).parts:
+        n = len(os.fsencode(part))
+        if n > NAME_MAX:
+            short = part if len(part) <= 24 else part[:12] + "..." + part[-8:]
+            return (f"the name {short!r} is {n} bytes, longer than file systems allow ({NAME_MAX} bytes per "
+                    "name); give a shorter name")
+    return None
+
+
+def input_file_problem(path: str | os.PathLike) -> str | None:
+    """Why ``path`` is not a regular file to read, in words (no such file, a directory, a named pipe,
+    a device such as /dev/zero, a socket, a name too long), or None when it is one."""
+    import stat
+
+    bad = name_problem(path)
+    if bad:
+        return bad
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return "no such file"
+    except OSError as exc:
+        return f"cannot be read ({exc.strerror})"
+    if stat.S_ISREG(mode):
+        return None
+    if stat.S_ISDIR(mode):
+        return "is a directory, not a file"
+    if stat.S_ISFIFO(mode):
+        return "is a named pipe (FIFO), not a file"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "is a device, not a file"
+    if stat.S_ISSOCK(mode):
+        return "is a socket, not a file"
+    return "is not a regular file"

@@ -61,7 +61,12 @@ def check_outputs(cfg, structure: str | os.PathLike | None = None) -> None:
     structure file or the checkpoint restarted from), by resolved path and by inode (symbolic
     and hard links)."""
     from shardmd.engine.io.output_lock import lock_path
+    from shardmd.engine.io.safe_io import name_problem
 
+    for key, value in (("output", cfg.output), ("minimize.structure", structure)):
+        bad = None if value is None else name_problem(lock_path(value) if key == "output" else value)
+        if bad:
+            raise UserError(f"{key}={str(value)[:40]!r}...: {bad}")
     paths = output_paths(cfg.output)
     if structure is not None:
         paths["relaxed structure (minimize.structure)"] = Path(structure)
@@ -94,10 +99,17 @@ def _check_inputs(cfg, outputs: list[tuple[str, Path, tuple]]) -> None:
             how = _same(ident, oid)
             if how is None:
                 continue
+            if key == "restart.file" and what == "output" and not how:   # the trajectory given as checkpoint
+                raise UserError(f"restart.file={given!r} is this run's output, an H5MD trajectory, not a "
+                                f"checkpoint; give one of {str(checkpoint_dir_of(cfg))!r}/step-*.h5, or restart=auto")
             fix = ("give minimize.structure= another name (e.g. relaxed.extxyz)" if "structure" in what
                    else "give another output= (or copy the file)")
             raise UserError(f"{key}={given!r} is also this run's {what} ({str(p)!r}{how}): the run would "
                             f"overwrite the {kind} it starts from; {fix}")
+
+
+def checkpoint_dir_of(cfg) -> Path:
+    return output_paths(cfg.output)["checkpoint folder"]
 
 
 def _check_kinds(cfg, paths: dict[str, Path]) -> None:
@@ -174,6 +186,7 @@ def check_domains(cfg, local: bool) -> None:
     from shardmd.domain.decomposition import DecompositionError, choose_grid
     from shardmd.engine.run.system import build_atoms
 
+    check_builder(cfg, local_ranks=n)   # every rank builds the system: before this process does
     atoms = build_atoms(cfg.system)
     if n > len(atoms):
         raise UserError(f"domains={n} is more than the system's {len(atoms)} atoms; use fewer domains")
@@ -183,3 +196,180 @@ def check_domains(cfg, local: bool) -> None:
                     shape=None if cfg.grid is None else [int(g) for g in cfg.grid])
     except DecompositionError as exc:
         raise UserError(str(exc)) from None
+
+
+# -- sizes: refused before anything large is allocated --------------------------------------------
+#: bytes per atom besides its edges: state arrays, their gathered and checkpoint copies, the
+#: structure as ASE holds it (measured: ~1.3 kB/atom for a 32,000-atom LJ run, edges included)
+ATOM_BYTES = 1024
+#: bytes per neighbour-list edge (the list radius, cutoff + skin): the list itself (indices and
+#: shifts 16 B, packed words 8 B), and for learned models their per-edge activations
+#: (docs/benchmarks.md, "Capacity": the shipped MACE model ~117-134 kB/atom at ~78 list edges
+#: per atom); a model may say its own with an attribute ``bytes_per_edge``
+EDGE_BYTES = {"lj": 24, "mace": 1600}
+LEARNED_EDGE_BYTES = 1600
+GIB = 2**30
+#: atoms per Å^3 far above any real material (solids ~0.02-0.2): only above it does the density
+#: alone refuse a start (the close-contact search would need ~density x list volume pairs per atom)
+MAX_DENSITY = 1.0
+
+
+def builder_count(system_cfg) -> int | None:
+    """Atoms the lattice builder would make (None for ``system.file``): no allocation."""
+    from shardmd.engine.run.system import CUBIC_CELLS
+
+    if system_cfg.get("file"):
+        return None
+    per_cell = len(CUBIC_CELLS.get(system_cfg["lattice"], ())) or 4   # hcp: 4 in ASE's orthorhombic cell
+    n = per_cell
+    for r in system_cfg["repeat"]:
+        n *= int(r)
+    return n
+
+
+def _process_headroom() -> int | None:
+    """Bytes this process may still map under RLIMIT_AS (a cap: ulimit -v, prlimit), None: no cap."""
+    import resource
+
+    soft = resource.getrlimit(resource.RLIMIT_AS)[0]
+    if soft == resource.RLIM_INFINITY:
+        return None
+    try:
+        vm = next(int(ln.split()[1]) * 1024 for ln in Path("/proc/self/status").read_text().splitlines()
+                  if ln.startswith("VmSize:"))
+    except (OSError, StopIteration, ValueError):
+        vm = 0
+    return max(0, soft - vm)
+
+
+def memory_budget(cfg, device=None, local_ranks: int = 1) -> tuple[int, str] | None:
+    """Bytes one rank may use and where the figure comes from; None when unknown."""
+    if float(cfg.limits.memory_gb) > 0:
+        return int(float(cfg.limits.memory_gb) * GIB), f"limits.memory_gb={cfg.limits.memory_gb:g}"
+    if device is not None and getattr(device, "type", "cpu") == "cuda":
+        import torch
+
+        free = torch.cuda.mem_get_info(device)[0]
+        return int(free), f"{free / GIB:.1f} GiB free on {device}"
+    _, avail = _available()
+    if avail is None:
+        return None
+    share, why = avail // max(1, local_ranks), f"{avail / GIB:.1f} GiB available"
+    if local_ranks > 1:
+        why += f" / {local_ranks} local ranks"
+    room = _process_headroom()
+    if room is not None and room < share:
+        share, why = room, f"{room / GIB:.1f} GiB left under this process's address-space limit"
+    return int(share), why
+
+
+def _available() -> tuple[int, int | None]:
+    cores = os.cpu_count() or 1
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return cores, int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return cores, None
+
+
+def _fix() -> str:
+    return ("use a smaller system or more domains (on more nodes), or set limits.memory_gb=<GiB> if the "
+            "estimate is wrong for your model")
+
+
+def check_builder(cfg, local_ranks: int = 1) -> None:
+    """The builder's atom count against ``limits.max_atoms`` and memory, before it builds."""
+    n = builder_count(cfg.system)
+    if n is None:
+        return
+    rep = "x".join(str(int(r)) for r in cfg.system.repeat)
+    if n > int(cfg.limits.max_atoms):
+        raise UserError(f"system.repeat=[{rep.replace('x', ',')}] builds {n:,} atoms, more than "
+                        f"limits.max_atoms={int(cfg.limits.max_atoms):,}; use a smaller system.repeat, or raise "
+                        "limits.max_atoms if you mean it")
+    budget = memory_budget(cfg, local_ranks=local_ranks)
+    if budget is not None and n * ATOM_BYTES > budget[0]:
+        raise UserError(f"system.repeat=[{rep.replace('x', ',')}] builds {n:,} atoms, which need about "
+                        f"{n * ATOM_BYTES / GIB:.1f} GiB per rank before any neighbour list ({budget[1]}); "
+                        + _fix())
+
+
+def size_problem(cfg, n: int, cell, pbc, positions, cutoff: float, ranks: int, device=None,
+                 model=None, local_ranks: int = 1) -> str | None:
+    """Why a system cannot run (too many atoms, denser than ``health.min_distance`` allows, more
+    memory than one rank has), or None.  cell: (3, 3) Å rows; pbc: 3 bools; positions: (n, 3) Å;
+    cutoff: the list radius, Å (model cutoff + skin)."""
+    import numpy as np
+
+    cell, pbc = np.asarray(cell, dtype=np.float64), np.asarray(pbc, dtype=bool)
+    if n > int(cfg.limits.max_atoms):
+        return (f"the system has {n:,} atoms, more than limits.max_atoms={int(cfg.limits.max_atoms):,}; raise "
+                "limits.max_atoms if you mean it")
+    per = cell[pbc]
+    if len(per) >= 2:
+        # the periodic vectors' volume (area) against the product of their lengths: ~1e-3 and
+        # below is a typing or unit error, and the list would need ~cutoff/width images
+        gram = abs(float(np.linalg.det(per @ per.T))) ** 0.5
+        ratio = gram / max(float(np.prod(np.linalg.norm(per, axis=1))), 1e-300)
+        if ratio < 1e-3:
+            return (f"the cell is nearly flat: its periodic vectors span {ratio:.1e} of the product of their "
+                    f"lengths (vectors {np.round(per, 4).tolist()} Å); give a cell with independent vectors "
+                    "(check the structure file's Lattice)")
+    if pbc.all():
+        volume = abs(float(np.linalg.det(cell)))
+        flat = volume / max(float(np.prod(np.linalg.norm(cell, axis=1))), 1e-300)
+    else:
+        pos = np.asarray(positions, dtype=np.float64).reshape(-1, 3)
+        extent = np.where(pbc, np.linalg.norm(cell, axis=1), np.ptp(pos, axis=0) + 1.0) if len(pos) else np.ones(3)
+        volume, flat = float(np.prod(np.maximum(extent, 1.0))), 1.0
+    density = n / max(volume, 1e-300)
+    d = float(cfg.health.min_distance)
+    if pbc.all() and d > 0 and density > max(2**0.5 / d**3, MAX_DENSITY):
+        # atoms at least d apart are spheres of radius d/2 that do not overlap: at most the
+        # densest packing (pi/sqrt(18) of the volume), i.e. sqrt(2)/d^3 atoms per Å^3.  Below
+        # MAX_DENSITY the close-contact search (cheap there) names the closest pair instead
+        shape = (f"; the cell is nearly flat (its volume is {flat:.1e} of the product of its vector lengths)"
+                 if flat < 1e-2 else "")
+        return (f"the system has {n:,} atoms in {volume:.4g} Å^3 ({density:.3g} atoms/Å^3{shape}): atoms "
+                f"health.min_distance={d:g} Å apart fit at most {2**0.5 / d**3:.3g}/Å^3 (solids: about "
+                "0.02-0.2), so some are closer than that; check the cell (its units, Å) and the positions")
+    neighbours = density * 4.0 / 3.0 * np.pi * cutoff**3
+    if not pbc.any():
+        neighbours = min(neighbours, n - 1)
+    per_edge = getattr(model, "bytes_per_edge", None) or EDGE_BYTES.get(str(cfg.model.name), LEARNED_EDGE_BYTES)
+    atoms = n / max(1, ranks)
+    need = atoms * (ATOM_BYTES + neighbours * float(per_edge))
+    budget = memory_budget(cfg, device, local_ranks)
+    if budget is not None and need > budget[0]:
+        return (f"the run needs about {need / GIB:.3g} GiB per rank ({atoms:,.0f} atoms each, ~{neighbours:,.0f} "
+                f"neighbours within {cutoff:g} Å at {density:.3g} atoms/Å^3, ~{per_edge} B per edge) and one rank "
+                f"has {budget[0] / GIB:.3g} GiB ({budget[1]}); " + _fix())
+    return None
+
+
+def local_ranks(size: int) -> int:
+    """Ranks of this job on this host: all of them when the engine started them itself, else what
+    the launcher says (MPICH/Hydra, Open MPI, SLURM), else 1."""
+    if size <= 1 or os.environ.get("SHARDMD_SELF_LAUNCHED"):
+        return max(1, size)
+    for var in ("MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE", "SLURM_NTASKS_PER_NODE"):
+        v = os.environ.get(var, "")
+        if v.isdigit() and int(v) >= 1:
+            return int(v)
+    return 1
+
+
+def check_size(cfg, comm, state, cutoff: float, device=None, model=None) -> None:
+    """:func:`size_problem` of the run's state, decided on rank 0 and raised on every rank
+    (CollectiveError).  Collective."""
+    from shardmd.engine.errors import CollectiveError
+
+    problem = None
+    if comm.is_root:
+        problem = size_problem(cfg, int(state.n_atoms), state.cell.detach().cpu().numpy(),
+                               state.pbc.cpu().numpy(), state.positions.detach().cpu().numpy(), cutoff,
+                               comm.size, device, model, local_ranks(comm.size))
+    if comm.any(problem is not None):
+        raise CollectiveError(problem or "the system is too large for this job (rank 0 says why)")

@@ -34,7 +34,7 @@ from shardmd.engine.run import restart as restart_mod
 from shardmd.engine.run.constraints import constrain
 from shardmd.engine.run.integrator_setup import make_integrator
 from shardmd.engine.run.observables import thermo_from
-from shardmd.engine.run.preflight import check_outputs
+from shardmd.engine.run.preflight import check_outputs, check_size
 from shardmd.engine.run.rank_domain import RankDomain
 from shardmd.engine.run.rebuild import Outcome, RebuildController
 from shardmd.engine.run.reporting import Reporter
@@ -118,6 +118,7 @@ class Simulation:
         # fixed atoms (input FixAtoms, fix.ids, a checkpoint's set): engine/run/constraints.py
         self.integrator = constrain(self.integrator, cfg, state, self.checkpoint_in, lambda: self.state.ids)
         health.check_inputs(state)
+        check_size(cfg, self.comm, state, self.dmodel.cutoff + float(cfg.neighbor.skin), self.device, model)
         if hasattr(model, "check_species"):
             try:
                 model.check_species(state.numbers)

@@ -85,9 +85,12 @@ def read_own_file(path: str, index: int = -1):
 def read_structure(path: str, index: int = -1):
     from ase.io import read
 
+    from shardmd.engine.io.safe_io import input_file_problem
+
     p = Path(path)
-    if not p.is_file():
-        raise UserError(f"system.file={path!r}: no such file")
+    bad = input_file_problem(p)
+    if bad:
+        raise UserError(f"system.file={path!r}: {bad}; give the path of a structure file ASE can read")
     if _is_hdf5(p):   # our trajectories and checkpoints: read here, with our checks and messages
         return _checked(path, read_own_file(str(p), int(index)))
     try:
@@ -152,7 +155,11 @@ def initial_state(cfg, dtype: torch.dtype, device, dof_of, zero_momentum: bool) 
 
     dof_of: callable n_atoms -> degrees of freedom (from the integrator)
     """
+    from shardmd.engine.run.preflight import check_builder, local_ranks
+
     s = cfg.system
+    if "limits" in cfg:   # the builder's size before it builds
+        check_builder(cfg, local_ranks(int(cfg.domains)))
     atoms = build_atoms(s)
     state = State.from_atoms(atoms, dtype=dtype, device=device)
     has_v = bool(np.any(atoms.get_velocities() != 0)) if atoms.has("momenta") else False
