@@ -166,6 +166,19 @@ def engine_pids(cwd: Path) -> list[int]:
     return out
 
 
+def janitor_pids(segment: str) -> list[int]:
+    """The shm janitors (domain/shm_janitor.py) waiting to remove ``segment``."""
+    out = []
+    for p in Path("/proc").glob("[0-9]*"):
+        try:
+            argv = (p / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if any(a.endswith(b"shm_janitor.py") for a in argv) and any(segment.encode() in a for a in argv):
+            out.append(int(p.name))
+    return out
+
+
 def _rank_states(cwd: Path) -> str:
     """For a failure message: each remaining rank's state and where it waits in the kernel."""
     def read(pid, name):
@@ -347,7 +360,9 @@ def test_requeue_after_killed_ranks_starts_again(slurm, tmp_path):
     segment = [p for p in Path("/dev/shm").iterdir()
                if p.name.startswith(segment_prefixes({"SLURM_JOB_ID": jobid, "SLURM_STEP_ID": "0"})[0])]
     assert len(segment) == 1, "MPICH's segment of this step is not where stale_shm.py looks"
-    for pid in engine_pids(tmp_path):
+    # a preemption kills the whole step, the segment's janitor (domain/shm_janitor.py) with it
+    # where SLURM tracks processes by cgroup; this SLURM may not, so it is killed here first
+    for pid in janitor_pids(segment[0].name) + engine_pids(tmp_path):
         os.kill(pid, signal.SIGKILL)
     info = _ended(slurm, jobid)
     assert info["JobState"] == "FAILED" and segment[0].exists(), info     # what the next start meets
