@@ -1,5 +1,6 @@
 """Faults a tired user or an attacker meets: bad values and files, blow-ups, clashing outputs,
-launches too large, a killed launcher, damaged checkpoints (README "When a run goes wrong").
+launches too large, damaged checkpoints (README "When a run goes wrong"); signals are in
+test_faults_signals.py.
 
 Every case asserts the exit status, one line ``error: ...`` naming the key, file or atom, no
 traceback, and that what was written before the fault is intact (h5py, ``engine info``).
@@ -10,7 +11,6 @@ malicious model files in test_safe_load.py.
 """
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 import signal
@@ -23,55 +23,12 @@ import h5py
 import numpy as np
 import pytest
 from conftest import run_engine, run_in_process
+from faultkit import SMALL, assert_intact, cli, digest, one_line
 
-from shardmd.engine.cli.main import main
 from shardmd.engine.io.checkpoint import read_checkpoint
 from shardmd.engine.io.h5md import read_frames
 
 pytestmark = pytest.mark.fault
-
-# one torch thread: the in-process runs' small ops do not wait on OpenMP workers (default: all cores)
-SMALL = ["model=lj", "system.repeat=[3,3,3]", "quiet=true", "threads=1"]
-
-
-def cli(args, cwd, capsys, monkeypatch) -> tuple[int, list[str]]:
-    """Run the CLI in this process; (exit status, stderr lines)."""
-    monkeypatch.chdir(cwd)
-    capsys.readouterr()
-    code = main(list(args))
-    err = capsys.readouterr().err
-    assert "Traceback" not in err, err
-    return code, [ln for ln in err.strip().splitlines() if not ln.startswith("Warp CUDA warning")]
-
-
-def one_line(lines, needle):
-    assert len(lines) == 1 and lines[0].startswith("error: "), lines
-    assert needle in lines[0], (needle, lines[0])
-    return lines[0]
-
-
-def digest(folder: Path) -> dict[str, str]:
-    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(folder.rglob("*")) if p.is_file()}
-
-
-def assert_intact(folder: Path, output="run.h5", capsys=None, monkeypatch=None, damaged=()):
-    """Every frame of the trajectory is finite, every checkpoint (but those named ``damaged``)
-    loads, ``engine info`` reads both."""
-    frames = read_frames(folder / output)
-    assert frames and all(np.isfinite(f.positions).all() and np.isfinite(f.get_velocities()).all() for f in frames)
-    ckpts = [p for p in sorted((folder / Path(output).with_suffix(".ckpt")).glob("step-*.h5")) if p.name not in damaged]
-    for ck in ckpts:
-        c = read_checkpoint(ck)
-        assert np.isfinite(c["arrays"]["velocities"]).all()
-    for f in [folder / output, *ckpts[-1:]]:
-        r = run_engine(["info", str(f)], cwd=folder) if capsys is None else None
-        if r is not None:
-            assert r.returncode == 0 and "step" in r.stdout, r.stderr
-        else:
-            assert cli(["info", str(f)], folder, capsys, monkeypatch)[0] == 0
-    return frames, ckpts
-
 
 # -- structure files a user might hand over ------------------------------------------------
 @pytest.fixture(scope="module")
@@ -347,97 +304,6 @@ def test_unreadable_output_folder(tmp_path, capsys, monkeypatch):
         one_line(lines, "cannot write in")
     finally:
         subprocess.run(["umount", str(ro)], capture_output=True)
-
-
-# -- the launching process killed: no rank outlives it ------------------------------------------
-def _engine_pids(cwd: Path) -> list[int]:
-    out = []
-    for p in Path("/proc").glob("[0-9]*"):
-        try:
-            if os.readlink(p / "cwd") == str(cwd) and b"engine" in (p / "cmdline").read_bytes():
-                out.append(int(p.name))
-        except OSError:
-            continue
-    return out
-
-
-@pytest.mark.mpi
-@pytest.mark.slow   # ~25 s; the fast tier's one-rank-failure-ends-all case is test_nan_on_one_rank_stops_all[2]
-def test_sigkill_of_the_launcher_ends_every_rank(tmp_path):
-    args = [sys.executable, "-m", "engine", "run", *SMALL, "system.repeat=[6,6,6]", "domains=2",
-            "steps=1000000", "checkpoint.every=0", "thermo.every=0"]
-    proc = subprocess.Popen(args, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    # past the set-up: step 0's thermo row is in the log (a fixed 3 s after run.h5 appeared
-    # was still the set-up on a loaded machine)
-    log = tmp_path / "run.log"
-    deadline = time.time() + 240
-    while time.time() < deadline and not (log.exists() and "Step" in log.read_text()) and proc.poll() is None:
-        time.sleep(0.2)
-    assert proc.poll() is None, proc.stderr.read()
-    assert len(_engine_pids(tmp_path)) >= 3        # launcher and two ranks running
-    proc.kill()
-    proc.wait()
-    # every rank gone: a stop and a checkpoint take ~4 s at load 7 on two cores; the limit is
-    # generous (the ranks wait for their checkpoint, however slow: parallel.watch_parent)
-    deadline = time.time() + 120
-    while _engine_pids(tmp_path) and time.time() < deadline:
-        time.sleep(0.2)
-    assert _engine_pids(tmp_path) == []
-    ckpts = sorted((tmp_path / "run.ckpt").glob("step-*.h5"))
-    assert ckpts, "the ranks stop as on SIGTERM and checkpoint"
-    assert_intact(tmp_path)
-    r = run_engine(["run", *SMALL, "system.repeat=[6,6,6]", "domains=2", "restart=auto",
-                    f"steps={read_checkpoint(ckpts[-1])['step'] + 5}", "checkpoint.every=0",
-                    "thermo.every=0"], cwd=tmp_path)
-    assert r.returncode == 0, r.stderr
-
-
-# -- kinds of failure that already worked, kept working ------------------------------------------
-def test_sigterm_still_checkpoints_with_75(tmp_path):
-    proc = subprocess.Popen([sys.executable, "-m", "engine", "run", *SMALL, "steps=1000000",
-                             "checkpoint.every=0"], cwd=tmp_path, stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 120
-    while time.time() < deadline and not (tmp_path / "run.h5").exists():
-        time.sleep(0.3)
-    time.sleep(1)
-    proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=60) == 75
-    assert_intact(tmp_path)
-
-
-def _wait_for_sigterm_handler(pid: int, timeout: float = 60.0) -> None:
-    """Until process ``pid`` catches SIGTERM (its bit in /proc/PID/status SigCgt)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        status = Path(f"/proc/{pid}/status").read_text()
-        caught = int(next(ln.split()[1] for ln in status.splitlines() if ln.startswith("SigCgt:")), 16)
-        if caught >> (signal.SIGTERM - 1) & 1:
-            # installed before the imports, not by the run's own set-up seconds later
-            assert "libtorch" not in Path(f"/proc/{pid}/maps").read_text(), "SIGTERM handler only after torch"
-            return
-        time.sleep(0.005)
-    raise AssertionError(f"process {pid} installed no SIGTERM handler within {timeout} s")
-
-
-@pytest.mark.mpi
-@pytest.mark.parametrize("domains", [1, pytest.param(2, marks=pytest.mark.slow)])
-def test_sigterm_while_starting_stops_after_the_first_step(tmp_path, domains):
-    """SIGTERM while the process still imports (a batch system's preemption right after the
-    start): recorded, not fatal (engine/__main__.py installs it first); the run stops after
-    its first step with a checkpoint and exit 75 (not killed: -15 or 143).
-    With domains=2 the signal reaches the self-launching parent before its ranks exist, and
-    they start with it (stop.PENDING_ENV)."""
-    proc = subprocess.Popen([sys.executable, "-m", "engine", "run", *SMALL, "system.repeat=[4,4,4]", "steps=1000",
-                             f"domains={domains}"],
-                            cwd=tmp_path, stderr=subprocess.PIPE, text=True)
-    # the moment the handler is in (~0.1 s after exec; torch alone then takes ~1.5 s to import):
-    # a fixed sleep of 0.6 s came before it under four workers on two cores at load 7 (killed, -15)
-    _wait_for_sigterm_handler(proc.pid)
-    proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=180) == 75, proc.stderr.read()
-    assert "Stopped by SIGTERM at step 1" in (tmp_path / "run.log").read_text()
-    assert sorted((tmp_path / "run.ckpt").glob("step-*.h5"))
-    assert_intact(tmp_path)
 
 
 # -- the ASE calculator: bad Atoms give one clear error, never a silent number ---------------------
