@@ -42,9 +42,10 @@ def capped_engine(args, cwd, timeout=240):
                           timeout=timeout, preexec_fn=_cap, env=ENV)
 
 
-def capped_many(cases, tmp_path, timeout=400) -> list[dict]:
+def capped_many(cases, tmp_path, timeout=1800) -> list[dict]:
     """Each ``(argv, cwd)`` through cli.main, one after another in ONE capped subprocess
-    (tests/helpers/cli_many.py); [{"code", "stderr"}, ...]."""
+    (tests/helpers/cli_many.py); [{"code", "stderr"}, ...]. The limit is for a hang: 516 cases
+    took 400 s with the fault suite and a full suite sharing two cores."""
     (tmp_path / "cases.json").write_text(json.dumps([[list(a), str(c)] for a, c in cases]))
     r = subprocess.run([sys.executable, str(ROOT / "tests" / "helpers" / "cli_many.py"), str(tmp_path / "cases.json"),
                         str(tmp_path / "results.json")], capture_output=True, text=True, timeout=timeout,
