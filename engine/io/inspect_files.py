@@ -130,7 +130,7 @@ def _observable_lines(s: dict) -> list[str]:
         unit = s["units"].get(f"observables/{name}/value") or "no unit"
         known = registry._REGISTRY.get(name)
         if known is not None:
-            what = f"{known.description or known.reduce} ({known.origin}, {known.reduce} over ranks, {known.cost})"
+            what = f"{known.description or known.name} ({known.origin}; reduce {known.reduce}; {known.cost})"
         else:
             what = ("not built in: registered by the run's observables.modules=[" + ",".join(map(str, modules)) + "]"
                     if modules else "not built in: registered through the Python API")
