@@ -97,7 +97,7 @@ def measure(comm: Comm, state, results: dict, dof: int, n_atoms: int, todo: list
         parts["sum" if o.reduce == "none" else o.reduce].append((o, t))
     flags = torch.tensor([float(o.name in failed) for o in reduced], dtype=torch.float64, device=device)
     for op, items in parts.items():
-        if not items and not (op == "sum" and failed):
+        if not items and not (op == "sum" and reduced):   # the flags go with the sum on every rank alike
             continue
         local = torch.cat([t for _, t in items] + ([flags] if op == "sum" else []))
         out = (comm.all_reduce(local, op) if comm.size > 1 else local).cpu()
