@@ -9,6 +9,8 @@ contracts hold it):
     run/            the run loop: set-up, state, domains, steps, observables, reporting, restarts
     config/ io/ launch/   the configuration schema; files (H5MD, checkpoints, ASE formats);
                     launching and joining MPI ranks, signals and stops
+    observables/    the registry of observables (built-ins and users'): what the thermo
+                    table, the trajectory, plot and info show
     errors          the one-line errors and their exit codes
 
 This folder is ``shardmd.engine`` (through the link ``shardmd/engine``) and, for ``python -m

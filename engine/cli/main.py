@@ -39,8 +39,9 @@ Hydra's command line:
   ~key               remove an optional key (set it to null) or one entry of a map
   --info, --hydra-help, --version
   allow_code=true    let config files and spec files run code: Hydra callbacks, logging handlers,
-                     _target_, model routes, model.trust_pickle, a spec's modules (refused
-                     without it; the log notes what was allowed). Command line only.
+                     _target_, model routes, model.trust_pickle, a spec's modules,
+                     observables.modules (refused without it, the last also from the command
+                     line; the log notes what was allowed). Command line only.
 
 Keys (default, meaning):
 """

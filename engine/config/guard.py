@@ -10,7 +10,9 @@ ShardMD itself would import a model route (``model.name: py:module:factory``) an
 with ``model.trust_pickle: true``.  :func:`findings` lists each such thing of a composed
 configuration; :func:`check` refuses the first in one line, or, with ``allow_code=true``,
 returns one note per finding for the log.  The command line is the user's own: a model
-route or ``model.trust_pickle=true`` given there is not code from a file.
+route or ``model.trust_pickle=true`` given there is not code from a file.  ``observables.modules``
+(modules that register observables, engine/observables/modules.py) needs the opt-in wherever it
+is given: its only purpose is to import code.
 
 ``allow_code`` is read from the command line only (:func:`split_allow_code`); in a file it is
 an unknown key.
@@ -118,6 +120,11 @@ def findings(cfg: DictConfig, overrides: list[str]) -> list[str]:
         out.append(f"model.name={name} (a model route from a file: its module is imported)")
     if model.get("trust_pickle") is True and not _given(overrides, "model.trust_pickle"):
         out.append("model.trust_pickle=true (from a file: the model file is unpickled, which runs any code)")
+    obs = job.get("observables") if isinstance(job.get("observables"), dict) else {}
+    if obs.get("modules"):   # from the command line too: a module is code however it is named
+        from shardmd.engine.observables.modules import refusal
+
+        out.append(refusal(obs["modules"]))
     return out
 
 

@@ -188,6 +188,20 @@ class Trajectory:
                             factory=lambda: list(TRAJECTORY_FIELDS))
 
 
+def _modules(v) -> bool | str:
+    from shardmd.engine.observables.modules import check_entry
+
+    bad = next((b for b in map(check_entry, v or []) if b), None)
+    return bad or (len(set(v)) == len(v) or "a module is named twice; give each once")
+
+
+@dataclass
+class Observables:
+    modules: List[str] = key(help="modules of yours that register observables (module or module:function; "
+                             "needs allow_code=true; docs/observables.md)",
+                             check=Check(_modules, "give a list of module or module:function names"), factory=list)
+
+
 @dataclass
 class Thermo:
     every: int = key(100, "steps between thermo lines (0: first and last only)", whole(0))
@@ -272,6 +286,7 @@ class ShardMD:
     health: Health = field(default_factory=Health)
     trajectory: Trajectory = field(default_factory=Trajectory)
     thermo: Thermo = field(default_factory=Thermo)
+    observables: Observables = field(default_factory=Observables)
     fix: Fix = field(default_factory=Fix)
     minimize: Minimize = field(default_factory=Minimize)
     limits: Limits = field(default_factory=Limits)

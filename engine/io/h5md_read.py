@@ -73,12 +73,11 @@ PARTICLES = "/particles/all"
 
 
 def observable_unit(name: str) -> str | None:
-    """Unit string of a known observable (``*_energy`` names are eV); None if unknown."""
-    if name in OBSERVABLE_UNITS:
-        return OBSERVABLE_UNITS[name]
-    if name.endswith("_energy"):
-        return "eV"
-    return None
+    """Unit string of a known observable: a registered one's (engine/observables/), else
+    :data:`OBSERVABLE_UNITS`'s (``*_energy`` names are eV); None if unknown."""
+    from shardmd.engine.observables.registry import h5md_unit
+
+    return h5md_unit(name) or OBSERVABLE_UNITS.get(name) or ("eV" if name.endswith("_energy") else None)
 
 
 def _decode(x: Any) -> Any:

@@ -137,7 +137,8 @@ class FrameRows:
         (eV), temperature (K), pressure (eV/Å^3), stress ((3, 3) eV/Å^3).  Each name gets
         its own group ``/observables/<name>/{step, time, value}`` (float64), created on first
         use with the value's shape, which later rows must keep.  time: fs.  units: unit
-        strings for names the writer does not know (known: see ``OBSERVABLE_UNITS``).
+        strings for names the writer does not know (known: the registered observables' and
+        ``OBSERVABLE_UNITS``).
         The step must be larger than that observable's last step.  Raises OutputError as
         :meth:`write_frame` does.
         """

@@ -1,7 +1,7 @@
 """Unit strings of ShardMD's H5MD files, and the factors that bring a stored unit to the
 engine's (Å, fs, Å/fs, eV/Å).
 
-Files are written with the strings in :data:`FIELD_UNITS` and :data:`OBSERVABLE_UNITS`:
+Files are written with the strings in :data:`FIELD_UNITS` and the observables' registry's:
 the spelling MDAnalysis's H5MD reader translates (``MDAnalysis/coordinates/H5MD.py``,
 ``H5MDReader._unit_translation``), written in the unit grammar of the H5MD 1.1 units module
 (space-separated symbols with signed integer powers, e.g. ``"Angstrom fs-1"``).  MDAnalysis
@@ -39,17 +39,11 @@ FIELD_ALIASES = {"energies": "energy"}
 TIME_UNIT = "fs"
 LENGTH_UNIT = "Angstrom"
 MASS_UNIT = "amu"
-#: units of the observables the writer knows by name (values stored in these units)
+#: units of observables the writer knows by name besides the registered ones (the registry,
+#: engine/observables/, declares each observable's own; these are names other writers use)
 OBSERVABLE_UNITS: dict[str, str] = {
-    "potential_energy": "eV",
-    "kinetic_energy": "eV",
-    "total_energy": "eV",
     "conserved_energy": "eV",
-    "temperature": "K",
-    "pressure": "eV Angstrom-3",
-    "stress": "eV Angstrom-3",
     "virial": "eV",
-    "volume": "Angstrom+3",
     "density": "amu Angstrom-3",
 }
 

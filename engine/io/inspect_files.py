@@ -116,38 +116,68 @@ def _info(path: str, kind: str) -> str:
              f"fields: {', '.join(s['fields'])}",
              "observables: " + ", ".join(f"{k} ({n})" for k, n in s["observables"].items())
              + "".join(f", {k} (unreadable: left out)" for k in s.get("unreadable_observables", ()))]
-    return "\n".join(lines + _config_line(s["config"]))
+    return "\n".join(lines + _observable_lines(s) + _config_line(s["config"]))
+
+
+def _observable_lines(s: dict) -> list[str]:
+    """One line per observable of the file: its unit (the file's) and what the registry says of
+    it; one the registry lacks (a user's, registered in the run's process) says where it came from."""
+    from shardmd.engine.observables import registry
+
+    modules = ((s["config"] or {}).get("observables") or {}).get("modules") or []
+    out = []
+    for name in s["observables"]:
+        unit = s["units"].get(f"observables/{name}/value") or "no unit"
+        known = registry._REGISTRY.get(name)
+        if known is not None:
+            what = f"{known.description or known.name} ({known.origin}; reduce {known.reduce}; {known.cost})"
+        else:
+            what = ("not built in: registered by the run's observables.modules=[" + ",".join(map(str, modules)) + "]"
+                    if modules else "not built in: registered through the Python API")
+        out.append(f"  {name}: {unit}; {what}")
+    return out
 
 
 def plot_series(path: str) -> list[tuple[str, dict[str, tuple]]]:
     """What ``plot`` draws: one ``(y label, {curve label: (time ps, values)})`` per panel.
 
-    Panels: the energies (eV); the total-energy drift per atom, ``(E_total(t) - E_total(0)) / N``
-    in eV/atom (on the energy panel's ~N eV scale a drift of 1e-5 eV/atom is invisible);
-    temperature (K); pressure (bar).  Curves whose observable the file lacks are left out.
+    Panels: the registry's (engine/observables/): each observable of the file with a ``plot``
+    label, values times its ``scale`` (the energies share "energy (eV)", pressure in bar), in
+    the registry's order; after the energies the total-energy drift per atom,
+    ``(E_total(t) - E_total(0)) / N`` in eV/atom (on the energy panel's ~N eV scale a drift of
+    1e-5 eV/atom is invisible); then every other scalar observable of the file (a user's,
+    registered in the run's process), labelled with the file's unit.  The built-in panels are
+    kept when the file lacks their observables (empty), so that every plot has the same layout.
     """
     from shardmd.engine.io.h5md import file_summary, read_observables
-    from shardmd.integrators.units import EV_PER_A3_TO_BAR
+    from shardmd.engine.observables import registry
 
     obs = read_observables(path)
-    n_atoms = file_summary(path)["n_atoms"]
+    summary = file_summary(path)
+    n_atoms = summary["n_atoms"]
 
     def curve(k, scale=1.0):
         steps, times, values = obs[k]
         return times / 1000.0, values * scale
 
-    panels: list[tuple[str, dict[str, tuple]]] = [
-        ("energy (eV)", {k.replace("_", " "): curve(k) for k in ("potential_energy", "kinetic_energy",
-                                                                  "total_energy") if k in obs})]
-    drift = {}
-    if "total_energy" in obs and len(obs["total_energy"][2]) and n_atoms:
-        t, e = curve("total_energy")
-        drift["(E_total - E_total(0)) / N"] = (t, (e - e[0]) / n_atoms)
-    panels.append(("total-energy drift (eV/atom)", drift))
-    panels.append(("temperature (K)", {"temperature": curve("temperature")} if "temperature" in obs else {}))
-    panels.append(("pressure (bar)", {"pressure": curve("pressure", EV_PER_A3_TO_BAR)} if "pressure" in obs
-                   else {}))
-    return panels
+    panels: dict[str, dict[str, tuple]] = {}
+    for o in registry.registered():
+        if not o.plot or o.shape != () or "trajectory" not in o.when:
+            continue
+        curves = panels.setdefault(o.plot, {})
+        if o.name in obs:
+            curves[o.name.replace("_", " ") if o.origin == "built-in" else o.name] = curve(o.name, o.scale)
+        if o.name == "total_energy":   # the drift follows the energies
+            drift = panels.setdefault("total-energy drift (eV/atom)", {})
+            if o.name in obs and len(obs[o.name][2]) and n_atoms:
+                t, e = curve(o.name)
+                drift["(E_total - E_total(0)) / N"] = (t, (e - e[0]) / n_atoms)
+    for name, (_, _, values) in obs.items():
+        if name in registry._REGISTRY or values.ndim != 1:
+            continue
+        unit = summary["units"].get(f"observables/{name}/value")
+        panels[f"{name} ({unit})" if unit else name] = {name: curve(name)}
+    return list(panels.items())
 
 
 def plot(path: str, out: str) -> str:
@@ -176,7 +206,10 @@ def plot(path: str, out: str) -> str:
     fig.tight_layout()
     fmt = Path(out).suffix[1:].lower() or matplotlib.rcParams["savefig.format"]
     try:
-        _write_atomically(out, lambda tmp: fig.savefig(tmp, dpi=110, format=fmt), f"a {fmt!r} image")
+        # the panels and curves, also as the image's text (PNG tEXt, SVG desc): what it shows, in words
+        meta = {"Description": "; ".join(f"{label}: {', '.join(c) or '-'}" for label, c in panels)} \
+            if fmt in ("png", "svg") else None
+        _write_atomically(out, lambda tmp: fig.savefig(tmp, dpi=110, format=fmt, metadata=meta), f"a {fmt!r} image")
     finally:
         plt.close(fig)
     return out

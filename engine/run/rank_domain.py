@@ -21,7 +21,6 @@ from shardmd.domain.neighbors import SkinNeighborList, build_neighbor_list
 from shardmd.domain.spatial_sort import spatial_order
 from shardmd.engine.errors import CollectiveError
 from shardmd.engine.run.health import step_measure
-from shardmd.engine.run.observables import kinetic_tensor
 from shardmd.engine.run.state import PER_ATOM, State
 from shardmd.integrators import fused
 from shardmd.integrators.mat3 import inv3, matmul3
@@ -275,9 +274,6 @@ class RankDomain:
     def migrated(self) -> int:
         """Atoms moved between domains so far, summed over ranks (collective)."""
         return int(self.comm.all_reduce(torch.tensor([self.stats["received"]]))[0])
-
-    def kinetic(self, s: State) -> torch.Tensor:
-        return self.comm.all_reduce(kinetic_tensor(s.velocities, s.masses))
 
     def allgather(self, s: State, fields, extra: dict | None = None) -> dict:
         """Every rank: dict of full arrays in id order (numpy); see :meth:`gather`."""

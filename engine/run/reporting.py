@@ -6,18 +6,14 @@ import time
 from pathlib import Path
 
 from shardmd.engine.errors import OutputError
-from shardmd.integrators.units import EV_PER_A3_TO_BAR
+from shardmd.engine.observables import shown
 
-COLUMNS = (
-    ("Step", "{:>10d}", "step"),
-    ("Time(ps)", "{:>11.4f}", "time_ps"),
-    ("Temp(K)", "{:>11.3f}", "temperature"),
-    ("PotEng(eV)", "{:>15.6f}", "potential_energy"),
-    ("KinEng(eV)", "{:>13.6f}", "kinetic_energy"),
-    ("TotEng(eV)", "{:>15.6f}", "total_energy"),
-    ("Press(bar)", "{:>12.3f}", "pressure_bar"),
-    ("Volume(A3)", "{:>13.2f}", "volume"),
-)
+#: the table's first columns; the others are the registry's thermo observables (engine/observables/)
+LEADING = (("Step", "{:>10d}"), ("Time(ps)", "{:>11.4f}"))
+
+
+def _width(fmt: str) -> int:
+    return len(fmt.format(0) if "d" in fmt else fmt.format(0.0))
 
 
 def _fmt_duration(s: float) -> str:
@@ -49,6 +45,7 @@ class Reporter:
         self._log_mode = log_mode
         self._config_line = config_line
         self._header_done = False
+        self._columns = []
         self._t0 = None
         self._step0 = 0
         self._last_progress = 0.0
@@ -80,18 +77,15 @@ class Reporter:
     def thermo(self, step: int, time_fs: float, obs: dict) -> None:
         if not self.enabled:
             return
-        if not self._header_done:
-            self.line(" ".join(f"{name:>{len(fmt.format(0) if 'd' in fmt else fmt.format(0.0))}}"
-                              for name, fmt, _ in COLUMNS))
+        if not self._header_done:   # the columns are those registered when the table starts
+            self._columns = shown("thermo")
+            self.line(" ".join([*(f"{name:>{_width(fmt)}}" for name, fmt in LEADING),
+                                *(f"{o.header:>{o.width}}" for o in self._columns)]))
             self._header_done = True
-        p = obs.get("pressure")
-        vals = dict(obs, step=step, time_ps=time_fs / 1000.0,
-                    pressure_bar=None if p is None else p * EV_PER_A3_TO_BAR)
         # a space between columns: a wide value (PE of a 10 M-atom system) never joins its neighbour;
         # an absent value (no pressure without a virial) is '-'
-        self.line(" ".join(fmt.format(vals[key]) if vals[key] is not None else
-                           "-".rjust(len(fmt.format(0) if "d" in fmt else fmt.format(0.0)))
-                           for _, fmt, key in COLUMNS))
+        self.line(" ".join([LEADING[0][1].format(step), LEADING[1][1].format(time_fs / 1000.0),
+                            *(o.cell(obs.get(o.name)) for o in self._columns)]))
 
     def start(self, step: int) -> None:
         self._t0 = time.perf_counter()

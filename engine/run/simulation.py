@@ -29,11 +29,10 @@ from shardmd.engine.io.checkpoint import api_model_origin, checkpoint_dir, model
 from shardmd.engine.io.output_lock import OutputLock, refuse_if_in_use
 from shardmd.engine.launch.parallel import default_threads
 from shardmd.engine.launch.stop import EXIT_STOPPED, StopRequest
-from shardmd.engine.run import health
+from shardmd.engine.run import health, measure
 from shardmd.engine.run import restart as restart_mod
 from shardmd.engine.run.constraints import constrain
 from shardmd.engine.run.integrator_setup import make_integrator
-from shardmd.engine.run.observables import thermo_from
 from shardmd.engine.run.preflight import check_outputs, check_size
 from shardmd.engine.run.rank_domain import RankDomain
 from shardmd.engine.run.rebuild import Outcome, RebuildController
@@ -85,6 +84,7 @@ class Simulation:
             raise UserError(f"device={cfg.device}: CUDA is not available on this machine; use device=cpu")
         torch.set_num_threads(int(cfg.threads) or default_threads(self.comm.size))
         self.integrator = make_integrator(cfg, comm=self.comm)
+        self.observable_modules = measure.load_config(cfg)   # observables.modules (allow_code=true)
         if model is None:
             try:
                 model = build_model(to_container(cfg.model), self.dtype, self.device,
@@ -244,10 +244,10 @@ class Simulation:
         if not worst <= self._max_step:   # also catches NaN
             health.raise_unhealthy(self.comm, self.state, self.integrator.dt, where, bound=self._max_step)
 
-    def _checked_observables(self) -> dict:
-        """Observables of the current step, refused (collectively: they are reduced) when not
-        finite: nothing is written from an unhealthy state."""
-        obs = self.observables()
+    def _checked_observables(self, due=()) -> dict:
+        """Observables of the current step (the cheap ones and those ``due``), refused
+        (collectively: they are reduced) when not finite: nothing is written from an unhealthy state."""
+        obs = self.observables(due=due)
         if not health.finite_thermo(obs):
             health.raise_unhealthy(self.comm, self.state, self.integrator.dt, f"at step {self.state.step}",
                                    what=f"energy {obs['potential_energy']:.6g} eV, kinetic "
@@ -287,19 +287,17 @@ class Simulation:
         self.results = out
         self.timers["model"] += time.perf_counter() - t
 
-    def observables(self) -> dict:
-        """Thermo observables of the current step; ``pressure`` and ``stress`` are None when the
-        model gives no virial."""
-        s = self.state
+    def observables(self, names=None, due=("thermo", "trajectory")) -> dict:
+        """Registered observables of the current step (engine/run/measure.py; collective): ``names``
+        and their dependencies, else the cheap ones and the expensive ones ``due``; ``pressure``
+        and ``stress`` are None when the model gives no virial."""
         if self._energy_missing:   # a forces-only step read after all (a stop): complete it (collective)
             self.compute_forces()
-        virial = self.results.get("virial")
-        if virial is None and not self._virial_missing_said:
+        if self.results.get("virial") is None and not self._virial_missing_said:
             self._virial_missing_said = True
             self.reporter.line("Note: the model gives no virial: no pressure or stress in this run "
                                "(shown as '-' in the thermo table, not written to the trajectory)")
-        return thermo_from(self.domain.kinetic(s), s.cell, self.results["energy"], virial,
-                           self.integrator.degrees_of_freedom(self.n_global))
+        return measure.of_run(self, names, due)
 
     def atoms(self, unwrapped: bool = False):
         """Every atom of the run as ``ase.Atoms`` in id order (velocities in ASE units, forces
@@ -357,9 +355,7 @@ class Simulation:
         self.writer.write_frame(s.step, s.time, s.cell.detach().cpu().numpy(), positions=full["positions"],
                                 images=full["images"], velocities=full["velocities"], forces=full["forces"],
                                 **{k: full[k] for k in extra})
-        self.writer.write_observables(s.step, s.time, {k: obs[k] for k in (
-            "potential_energy", "kinetic_energy", "total_energy", "temperature", "pressure", "stress")
-            if obs[k] is not None})
+        self.writer.write_observables(s.step, s.time, *measure.trajectory_row(obs))
         self.timers["output"] += time.perf_counter() - t
 
     def _report(self, force_traj=False, force_thermo=False, traj=True) -> None:
@@ -368,7 +364,7 @@ class Simulation:
         thermo_due = force_thermo or (self._thermo_every > 0 and s.step % self._thermo_every == 0)
         if not (traj_due or thermo_due):
             return
-        obs = self._checked_observables()
+        obs = self._checked_observables({k for k, on in (("trajectory", traj_due), ("thermo", thermo_due)) if on})
         self.last_thermo = obs
         with self._output_step():
             if traj_due:
@@ -414,6 +410,7 @@ class Simulation:
                f"(grid {'x'.join(map(str, self.domain.grid.shape))})")
         if restored:
             r.line(f"Restart from {self.checkpoint_in['path']} at step {self.state.step}")
+        r.summary(measure.notes(self.observable_modules))
         self.neighbors.start(s)
         self.compute_forces()
         if self.checkpoint_in is None:
@@ -488,7 +485,7 @@ class Simulation:
             if not stopping:
                 self.checkpoint()
             if self.writer is not None and s.step % self._traj_every != 0 and not stopping:
-                obs = self._checked_observables()
+                obs = self._checked_observables({"trajectory"})
                 with self._output_step():
                     self._write(obs)
             r.progress_update(s.step, last, self.integrator.dt, self.n_global, force=True)
