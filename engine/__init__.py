@@ -7,8 +7,9 @@ contracts hold it):
     ase_calculator  the ASE calculator (the Python face beside the command line)
     relax/          minimisation (FIRE, the cell filter) on the run loop's domains
     run/            the run loop: set-up, state, domains, steps, observables, reporting, restarts
-    config/ io/ launch/   the configuration schema; files (H5MD, checkpoints, ASE formats);
-                    launching and joining MPI ranks, signals and stops
+    config/         the configuration schema, composition and the code guard
+    io/ launch/     files (H5MD, checkpoints, ASE formats); launching and joining MPI ranks,
+                    signals and stops
     observables/    the registry of observables (built-ins and users'): what the thermo
                     table, the trajectory, plot and info show
     errors          the one-line errors and their exit codes

@@ -189,7 +189,7 @@ class ShardMDCalculator(Calculator):
             record["head"] = built.head
         record.update(precision=precision, device=str(dev), skin=float(skin), domains=self.comm.size)
         # nothing is changed before everything above succeeded (a failed set() leaves the old model)
-        from shardmd.engine.run.simulation import (
+        from shardmd.engine.run.stages import (
             wrap_model,  # the engine's rule: a model's own spec, else the MPNN preset
         )
 

@@ -1,5 +1,27 @@
 """The H5MD file's building blocks (engine/io/h5md.py's writer uses them): chunking of
-time-dependent elements and the resolved configuration stored under ``/parameters``."""
+time-dependent elements and the resolved configuration stored under ``/parameters``.
+
+Layout::
+
+    /h5md                   attrs version=[1, 1]; groups author (name), creator (name, version),
+                            modules/units (version=[1, 0], system="ShardMD")
+    /particles/all/
+        species (n,) int32, mass (n,) float64 [amu], id (n,) int64   (time-independent)
+        position|image|velocity|force/{step, time, value}   value (frames, n, 3)
+        energy/{step, time, value}                          value (frames, n) [eV], per-atom energies
+        box/                attrs dimension=3, boundary=["periodic"|"none"]*3
+            edges/{step, time, value}                       value (frames, 3, 3), rows = lattice vectors
+    /observables/<name>/{step, time, value}                 value (rows,) or (rows, 3, 3)
+    /parameters/config_json (JSON string, authoritative) and /parameters/config/... (nested
+                            groups with scalar attributes, for browsing with h5ls/h5dump)
+
+``step`` is int64 with fill value -1, ``time`` float64 [fs] with fill value NaN; all three
+datasets of an element are chunked and resizable along the first axis (maxshape None).
+Per-atom chunks hold whole frames (several small frames per chunk up to ~64 KiB; one
+frame split along atoms when it exceeds 16 MiB); step/time/edges/observable chunks hold
+1024 rows.  Data are not compressed, so a chunk that is rewritten in place (a frame added
+to a partly filled chunk) keeps the same address and the same bytes for older frames.
+"""
 from __future__ import annotations
 
 import json

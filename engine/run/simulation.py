@@ -20,30 +20,23 @@ import torch
 from omegaconf import DictConfig
 
 from shardmd.domain.comm import Comm
-from shardmd.domain.distributed_model import DistributedModel
-from shardmd.domain.spec import SPEC_MPNN_HALO
 from shardmd.engine.config import guard as config_guard
 from shardmd.engine.config.compose import compose_config, echo_line, to_container
-from shardmd.engine.errors import CollectiveError, OutputError, UserError
-from shardmd.engine.io.checkpoint import api_model_origin, checkpoint_dir, model_identity_of, write_checkpoint
-from shardmd.engine.io.output_lock import OutputLock, refuse_if_in_use
-from shardmd.engine.launch.parallel import default_threads
+from shardmd.engine.errors import OutputError, UserError
+from shardmd.engine.io.checkpoint import checkpoint_dir, model_identity_of, write_checkpoint
+from shardmd.engine.io.output_lock import OutputLock
 from shardmd.engine.launch.stop import EXIT_STOPPED, StopRequest
-from shardmd.engine.run import health, measure
+from shardmd.engine.run import health, measure, stages
 from shardmd.engine.run import restart as restart_mod
 from shardmd.engine.run.constraints import constrain
 from shardmd.engine.run.integrator_setup import make_integrator
-from shardmd.engine.run.preflight import check_outputs, check_size
+from shardmd.engine.run.loop_summary import loop_summary
 from shardmd.engine.run.rank_domain import RankDomain
 from shardmd.engine.run.rebuild import Outcome, RebuildController
 from shardmd.engine.run.reporting import Reporter
 from shardmd.engine.run.skin_check import DeferredSkinCheck
 from shardmd.engine.run.state import State, atoms_from_arrays
-from shardmd.engine.run.system import given_state_velocities, initial_state
-from shardmd.models import build_model, check_model, model_origin
 from shardmd.models.registry import origin_text
-
-DTYPES = {"float64": torch.float64, "float32": torch.float32}
 
 
 class Simulation:
@@ -60,85 +53,33 @@ class Simulation:
 
     def __init__(self, cfg: DictConfig, state: State | None = None, model=None,
                  reporter: Reporter | None = None, comm: Comm | None = None):
-        self.cfg = cfg
-        if comm is None:
-            from shardmd.engine.launch.parallel import job_comm, under_launcher
-
-            comm = job_comm(str(cfg.device), float(cfg.health.rank_silence)) if under_launcher() else Comm()
-        self.comm = comm
-        if cfg.domains == 1 and self.comm.size > 1:   # the default under a launcher: its rank count
-            cfg = self.cfg = cfg.copy()
-            cfg.domains = self.comm.size
-        if cfg.domains != self.comm.size:
-            raise UserError(f"domains={cfg.domains} but this job has {self.comm.size} rank(s); "
-                            f"start it with domains={cfg.domains} alone or under mpiexec -n {cfg.domains}")
-        try:
-            check_outputs(cfg)
-        except UserError as exc:   # the same paths on every rank
-            raise CollectiveError(str(exc)) from None
+        # set-up in order, one stage each (engine/run/stages.py): ranks, outputs, device, model,
+        # state, checks, domains, reporting; nothing is written before the first step's set-up
+        self.cfg, self.comm = cfg, comm = stages.job_ranks(cfg, comm)
+        stages.check_outputs_of(cfg, comm)
         self._lock: OutputLock | None = None
-        refuse_if_in_use(self.comm, cfg.output)   # said before "exists" or a restart's verdicts
-        self.dtype = DTYPES[cfg.precision]
-        self.device = self.comm.device if self.comm.size > 1 else torch.device(cfg.device)
-        if self.device.type == "cuda" and not torch.cuda.is_available():
-            raise UserError(f"device={cfg.device}: CUDA is not available on this machine; use device=cpu")
-        torch.set_num_threads(int(cfg.threads) or default_threads(self.comm.size))
-        self.integrator = make_integrator(cfg, comm=self.comm)
+        self.dtype = stages.DTYPES[cfg.precision]
+        self.device = stages.device_of(cfg, comm)
+        self.integrator = make_integrator(cfg, comm=comm)
         self.observable_modules = measure.load_config(cfg)   # observables.modules (allow_code=true)
-        if model is None:
-            try:
-                model = build_model(to_container(cfg.model), self.dtype, self.device,
-                                    allow_imports=config_guard.allowed())
-            except (ValueError, KeyError, NotImplementedError) as exc:
-                raise UserError(str(exc).strip("'\"")) from None
-            self.model_origin = model_origin(to_container(cfg.model))
-        else:
-            try:
-                check_model(model, f"the model given to Simulation ({type(model).__name__})")
-            except ValueError as exc:
-                raise UserError(str(exc)) from None
-            self.model_origin = api_model_origin(model)
-        self.dmodel = model if isinstance(model, DistributedModel) else wrap_model(model)
+        self.dmodel, self.model_origin = stages.the_model(cfg, model, self.dtype, self.device)
         self.model = model = self.dmodel.model
-        self._virial_missing_said = False
         self.checkpoint_in = (restart_mod.resolve(cfg, identity=model_identity_of(self.model_origin),
                                                   label=str(self.model_origin["route"]), record=self.record())
                               if state is None else None)
-        reference = None   # a restart's positions of the last rebuild (its lists are rebuilt from them)
-        if self.checkpoint_in is not None:
-            state, reference = restart_mod.state_from_checkpoint(self.checkpoint_in, self.dtype, self.device)
-            if hasattr(self.integrator, "load_state_dict"):   # a thermostat's chain continues
-                self.integrator.load_state_dict(self.checkpoint_in["integrator"])
-        elif state is None:
-            state = initial_state(cfg, self.dtype, self.device, self.integrator.degrees_of_freedom,
-                                  zero_momentum=self.integrator.conserves_momentum)
-        else:   # a state given through the API: system.velocities / temperature as for a file
-            state = given_state_velocities(cfg, state, self.integrator.degrees_of_freedom,
-                                           zero_momentum=self.integrator.conserves_momentum)
+        state, reference = stages.starting_state(cfg, state, self.checkpoint_in, self.integrator, self.dtype,
+                                                self.device)
         # fixed atoms (input FixAtoms, fix.ids, a checkpoint's set): engine/run/constraints.py
         self.integrator = constrain(self.integrator, cfg, state, self.checkpoint_in, lambda: self.state.ids)
-        health.check_inputs(state)
-        check_size(cfg, self.comm, state, self.dmodel.cutoff + float(cfg.neighbor.skin), self.device, model)
-        if hasattr(model, "check_species"):
-            try:
-                model.check_species(state.numbers)
-            except ValueError as exc:
-                raise UserError(str(exc)) from None
+        stages.check_state(cfg, comm, state, self.dmodel, self.device)
         # a barostat (npt) changes the cell every step: it gets the cell and the virial here
         self._barostat = bool(getattr(self.integrator, "barostat", False))
         if self._barostat and getattr(self.integrator, "inner", None) is not None:
             raise UserError("integrator=npt cannot hold atoms fixed yet (the barostat moves every atom with the "
                             "cell); drop fix.ids / the input's FixAtoms, or use integrator=nose-hoover")
-        grid = None if cfg.grid is None else [int(g) for g in cfg.grid]
-        ref_cell = None   # npt: the cell of the checkpoint's last rebuild (its lists are rebuilt in it)
-        if reference is not None and self._barostat and "reference_cell" in self.checkpoint_in["integrator"]:
-            saved = self.checkpoint_in["integrator"]
-            ref_cell = torch.tensor(saved["reference_cell"], dtype=torch.float64)
-            g = saved.get("grid")   # the run's grid (chosen for the first cell), on the same domain count
-            if grid is None and g is not None and g[0] * g[1] * g[2] == self.comm.size:
-                grid = [int(x) for x in g]
-        self.domain = RankDomain(self.comm, self.dmodel.cutoff, float(cfg.neighbor.skin),
-                                    sort=str(cfg.neighbor.sort), grid=grid, box_check=self._barostat)
+        grid, ref_cell = stages.domain_grid(cfg, self.checkpoint_in, reference is not None, self._barostat, comm.size)
+        self.domain = RankDomain(comm, self.dmodel.cutoff, float(cfg.neighbor.skin),
+                                 sort=str(cfg.neighbor.sort), grid=grid, box_check=self._barostat)
         # a model that asks for a half list (LJ on the CPU: Newton's third law) gets one built,
         # not a full list it would filter at every rebuild (~40 % of a rebuild at 32k atoms)
         wants = getattr(self.dmodel.config, "neighbors", None)
@@ -150,30 +91,20 @@ class Simulation:
             except ValueError as exc:
                 raise UserError(str(exc)) from None
         self.n_global = self.domain.n_global
-        self.reporter = reporter or Reporter(self.log_path if self.comm.is_root else None, quiet=cfg.quiet,
-                                             progress=cfg.thermo.progress, enabled=self.comm.is_root,
+        self.reporter = reporter or Reporter(self.log_path if comm.is_root else None, quiet=cfg.quiet,
+                                             progress=cfg.thermo.progress, enabled=comm.is_root,
                                              log_mode="a" if self.checkpoint_in else "w",
                                              config_line="\n".join(
                                                  [echo_line(cfg), *config_guard.log_notes(to_container(cfg.model))]))
-        self._ckpt_every = int(cfg.checkpoint.every)
         self.stop = StopRequest()
         self.exit_code = 0
         # plain copies of the settings the step loop reads (OmegaConf access is slow)
+        self._ckpt_every = int(cfg.checkpoint.every)
         self._traj_every, self._thermo_every = int(cfg.trajectory.every), int(cfg.thermo.every)
         self._max_step, self._min_distance = float(cfg.health.max_step), float(cfg.health.min_distance)
-        def on_cuda(key: str) -> bool:   # true | false | auto (= on for CUDA)
-            v = cfg.neighbor[key]
-            return v is True or (v == "auto" and self.device.type == "cuda")
-
-        every, check = int(cfg.neighbor.every), bool(cfg.neighbor.check)
-        # the skin check read back only at scheduled steps (see skin_check.py); None: every step
-        deferred = (DeferredSkinCheck(0.5 * float(cfg.neighbor.skin), int(cfg.neighbor.deferred_max),
-                                      pipelined=on_cuda("pipelined"))
-                    if on_cuda("deferred") and every == 1 and check else None)
-        if deferred is not None and hasattr(model, "static_edges"):
-            model.static_edges = True   # sync-free edge selection; its 'capacity_fill' joins the check
         self.timers: dict[str, float] = defaultdict(float)
-        self.neighbors = RebuildController(self.domain, self.integrator.dt, every, check, deferred,
+        self.neighbors = RebuildController(self.domain, self.integrator.dt, int(cfg.neighbor.every),
+                                           bool(cfg.neighbor.check), stages.skin_check(cfg, self.device, model),
                                            self._check_step, self.timers)
         self._last_step = int(cfg.steps)
         self._step0 = 0
@@ -184,6 +115,7 @@ class Simulation:
         # observables() completes such a step's results when they are read after all
         self._lazy_energy = False
         self._energy_missing = False
+        self._virial_missing_said = False
         self.writer = None
         self.last_thermo: dict | None = None
         self.started = False
@@ -496,35 +428,8 @@ class Simulation:
             self.close()
 
     def _summary(self, wall: float, builds: int) -> None:
-        s = self.state
-        for k, v in self.domain.timers.items():
-            self.timers[k] = v
-        rates = self.reporter.rates(s.step, self.integrator.dt, self.n_global, elapsed=wall)
-        migrated = self.domain.migrated()
-        lines = [f"Loop: {wall:.3f} s, {rates['steps_per_s']:.3f} steps/s, {rates['ns_per_day']:.4f} ns/day, "
-                 f"{rates['atom_steps_per_s']:.4g} atom-steps/s, {builds} neighbour builds, "
-                 f"{migrated} atom migrations"]
-        total = max(sum(self.timers.values()), 1e-12)
-        lines.append("Time split: " + ", ".join(
-            f"{k} {v:.3f} s ({100 * v / max(wall, 1e-12):.1f}%)" for k, v in sorted(self.timers.items())))
-        if self.deferred is not None:
-            c = self.deferred
-            lines.append(f"Skin check: deferred, read back {c.reads} times in {s.step - self._step0} steps "
-                         f"({c.posted} without waiting), {c.rollbacks} rollback(s)")
-        peak = self._peak_gpu_bytes()
-        if peak is not None:
-            lines.append(f"Memory: peak GPU {peak / 2**30:.3f} GiB per rank (max over ranks; torch allocator)")
+        lines, self.summary = loop_summary(self, wall, builds)
         self.reporter.summary(lines)
-        self.summary = {"wall_s": wall, "builds": builds, "migrated": migrated, **rates, **dict(self.timers),
-                        "timed_s": total, "peak_gpu_bytes": peak}
-
-    def _peak_gpu_bytes(self) -> int | None:
-        """Largest torch-allocator peak on any rank's GPU since start (bytes); None on CPU."""
-        dev = self.state.positions.device
-        if dev.type != "cuda":
-            return None
-        local = torch.tensor([torch.cuda.max_memory_allocated(dev)], dtype=torch.int64, device=dev)
-        return int(self.comm.all_reduce(local, "max")[0])
 
     def checkpoint(self):
         """Write a restart checkpoint of the current step (collective; rank 0 writes)."""
@@ -571,14 +476,6 @@ class Simulation:
             if self._lock is not None:   # after every output is closed
                 self._lock.release()
                 self._lock = None
-
-
-def wrap_model(model) -> DistributedModel:
-    """``DistributedModel`` of a bare model: its own spec or output kinds, else the
-    message-passing halo preset (models/contract.py)."""
-    if getattr(model, "distribution_spec", None) is None and not getattr(model, "output_kinds", None):
-        return DistributedModel(model, spec=SPEC_MPNN_HALO)
-    return DistributedModel(model)
 
 
 class _NotRoot:

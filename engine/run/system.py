@@ -155,12 +155,7 @@ def initial_state(cfg, dtype: torch.dtype, device, dof_of, zero_momentum: bool) 
 
     dof_of: callable n_atoms -> degrees of freedom (from the integrator)
     """
-    from shardmd.engine.run.preflight import check_builder, local_ranks
-
-    s = cfg.system
-    if "limits" in cfg:   # the builder's size before it builds
-        check_builder(cfg, local_ranks(int(cfg.domains)))
-    atoms = build_atoms(s)
+    atoms = build_atoms(cfg.system)   # its size was checked before (engine/run/stages.py)
     state = State.from_atoms(atoms, dtype=dtype, device=device)
     has_v = bool(np.any(atoms.get_velocities() != 0)) if atoms.has("momenta") else False
     return set_velocities(cfg, state, has_v, dof_of, zero_momentum, "the structure")
