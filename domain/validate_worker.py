@@ -12,6 +12,7 @@ and errors; rank 0 writes the list of results.
 """
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import pickle
@@ -105,8 +106,10 @@ def run_case(comm, case: dict) -> dict:
     dm = DistributedModel(model, spec)
     extras = {k: torch.tensor(v, dtype=padded.dtype)[ids_o] for k, v in (case["sample"].get("extras") or {}).items()}
     try:
+        # a compiled forward runs without the probe (a torch-function mode would be traced into its graphs)
         probe = Probe(ctx, dm.spec)
-        with dispatch_trace() as tr, collective_counts() as counts, probe:
+        watch = probe if dm.compiled is None else contextlib.nullcontext()
+        with dispatch_trace() as tr, collective_counts() as counts, watch:
             out = dm.compute(ctx, padded, pnum, nl, extras=extras or None)
         res["trace"] = [{"handler": e["handler"], "op": e["op"]} for e in tr]
         res["probe"] = probe.evidence()
