@@ -27,7 +27,7 @@ from .distributed_model import DistributedModel, ModelConfig, NeighborConfig, St
 from .graphed_call import GraphedCall
 from .neighbor_kernels import ZERO_SHIFT, packed_neighbor, packed_shift_code, shift_of_code
 from .neighbors import NeighborList
-from .runtime import Scope, current_scope, grad_leaf, refresh_halo, scatter_to_owners, system_sum, to_local
+from .runtime import Scope, current_scope, grad_leaf, refresh_halo, scatter_to_owners, seed_once, system_sum, to_local
 from .shard_tensor import (
     GroupConfig,
     HaloMeta,
@@ -80,7 +80,8 @@ __all__ = [
     "Transform", "TransformError", "all_reduce_sum", "all_to_all_v", "autograd_target", "current_dd_context",
     "current_scope", "defer_dynamo", "dispatch_trace", "grad_leaf", "refresh_halo", "refresh_neighbors",
     "register_handler",
-    "registered_handlers", "scatter_to_owners", "shard_like", "system_sum", "to_local", "trace_and_validate",
+    "registered_handlers", "scatter_to_owners", "seed_once", "shard_like", "system_sum", "to_local",
+    "trace_and_validate",
     "unregister_handler",
     # The spatial machinery a model's own kernels build on (a Warp pair kernel reads the packed
     # neighbour list; the LJ model is written this way), re-exported so that models never import

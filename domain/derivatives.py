@@ -11,11 +11,18 @@ strained cell, consistent with the strained cell that image shifts of the neighb
 use.  Every rank differentiates its own copy of ``eps``; the exchanges' backward routes
 cross-rank contributions, so the sum over ranks of the per-rank derivatives is the
 derivative of the global source.
+
+Seeds (the convention of :mod:`shardmd.domain.collectives`: a backward pass differentiates
+the sum over ranks of what the ranks seed): a source that is a per-rank partial is seeded
+with 1 on every rank; a source named in ``replicated`` (identical on every rank, e.g. an
+energy the model summed over ranks itself) is seeded with 1 on rank 0 and 0 elsewhere, so it
+is counted once; the all-reduce that formed it sums the seeds back to 1 on every rank.
 """
 from __future__ import annotations
 
 import torch
 
+from .collectives import seed_weight
 from .shard_tensor import plain
 
 
@@ -32,11 +39,12 @@ def apply_strain(positions: torch.Tensor, cell: torch.Tensor, eps: torch.Tensor)
 
 def fill_derivative_outputs(raw: dict, leaf: torch.Tensor | None, autograd_outputs=None,
                             eps: torch.Tensor | None = None, strain_outputs=None, cell: torch.Tensor | None = None,
-                            comm=None) -> dict:
+                            comm=None, replicated=frozenset()) -> dict:
     """Fill ``raw[out] = -d(sum raw[src])/d(leaf)`` for ``autograd_outputs`` (no exchange)
     and the virial ``-d(sum raw[src])/d(eps)`` for ``strain_outputs`` (summed over ranks
     when ``comm`` is given; an output named ``stress`` gets ``-W / |det cell|``).  One
-    backward pass per source."""
+    backward pass per source; sources in ``replicated`` are seeded on one rank (module
+    docstring)."""
     auto = dict(autograd_outputs or {})
     strain = dict(strain_outputs or {})
     sources = list(dict.fromkeys(list(auto.values()) + list(strain.values())))
@@ -44,7 +52,9 @@ def fill_derivative_outputs(raw: dict, leaf: torch.Tensor | None, autograd_outpu
         want_x = [o for o, s in auto.items() if s == src]
         want_e = [o for o, s in strain.items() if s == src]
         inputs = ([leaf] if want_x else []) + ([eps] if want_e else [])
-        grads = torch.autograd.grad(plain(raw[src]).sum(), inputs, retain_graph=k < len(sources) - 1,
+        total = plain(raw[src]).sum()
+        seed = torch.full_like(total, seed_weight(comm, src in replicated))
+        grads = torch.autograd.grad(total, inputs, grad_outputs=seed, retain_graph=k < len(sources) - 1,
                                     allow_unused=True)
         grads = [g if g is not None else torch.zeros_like(t) for g, t in zip(grads, inputs)]
         if want_x:

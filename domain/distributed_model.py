@@ -283,7 +283,8 @@ class DistributedModel:
             else:
                 raw = dict(self.model.compute(pos, cell, ctx.local_pbc, numbers, nl, **promoted))
             if auto or strain:
-                fill_derivative_outputs(raw, leaf, auto, eps, strain, ctx.cell, ctx.comm)
+                fill_derivative_outputs(raw, leaf, auto, eps, strain, ctx.cell, ctx.comm,
+                                        self._replicated(ctx, raw, set(auto.values()) | set(strain.values()), sharded))
                 if not sharded:
                     for key in auto:
                         with torch.no_grad():
@@ -295,6 +296,19 @@ class DistributedModel:
         raw = {k: (plain(v).detach() if isinstance(v, torch.Tensor) else v) for k, v in raw.items()}
         self.last_raw = raw
         return self._consolidate(ctx, raw, sharded, set(strain))
+
+    def _replicated(self, ctx: DomainContext, raw: dict, sources: set, sharded: bool) -> frozenset:
+        """The derivative sources that are identical on every rank (seeded on one rank):
+        per-system or global outputs the model reduced itself, i.e. not per-rank partials
+        listed in ``all_reduce_outputs``."""
+        out = set()
+        for src in sources:
+            v = raw.get(src)
+            if not isinstance(v, torch.Tensor) or src in self.spec.all_reduce_outputs:
+                continue
+            if self._kind(src, v, ctx, sharded) in (OutputKind.PER_GRAPH, OutputKind.GLOBAL):
+                out.add(src)
+        return frozenset(out)
 
     def _kind(self, key: str, v, ctx, sharded: bool) -> OutputKind:
         kind = self.spec.kind_of(key)

@@ -14,7 +14,9 @@ aliases ``refresh_neighbors`` = :func:`refresh_halo`, ``autograd_target`` =
 - :func:`scatter_to_owners`: halo partial sums added to their owners (reverse exchange);
 - :func:`refresh_halo`: halo rows re-copied from their owners (forward exchange);
 - :func:`grad_leaf`: the autograd leaf behind a promoted input (what
-  ``torch.autograd.grad`` must differentiate with respect to).
+  ``torch.autograd.grad`` must differentiate with respect to);
+- :func:`seed_once`: a value identical on every rank (a per-system sum) made the objective
+  of a backward pass the model runs itself, counted once over the ranks.
 """
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .collectives import all_reduce_sum
+from .collectives import seed_once as _seed_once
 from .halo import halo_forward, halo_reverse
 from .shard_tensor import GroupConfig, HaloMeta, ShardMeta, ShardTensor, plain
 
@@ -155,5 +158,21 @@ def grad_leaf(x: torch.Tensor | None = None) -> torch.Tensor:
     return leaf
 
 
-__all__ = ["Scope", "current_scope", "grad_leaf", "refresh_halo", "scatter_to_owners", "system_sum", "to_local",
-           "use_scope"]
+def seed_once(x: torch.Tensor) -> torch.Tensor:
+    """A value identical on every rank (``system_sum``, a scatter into
+    ``positions.new_zeros(n_systems)``), as the objective of ``torch.autograd.grad`` inside a
+    model: ``torch.autograd.grad(seed_once(energy), grad_leaf(positions))``.
+
+    A backward pass differentiates the sum over ranks of what each rank seeds
+    (:mod:`shardmd.domain.collectives`); seeding the replicated energy on every rank would
+    differentiate ``size x energy``.  Identity forward; the backward keeps the cotangent on
+    rank 0 only.  Identity outside a scope and on one rank.  DistributedModel does this
+    itself for ``autograd_outputs`` and ``strain_outputs``."""
+    s = current_scope()
+    if s is None:
+        return x
+    return _seed_once(s.comm, x)
+
+
+__all__ = ["Scope", "current_scope", "grad_leaf", "refresh_halo", "scatter_to_owners", "seed_once", "system_sum",
+           "to_local", "use_scope"]

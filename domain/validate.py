@@ -27,7 +27,11 @@
    ``diagnosis`` (codes: ``extra_gather_inputs``, ``transform_error``, ``worker_error``,
    ``halo_too_thin``, ``duplicate_all_reduce``, ``undeclared_helper``,
    ``missing_scatter_outputs``, ``halo_correction_mismatch``, ``no_per_layer_exchange``,
-   ``plain_scatter_target``, ``ghost_rows_in_sum``, ``unreduced_system_output``, ``mismatch``).
+   ``plain_scatter_target``, ``ghost_rows_in_sum``, ``unreduced_system_output``, ``adapter_never_fired``,
+   ``adapter_not_reached``, ``helper_sum_reused``, ``collective_backward``,
+   ``replicated_objective_seeded_per_rank``, ``mismatch``), from the outputs and what each rank's
+   :class:`~shardmd.domain.validate_probe.Probe` saw; ``warnings`` (``halo_covers_system``).
+   A diagnosis with ``severity: error`` fails the attempt even when the outputs match.
 """
 from __future__ import annotations
 
@@ -37,6 +41,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -53,7 +58,7 @@ from .halo import HaloPlan
 from .neighbors import build_neighbor_list
 from .shard_tensor import dispatch_trace, plain
 from .spec import SPEC_MPNN_HALO, HaloStorage, MLIPSpec, OutputKind
-from .validate_diagnose import diagnose, duplicate_keys, helper_diagnostics
+from .validate_diagnose import coverage_warnings, diagnose, duplicate_keys, helper_diagnostics
 
 
 @dataclass
@@ -67,6 +72,7 @@ class Attempt:
     diagnosis: list
     handlers_fired: dict
     error: str | None = None
+    warnings: list = field(default_factory=list)
 
 
 @dataclass
@@ -79,6 +85,7 @@ class TraceReport:
     world_size: int
     reference_trace: dict = field(default_factory=dict)
     reference: dict = field(default_factory=dict)
+    warnings: list = field(default_factory=list)
 
     def summary(self) -> str:
         a = self.attempts[-1]
@@ -376,8 +383,12 @@ def _prepare(model_factory, sample_system, atol=0.0, rtol=1e-10, spec=None, ghos
     base = {"factory": path, "factory_file": file, "sample": s, "ghost_width": gw, "radius": radius,
             "model_cutoff": cutoff, "grid": tuple(grid) if grid is not None else None}
     cases = [dict(base, spec_json=v.to_json()) for _, v in variants]
+    derivs = set(cfg.autograd_outputs) | set(cfg.strain_outputs) if cfg is not None else set()
+    if cfg is not None and cfg.autograd_inputs:    # the model differentiates itself: its reversed outputs
+        derivs |= set(spec.reverse_outputs)
     return {"variants": variants, "cases": cases, "ref": ref, "ref_trace": ref_trace, "ref_edges": ref_edges,
-            "n": s["positions"].shape[0], "atol": atol, "rtol": rtol, "ghost_width": gw, "cutoff": cutoff}
+            "n": s["positions"].shape[0], "atol": atol, "rtol": rtol, "ghost_width": gw, "cutoff": cutoff,
+            "derivatives": derivs}
 
 
 def _attempt(p: dict, rule, spec, ranks, k) -> Attempt:
@@ -393,12 +404,13 @@ def _attempt(p: dict, rule, spec, ranks, k) -> Attempt:
         diffs = compare(p["ref"], ranks, spec, p["n"], p["atol"], p["rtol"])
         helpers = helper_diagnostics(p["ref"], ranks, spec, diffs, p["atol"], p["rtol"])
     diag = diagnose(p["ref"], ranks, spec, diffs, complete, helpers, fired, boundary, k, p["ghost_width"], p["cutoff"],
-                    p["atol"], p["rtol"])
-    ok = not errors and all(d["ok"] for d in diffs.values())
+                    p["atol"], p["rtol"], p.get("derivatives", ()))
+    ok = not errors and all(d["ok"] for d in diffs.values()) and not any(d.get("severity") == "error" for d in diag)
     for d in diffs.values():
         d.pop("value", None)
     return Attempt(spec=spec, rule=rule, ok=ok, diffs=diffs, halo_completeness=complete, helper_diagnostics=helpers,
-                   diagnosis=diag, handlers_fired=fired, error=errors[0] if errors else None)
+                   diagnosis=diag, handlers_fired=fired, error=errors[0] if errors else None,
+                   warnings=coverage_warnings(ranks, p["n"]))
 
 
 def _finish(p: dict, results: list, k: int) -> TraceReport:
@@ -440,8 +452,11 @@ def _finish(p: dict, results: list, k: int) -> TraceReport:
         spec = min(attempts, key=_badness).spec
         d = first.diagnosis
         nxt = d[0]["action"] if d else "inspect attempts[-1].diffs"
+    for w in first.warnings:
+        warnings.warn(f"trace_and_validate: {w['message']}", RuntimeWarning, stacklevel=3)
     return TraceReport(ok=ok, spec=spec, attempts=attempts, next_action=nxt, fix_applied=fix, world_size=k,
-                       reference_trace=p["ref_trace"], reference={k2: v for k2, v in p["ref"].items()})
+                       reference_trace=p["ref_trace"], reference={k2: v for k2, v in p["ref"].items()},
+                       warnings=first.warnings)
 
 
 def _badness(a: Attempt) -> float:

@@ -85,8 +85,113 @@ def _unreduced_system_outputs(ref, ranks, spec, diffs, helpers, fired, atol, rto
     return out
 
 
+def _evidence(ranks: list, key: str) -> list:
+    return [x.get("probe", {}).get(key) for x in ranks if x.get("probe") is not None]
+
+
+def adapter_diagnoses(ranks: list, fired: dict) -> list[dict]:
+    """``adapter_never_fired``: an adapted op was called with no ShardTensor argument."""
+    out = []
+    calls: dict = {}
+    for ev in _evidence(ranks, "plain_op_calls"):
+        for op, n in (ev or {}).items():
+            calls[op] = calls.get(op, 0) + n
+    for op, n in sorted(calls.items()):
+        fires = sum(c for h, c in fired.items() if h.startswith(f"op_adapter:{op}"))
+        out.append({"code": "adapter_never_fired" if not fires else "adapter_not_reached", "severity": "error",
+                    "message": f"the OpAdapter of {op} did not fire on {n} call(s) (it fired {fires} time(s)): no "
+                    "argument of those calls was a ShardTensor (plain tensors made by .detach(), .as_subclass, "
+                    "torch.tensor(...) or arithmetic reached the op), so its transforms were never applied",
+                    "action": f"pass {op} an argument that carries the decomposition (the positions, or a per-point "
+                              "tensor re-wrapped with shard_like(x, positions)); the spec alone cannot reach it"})
+    return out
+
+
+def helper_sum_diagnoses(ranks: list, diffs: dict, helpers: list) -> list[dict]:
+    """``helper_sum_reused``: model code summed per-point rows into a small plain target (no
+    handler saw it) and outputs differ: a per-rank partial used as if it were global."""
+    if helpers or all(d["ok"] for d in diffs.values()):
+        return []
+    found: dict = {}
+    for ev in _evidence(ranks, "plain_reductions"):
+        for r in ev or ():
+            found.setdefault(r["function"], r)
+    out = []
+    for fn, r in found.items():
+        ghosts = " (ghost copies included)" if r["ghost_rows_included"] else ""
+        bad = sorted(k for k, d in diffs.items() if not d["ok"])
+        out.append({"code": "helper_sum_reused", "message": f"{fn}() sums per-point rows into a plain tensor of "
+                    f"{r['rows']} row(s) on each rank{ghosts}: a per-rank partial that no handler sees and nothing "
+                    f"sums over ranks, reused inside the model, so {bad} differ",
+                    "action": f"make the sum in {fn}() global: call shardmd.domain.api.system_sum(values, index, "
+                              "n) or scatter into positions.new_zeros(n), or declare a PythonAdapter swapping the "
+                              "helper for a distribution-aware one"})
+    return out
+
+
+def scatter_output_diagnoses(ranks: list, diffs: dict) -> list[dict]:
+    """``missing_scatter_outputs`` from direct evidence: an adapted op's per-point output left
+    the op with halo rows that are not copies of their owners' rows."""
+    if all(d["ok"] for d in diffs.values()):
+        return []
+    seen = []
+    for ev in _evidence(ranks, "halo_inconsistent"):
+        for item in ev or ():
+            if tuple(item) not in seen:
+                seen.append(tuple(item))
+    return [{"code": "missing_scatter_outputs", "message": f"output {k} of {op} has halo rows that are not copies of "
+             "their owners' rows (partial sums or values from truncated neighbourhoods) and no transform completes "
+             "them; everything computed from it afterwards differs, far from the boundaries too when a global value "
+             "depends on it", "action": f"declare ScatterOutputs() on output {k} of {op} (ReverseOutputs() if it is a "
+             "final per-point output)"} for op, k in seen]
+
+
+def gradient_diagnoses(ref, diffs: dict, derivatives, k: int, fired: dict, ranks: list) -> list[dict]:
+    """The forward outputs match on K ranks but derivative outputs do not: the backward of a
+    collective, not the spec's halo handling, is wrong (or a replicated objective was seeded on
+    every rank: derivatives exactly K times the reference)."""
+    deriv = [key for key in derivatives if key in diffs]
+    forward = [key for key in diffs if key not in derivatives]
+    if not deriv or not forward or any(not diffs[key]["ok"] for key in forward):
+        return []
+    bad = [key for key in deriv if not diffs[key]["ok"]]
+    if not bad:
+        return []
+    counts = [x.get("collectives", {}).get("all_reduce_sum", 0) for x in ranks]
+    n_sum = (max(counts) if counts else 0) + fired.get("system_reduce", 0)
+    dev = [float(diffs[key]["rel"]) for key in bad]
+    if all(abs(d - (k - 1)) < 1e-6 * k for d in dev):
+        return [{"code": "replicated_objective_seeded_per_rank", "message": f"{bad} are {k}x the reference while every "
+                 "forward output matches: a value identical on every rank (a per-system sum) was differentiated with "
+                 "cotangent 1 on every rank, and a backward pass differentiates the sum over ranks of the seeds",
+                 "action": "differentiate shardmd.domain.api.seed_once(energy) (it counts a replicated value once), "
+                           "or let DistributedModel compute the derivative (ModelConfig.autograd_outputs)"}]
+    return [{"code": "collective_backward", "message": f"every forward output matches on {k} ranks but {bad} do not "
+             f"(largest relative error {max(dev):.3g}): a value summed over ranks ({n_sum} global sum(s) in the "
+             "forward) is reused inside each rank's share of the energy, and the backward of the collective that "
+             "formed it is not its adjoint (an all-reduce whose backward is the identity, or a sum over ranks of "
+             "detached values), so the other ranks' contributions to its cotangent are lost",
+             "action": "form global values with shardmd.domain.api.system_sum, all_reduce_sum or a scatter into "
+                       "positions.new_zeros(n_systems) (their backward sums the cotangents over ranks); a custom "
+                       "all-reduce must all-reduce in its backward too (docs/distributed.md, 'Gradients through "
+                       "collectives')"}]
+
+
+def coverage_warnings(ranks: list, n: int) -> list[dict]:
+    """``halo_covers_system``: every rank holds every point (owned or ghost), so the sample
+    cannot show what only a split neighbourhood shows (the comparison is then weak)."""
+    full = [x for x in ranks if "ids" in x and len(set(x["ids"].tolist()) | set(x["ghost_ids"].tolist())) >= n]
+    if not ranks or len(full) < len(ranks):
+        return []
+    return [{"code": "halo_covers_system", "message": f"the halo covers the whole sample: every rank holds all {n} "
+             "points (owned or as ghosts), so missing exchanges, ghost rows counted twice or wrong gradients through "
+             "collectives may go unnoticed; the check is not meaningful",
+             "action": "validate on a larger sample (each domain wider than the ghost width, more than two ghost "
+                       "widths across the box along split axes) or on more ranks"}]
+
+
 def diagnose(ref, ranks, spec, diffs, complete, helpers, fired, boundary, k, ghost_width, cutoff,
-             atol: float = 0.0, rtol: float = 1e-10) -> list[dict]:
+             atol: float = 0.0, rtol: float = 1e-10, derivatives=()) -> list[dict]:
     out = []
     errors = sorted({x["error"] for x in ranks if x.get("error")})
     for e in errors:
@@ -103,6 +208,8 @@ def diagnose(ref, ranks, spec, diffs, complete, helpers, fired, boundary, k, gho
                         "action": "fix the error raised on the ranks (see message)"})
     if errors:
         return out
+    adapters = adapter_diagnoses(ranks, fired)
+    out.extend(adapters)
     if not complete["matches"]:
         miss = sum(p["missing_edges"] for p in complete["per_rank"])
         out.append({"code": "halo_too_thin", "message": f"{miss} edges shorter than the model cutoff {cutoff} Å are "
@@ -121,8 +228,15 @@ def diagnose(ref, ranks, spec, diffs, complete, helpers, fired, boundary, k, gho
                     "action": f"declare a PythonAdapter/MethodAdapter (JitAdapter for TorchScript or compiled "
                               f"code) for the helper computing {h['output']!r} (replace it by a distribution-aware "
                               "one such as shardmd.domain.api.system_sum)"})
+    reused = helper_sum_diagnoses(ranks, diffs, helpers)
+    out.extend(reused)
     system_root = _unreduced_system_outputs(ref, ranks, spec, diffs, helpers, fired, atol, rtol)
     out.extend(system_root)
+    direct = scatter_output_diagnoses(ranks, diffs)
+    if complete["matches"] and not out:
+        direct += gradient_diagnoses(ref, diffs, derivatives, k, fired, ranks)
+    out.extend(direct)
+    system_root = system_root or direct or reused or adapters
     node_bad = [d for d in diffs.values() if not d["ok"] and d["kind"] == "per_node" and d.get("bad_ids") is not None]
     st = spec.distribution.storage
     mode = st.mode if isinstance(st, HaloStorage) else None

@@ -12,6 +12,7 @@ and errors; rank 0 writes the list of results.
 """
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import pickle
@@ -85,9 +86,11 @@ def rank_domain(comm, s: dict, ghost_width: float, radius: float, grid=None) -> 
 
 
 def run_case(comm, case: dict) -> dict:
+    from .collectives import collective_counts
     from .distributed_model import DistributedModel
     from .shard_tensor import dispatch_trace
     from .spec import MLIPSpec
+    from .validate_probe import Probe
 
     factory = load_factory(case["factory"], case.get("factory_file"))
     model = factory()
@@ -103,9 +106,14 @@ def run_case(comm, case: dict) -> dict:
     dm = DistributedModel(model, spec)
     extras = {k: torch.tensor(v, dtype=padded.dtype)[ids_o] for k, v in (case["sample"].get("extras") or {}).items()}
     try:
-        with dispatch_trace() as tr:
+        # a compiled forward runs without the probe (a torch-function mode would be traced into its graphs)
+        probe = Probe(ctx, dm.spec)
+        watch = probe if dm.compiled is None else contextlib.nullcontext()
+        with dispatch_trace() as tr, collective_counts() as counts, watch:
             out = dm.compute(ctx, padded, pnum, nl, extras=extras or None)
         res["trace"] = [{"handler": e["handler"], "op": e["op"]} for e in tr]
+        res["probe"] = probe.evidence()
+        res["collectives"] = dict(counts)
         res["outputs"] = {k: v.detach().cpu().numpy() for k, v in out.items() if isinstance(v, torch.Tensor)}
         res["raw"] = {k: v.detach().cpu().numpy() for k, v in (dm.last_raw or {}).items()
                       if isinstance(v, torch.Tensor) and (v.dim() == 0 or v.shape[0] != padded.shape[0])}

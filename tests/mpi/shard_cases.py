@@ -39,6 +39,7 @@ from shardmd.domain.api import (  # noqa: E402  # noqa: E402
     all_reduce_sum,
     dispatch_trace,
 )
+from shardmd.domain.collectives import seed_once  # noqa: E402
 from shardmd.domain.halo import halo_forward, halo_reverse  # noqa: E402
 from shardmd.domain.neighbors import build_neighbor_list  # noqa: E402
 from shardmd.domain.validate_worker import rank_domain  # noqa: E402
@@ -189,7 +190,8 @@ def run_checks(comm) -> dict:
                 C.close(name + "_value", abs(float(E[0].detach()) - float(e_ref.detach())),
                         1e-12 * abs(float(e_ref.detach())))
                 C.close(name + "_fired", 0.0 if fired == ["system_reduce"] else 1.0, 0.0)
-                (g,) = torch.autograd.grad(E.to_plain().sum(), leaf)
+                # E is identical on every rank: seeded once (a backward differentiates the sum of the seeds)
+                (g,) = torch.autograd.grad(seed_once(comm, E.to_plain().sum()), leaf)
                 C.close(name + "_grad", _maxabs(halo_reverse(comm, plan, g), gref[ids_o]))
             else:
                 C.close(name + "_not_fired", 0.0 if "system_reduce" not in fired else 1.0, 0.0)
@@ -297,10 +299,11 @@ def run_checks(comm) -> dict:
     with AdapterScope(spec):
         y = RT(halo_shard(padded.clone(), spec))
     C.close("transform_AllReduceSum", _maxabs(y, P.sum(0)), 1e-11)
-    # identity backward of the all-reduce: d(sum over ranks)/d(mine) = 1
+    # the all-reduce's backward is its adjoint: every rank seeds its sum(y) = sum_s 2 z_s, so
+    # the objective sum_r sum(y) = K * sum_s 2 z_s and d/dz = 2K on every rank
     z = torch.ones(3, dtype=F64, requires_grad=True)
     (g,) = torch.autograd.grad(all_reduce_sum(comm, z * 2).sum(), z)
-    C.close("all_reduce_identity_backward", _maxabs(g, 2 * torch.ones(3, dtype=F64)))
+    C.close("all_reduce_adjoint_backward", _maxabs(g, 2 * comm.size * torch.ones(3, dtype=F64)))
     # sharded: GatherInputsFull + SliceOutputsOwned, and ScatterOutputs as a reduce to owners
     spec_sh = MLIPSpec(distribution=DistributionSpec(ShardedStorage())).with_custom_ops(
         OpAdapter(D, arg_transforms={0: GatherInputsFull()}, output_transforms={0: SliceOutputsOwned()}))
