@@ -470,8 +470,9 @@ def to_container(cfg: DictConfig) -> dict:
 
 # -- what people read --------------------------------------------------------------------------------
 def echo_line(cfg: DictConfig) -> str:
-    """The resolved configuration as one line of command-line overrides (the log's first line)."""
-    c = _plain(cfg)
+    """The configuration as one line of command-line overrides (the log's first line): values
+    written as interpolations (``${oc.env:VAR}``) as their expressions, never resolved."""
+    c = OmegaConf.to_container(cfg, resolve=False)
     parts = [f"{g}={c[g]['name']}" for g in GROUPS if isinstance(c.get(g), dict)]
     parts += [f"{k}={hydra_value(v)}" for k, v in _flat(c) if k not in (f"{g}.name" for g in GROUPS)]
     return "Config: " + " ".join(shlex.quote(p) for p in parts)

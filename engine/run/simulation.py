@@ -24,6 +24,7 @@ from shardmd.domain.distributed_model import DistributedModel
 from shardmd.domain.spec import SPEC_MPNN_HALO
 from shardmd.engine.config import guard as config_guard
 from shardmd.engine.config.compose import compose_config, echo_line, to_container
+from shardmd.engine.config.expressions import stored_config
 from shardmd.engine.errors import CollectiveError, OutputError, UserError
 from shardmd.engine.io.checkpoint import api_model_origin, checkpoint_dir, model_identity_of, write_checkpoint
 from shardmd.engine.io.output_lock import OutputLock, refuse_if_in_use
@@ -37,12 +38,12 @@ from shardmd.engine.run.observables import thermo_from
 from shardmd.engine.run.preflight import check_outputs, check_size
 from shardmd.engine.run.rank_domain import RankDomain
 from shardmd.engine.run.rebuild import Outcome, RebuildController
+from shardmd.engine.run.record import RunRecord
 from shardmd.engine.run.reporting import Reporter
 from shardmd.engine.run.skin_check import DeferredSkinCheck
 from shardmd.engine.run.state import State, atoms_from_arrays
 from shardmd.engine.run.system import given_state_velocities, initial_state
 from shardmd.models import build_model, check_model, model_origin
-from shardmd.models.registry import origin_text
 
 DTYPES = {"float64": torch.float64, "float32": torch.float32}
 
@@ -101,8 +102,9 @@ class Simulation:
         self.dmodel = model if isinstance(model, DistributedModel) else wrap_model(model)
         self.model = model = self.dmodel.model
         self._virial_missing_said = False
+        self.run_record = RunRecord(cfg, self.model_origin)   # expressions never resolved in what is stored
         self.checkpoint_in = (restart_mod.resolve(cfg, identity=model_identity_of(self.model_origin),
-                                                  label=str(self.model_origin["route"]), record=self.record())
+                                                  label=self.run_record.model_name, record=self.record(stored=False))
                               if state is None else None)
         reference = None   # a restart's positions of the last rebuild (its lists are rebuilt from them)
         if self.checkpoint_in is not None:
@@ -154,7 +156,8 @@ class Simulation:
                                              progress=cfg.thermo.progress, enabled=self.comm.is_root,
                                              log_mode="a" if self.checkpoint_in else "w",
                                              config_line="\n".join(
-                                                 [echo_line(cfg), *config_guard.log_notes(to_container(cfg.model))]))
+                                                 [echo_line(cfg), *config_guard.log_notes(
+                                                     to_container(cfg.model), shown=stored_config(cfg)["model"])]))
         self._ckpt_every = int(cfg.checkpoint.every)
         self.stop = StopRequest()
         self.exit_code = 0
@@ -188,19 +191,10 @@ class Simulation:
         self.last_thermo: dict | None = None
         self.started = False
 
-    def record(self) -> dict:
-        """The configuration as the trajectory and checkpoint store it: the resolved config, its
-        ``model`` node naming a model given as an object (its route ``api:<class>``, cutoff and
-        tensor hash) instead of the config's, and ``model_identity``: the model's origin (route,
-        factory, arguments, file sha256) as JSON."""
-        import json
-
-        rec = to_container(self.cfg)
-        if self.model_origin.get("api"):
-            rec["model"] = {"name": self.model_origin["route"], "cutoff": self.model_origin["cutoff"],
-                            "tensors_sha256": self.model_origin["tensors_sha256"]}
-        rec["model_identity"] = json.dumps(self.model_origin, sort_keys=True, default=str)
-        return rec
+    def record(self, stored: bool = True) -> dict:
+        """The configuration as the trajectory and checkpoint store it (``stored=False``: resolved,
+        for comparisons only): :meth:`engine.run.record.RunRecord.config`."""
+        return self.run_record.config(stored)
 
     @property
     def nl(self):
@@ -280,7 +274,7 @@ class Simulation:
         if self._barostat:   # npt's pressure: the global virial of these forces
             if out.get("virial") is None:
                 raise UserError(f"integrator=npt needs the model's virial (the pressure) and model "
-                                f"{origin_text(self.model_origin)} returns none; use a model with a virial or "
+                                f"{self.run_record.origin_line()} returns none; use a model with a virial or "
                                 "integrator=nose-hoover")
             self.integrator.virial = out["virial"]
         self.neighbors.observe_fill(out)
@@ -408,7 +402,7 @@ class Simulation:
                 health.close_contacts(self.comm, self.domain.close_pairs(s, self._min_distance), self._min_distance)
         with self._output_step():
             self._open_writer()   # before the header: an output of another system is refused untouched
-        r.line(f"ShardMD: {self.n_global} atoms, model {origin_text(self.model_origin)}, "
+        r.line(f"ShardMD: {self.n_global} atoms, model {self.run_record.origin_line()}, "
                f"integrator {self.integrator.name}, "
                f"dt {self.integrator.dt} fs, {self.cfg.precision} on {self.device}, domains {self.comm.size} "
                f"(grid {'x'.join(map(str, self.domain.grid.shape))})")
@@ -546,11 +540,10 @@ class Simulation:
     def _write_checkpoint(self, s, full: dict):
         from shardmd.engine import __version__
 
-        cfg = self.record()
         return write_checkpoint(checkpoint_dir(self.output_path), s.step, s.time, full,
-                                s.cell.detach().cpu().numpy(), s.pbc.cpu().numpy(), cfg,
-                                self._integrator_state(), str(self.model_origin["route"]),
-                                model_identity_of(self.model_origin), __version__,
+                                s.cell.detach().cpu().numpy(), s.pbc.cpu().numpy(), self.record(),
+                                self.run_record.integrator_state(self._integrator_state()), self.run_record.model_name,
+                                self.run_record.identity(), __version__,
                                 keep=int(self.cfg.checkpoint.keep))
 
     def _integrator_state(self) -> dict:
