@@ -395,7 +395,7 @@ def _job(cfg, flags: list[str], command: str = "run") -> int | None:
         except Exception as exc:  # noqa: BLE001 - raised again by _run, outside Hydra
             return _Raised(exc)
     if env_rank() == 0 and not cfg.quiet:
-        print(f"job {hc.job.num}: {' '.join(overrides)} -> {cfg.output}", flush=True)
+        print(f"job {hc.job.num}: {' '.join(overrides)} -> {expr or cfg.output}", flush=True)
     try:
         validate(cfg)
         code = _run_config(cfg, rank_args, explicit_domains, command)

@@ -23,6 +23,9 @@ import secrets
 from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf.errors import InterpolationResolutionError, InterpolationValidationError
+
+from shardmd.engine.errors import UserError
 
 #: the stored config's table of digests: physics key -> {"salt", "scrypt", "n", "r", "p"}
 DIGESTS_KEY = "resolved_digests"
@@ -51,6 +54,32 @@ def expression_paths(cfg: DictConfig | ListConfig, prefix: str = "") -> dict[str
 def stored_config(cfg: DictConfig) -> dict:
     """``cfg`` as a plain dict, every interpolation as its expression text (nothing resolved)."""
     return OmegaConf.to_container(cfg, resolve=False)
+
+
+def shown_value(cfg: DictConfig, path: str, value: Any) -> str:
+    """``value`` of the key ``path`` for a message: a value written as an interpolation by its
+    expression (what it resolves to may be a secret)."""
+    paths = expression_paths(cfg)
+    if holds_expression(paths, path):
+        return f"{paths.get(path, 'an expression')!r} (its value not shown)"
+    return repr(value)
+
+
+def check_resolves(cfg: DictConfig, fix_of) -> None:
+    """Resolve every interpolation of ``cfg``; one line naming the key and its expression if
+    one fails, never the value it resolved to.  ``fix_of(key)``: what the key takes ('' if unknown)."""
+    try:
+        OmegaConf.to_container(cfg, resolve=True)
+    except InterpolationResolutionError as exc:
+        key = str(getattr(exc, "full_key", "") or "")
+        expr = expression_paths(cfg).get(key)
+        where = f"{key}={expr}" if expr else key or "the configuration"
+        if isinstance(exc, InterpolationValidationError):   # its message holds the value
+            fix = fix_of(key)
+            raise UserError(f"{where}: the value it resolves to is not valid for {key or 'this key'} "
+                            f"(not shown){'; ' + fix if fix else ''}") from None
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise UserError(f"{where} cannot be resolved: {first}") from None
 
 
 def update_keeping_expression(cfg: DictConfig, key: str, fn) -> str | None:

@@ -74,6 +74,11 @@ class RunRecord:
         """An integrator state without the echoes of config values written as expressions."""
         return redact_state(state, self.paths)
 
+    def shown(self, key: str, value) -> str:
+        """``value`` of the config key ``key`` (dotted) as the log shows it: its expression
+        where it was written as one."""
+        return self.paths.get(key, str(value))
+
     def origin_line(self) -> str:
         """The model's origin in one line for the log (expressions as written)."""
         from shardmd.models.registry import origin_text

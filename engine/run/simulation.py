@@ -402,12 +402,13 @@ class Simulation:
                 health.close_contacts(self.comm, self.domain.close_pairs(s, self._min_distance), self._min_distance)
         with self._output_step():
             self._open_writer()   # before the header: an output of another system is refused untouched
+        shown = self.run_record.shown   # a value written as an expression is named by it
         r.line(f"ShardMD: {self.n_global} atoms, model {self.run_record.origin_line()}, "
                f"integrator {self.integrator.name}, "
-               f"dt {self.integrator.dt} fs, {self.cfg.precision} on {self.device}, domains {self.comm.size} "
-               f"(grid {'x'.join(map(str, self.domain.grid.shape))})")
+               f"dt {shown('dt', self.integrator.dt)} fs, {shown('precision', self.cfg.precision)} on {self.device}, "
+               f"domains {self.comm.size} (grid {'x'.join(map(str, self.domain.grid.shape))})")
         if restored:
-            r.line(f"Restart from {self.checkpoint_in['path']} at step {self.state.step}")
+            r.line(f"Restart from {shown('restart.file', self.checkpoint_in['path'])} at step {self.state.step}")
         self.neighbors.start(s)
         self.compute_forces()
         if self.checkpoint_in is None:
