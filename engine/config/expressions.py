@@ -82,6 +82,16 @@ def check_resolves(cfg: DictConfig, fix_of) -> None:
         raise UserError(f"{where} cannot be resolved: {first}") from None
 
 
+def shown_checkpoint(paths: dict[str, str], path: str) -> str:
+    """A checkpoint's ``path`` for messages and the log: by the expression of ``restart.file``
+    or of ``output`` (whose folder restart=auto searched) where either was written as one."""
+    if "restart.file" in paths:
+        return paths["restart.file"]
+    if "output" in paths:
+        return f"{path.replace(chr(92), '/').rsplit('/', 1)[-1]} of output={paths['output']}"
+    return path
+
+
 def update_keeping_expression(cfg: DictConfig, key: str, fn) -> str | None:
     """``cfg[key] = fn(cfg[key])`` (``fn``: str -> str, e.g. a path put inside a folder); a value
     written as an interpolation stays one: where ``fn`` changes its resolved value, the node

@@ -408,7 +408,7 @@ class Simulation:
                f"dt {shown('dt', self.integrator.dt)} fs, {shown('precision', self.cfg.precision)} on {self.device}, "
                f"domains {self.comm.size} (grid {'x'.join(map(str, self.domain.grid.shape))})")
         if restored:
-            r.line(f"Restart from {shown('restart.file', self.checkpoint_in['path'])} at step {self.state.step}")
+            r.line(f"Restart from {self.checkpoint_in['shown']} at step {self.state.step}")
         self.neighbors.start(s)
         self.compute_forces()
         if self.checkpoint_in is None:
