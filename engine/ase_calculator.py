@@ -60,6 +60,7 @@ from omegaconf.errors import OmegaConfBaseException
 from shardmd.domain.comm import Comm, init_comm, shutdown, under_launcher
 from shardmd.domain.distributed_model import DistributedModel
 from shardmd.engine.config.compose import compose_config, to_container, validate
+from shardmd.engine.config.expressions import stored_config
 from shardmd.engine.errors import UserError
 from shardmd.engine.run.health import check_inputs
 from shardmd.engine.run.rank_domain import RankDomain
@@ -113,16 +114,19 @@ RECORD_ONLY = ("domains", "checkpoint_sha256")
 GENERAL = ("model", "precision", "device", "skin")
 
 
-def _model_config(model: str, precision: str, device: str, checkpoint, model_kwargs: dict) -> dict:
+def _model_config(model: str, precision: str, device: str, checkpoint, model_kwargs: dict) -> tuple[dict, dict]:
     """The model's config node (configs/model/<model>.yaml) with the keyword arguments merged in
-    (a dict adds to the default dict, as ``model.epsilon.Kr=...`` does on the command line)."""
+    (a dict adds to the default dict, as ``model.epsilon.Kr=...`` does on the command line):
+    (resolved, as recorded).  A keyword's string written as an interpolation (``"${oc.env:VAR}"``)
+    is resolved for the model and recorded as written, as the engine stores its config
+    (engine/config/expressions.py); a factory's own arguments (``py:`` routes) are passed as given."""
     try:
         cfg = compose_config([f"model={model}", f"precision={precision}", f"device={device}"])
         given = dict(model_kwargs)
         if checkpoint is not None:
             given["checkpoint"] = str(checkpoint)
         if _open(cfg):   # the factory's own arguments (as model.<key>=... on the command line)
-            return {**to_container(cfg.model), **given}
+            return {**to_container(cfg.model), **given}, {**stored_config(cfg)["model"], **given}
         keys = [k for k in cfg.model.keys() if k != "name"]
         unknown = sorted(set(given) - set(keys))
         if unknown:
@@ -135,7 +139,11 @@ def _model_config(model: str, precision: str, device: str, checkpoint, model_kwa
         raise ValueError(f"ShardMDCalculator: {exc.one_line()}") from None
     except OmegaConfBaseException as exc:   # a value of the wrong type
         raise ValueError(f"ShardMDCalculator: {' '.join(str(exc).split())}") from None
-    return to_container(cfg.model)
+    return to_container(cfg.model), stored_config(cfg)["model"]
+
+
+def _expression(v) -> bool:
+    return isinstance(v, str) and "${" in v
 
 
 def _open(cfg) -> bool:
@@ -173,17 +181,18 @@ class ShardMDCalculator(Calculator):
         """Build the model and the parameters that record it (domains: a record, ignored)."""
         if isinstance(skin, bool) or not isinstance(skin, (int, float)) or not (math.isfinite(skin) and skin >= 0):
             raise ValueError(f"ShardMDCalculator: skin={skin!r}: give a distance >= 0 in Å")
-        mcfg = _model_config(model, precision, device, checkpoint, model_kwargs)
+        mcfg, shown = _model_config(model, precision, device, checkpoint, model_kwargs)
         dtype = torch.float64 if precision == "float64" else torch.float32
         dev = self.comm.device if self.comm.size > 1 else torch.device(device)
         built = build_model(mcfg, dtype, dev)
-        record = {"model": mcfg["name"], **{k: v for k, v in mcfg.items() if k != "name"}}
+        record = {"model": mcfg["name"], **{k: v for k, v in shown.items() if k != "name"}}
         if hasattr(built, "identity") and hasattr(built, "path"):   # a model file: where it is and what it holds
             sha = built.identity()
             if checkpoint_sha256 is not None and checkpoint_sha256 != sha:
                 raise ValueError(f"ShardMDCalculator: {built.path} has SHA-256 {sha}, not the "
                                  f"checkpoint_sha256={checkpoint_sha256} given; give the file that was used")
-            record["checkpoint"] = str(built.path.resolve())
+            if not _expression(shown.get("checkpoint")):   # an expression is recorded as written
+                record["checkpoint"] = str(built.path.resolve())
             record["checkpoint_sha256"] = sha
         if isinstance(getattr(built, "head", None), str):   # the readout head used (a multi-head model's choice)
             record["head"] = built.head

@@ -375,6 +375,7 @@ def _job(cfg, flags: list[str], command: str = "run") -> int | None:
     from hydra.types import RunMode
 
     from shardmd.engine.config.compose import hydra_value, validate
+    from shardmd.engine.config.expressions import update_keeping_expression
     from shardmd.engine.errors import UserError
     from shardmd.engine.launch.parallel import env_rank
 
@@ -384,8 +385,9 @@ def _job(cfg, flags: list[str], command: str = "run") -> int | None:
     if array is not None and int(array) != hc.job.num:
         return None   # another array task's job
     overrides = list(hc.overrides.task)
-    cfg.output = job_output(cfg.output, hc.runtime.output_dir)
-    rank_args = [*flags, *overrides, f"output={hydra_value(cfg.output)}", "hydra.run.dir=."]
+    # an output written as an interpolation stays one: no stored copy holds its value
+    expr = update_keeping_expression(cfg, "output", lambda v: job_output(v, hc.runtime.output_dir))
+    rank_args = [*flags, *overrides, f"output={expr or hydra_value(cfg.output)}", "hydra.run.dir=."]
     explicit_domains = any(o.lstrip("+").split("=")[0] == "domains" for o in overrides)
     if not sweep:
         try:
@@ -394,7 +396,7 @@ def _job(cfg, flags: list[str], command: str = "run") -> int | None:
         except Exception as exc:  # noqa: BLE001 - raised again by _run, outside Hydra
             return _Raised(exc)
     if env_rank() == 0 and not cfg.quiet:
-        print(f"job {hc.job.num}: {' '.join(overrides)} -> {cfg.output}", flush=True)
+        print(f"job {hc.job.num}: {' '.join(overrides)} -> {expr or cfg.output}", flush=True)
     try:
         validate(cfg)
         code = _run_config(cfg, rank_args, explicit_domains, command)

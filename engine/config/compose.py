@@ -443,9 +443,14 @@ def _from_shardmd(cfg: DictConfig) -> None:
 
 
 def validate(cfg: DictConfig) -> None:
-    """Check every value; raise a one-line UserError naming the key and the fix."""
+    """Check every value; raise a one-line UserError naming the key and the fix (a value written
+    as an interpolation by its expression: engine/config/expressions.py)."""
+    from shardmd.engine.config.expressions import check_resolves, shown_value
+
     _from_shardmd(cfg)
     active = _active(cfg)
+    check_resolves(cfg, lambda key: getattr((key_info(key, active) or key_info(_map_of(key) or "", active)
+                                             or KeyInfo("", None, "", None)).check, "fix", ""))
     for path, info in SCHEMA.items():
         if info.owners and not active.intersection(info.owners):
             continue
@@ -453,7 +458,7 @@ def validate(cfg: DictConfig) -> None:
         value = _plain(OmegaConf.select(cfg, path, throw_on_missing=False))
         fix = info.check(value) if info.check and not (value is None and info.optional) else None
         if fix:
-            raise UserError(f"{path}={value!r} is invalid: {fix}")
+            raise UserError(f"{path}={shown_value(cfg, path, value)} is invalid: {fix}")
     for path, _ in _flat(_plain(cfg)):   # keys added with ++ beside the schema (e.g. under another model)
         info = SCHEMA.get(path)
         if path in (f"{g}.name" for g in GROUPS) or info and (not info.owners or active.intersection(info.owners)):
@@ -470,8 +475,9 @@ def to_container(cfg: DictConfig) -> dict:
 
 # -- what people read --------------------------------------------------------------------------------
 def echo_line(cfg: DictConfig) -> str:
-    """The resolved configuration as one line of command-line overrides (the log's first line)."""
-    c = _plain(cfg)
+    """The configuration as one line of command-line overrides (the log's first line): values
+    written as interpolations (``${oc.env:VAR}``) as their expressions, never resolved."""
+    c = OmegaConf.to_container(cfg, resolve=False)
     parts = [f"{g}={c[g]['name']}" for g in GROUPS if isinstance(c.get(g), dict)]
     parts += [f"{k}={hydra_value(v)}" for k, v in _flat(c) if k not in (f"{g}.name" for g in GROUPS)]
     return "Config: " + " ".join(shlex.quote(p) for p in parts)

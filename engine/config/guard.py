@@ -185,9 +185,11 @@ def allowed() -> bool:
     return _POLICY["allow"]
 
 
-def log_notes(model: dict | None = None) -> list[str]:
+def log_notes(model: dict | None = None, shown: dict | None = None) -> list[str]:
     """The log's notes: what the configuration's allowed code is, and the modules a
-    ``model.spec`` file may import (only under ``allow_code=true``)."""
+    ``model.spec`` file may import (only under ``allow_code=true``).  ``model``: the resolved
+    model node (its spec file is read); ``shown``: the node as stored (a spec written as an
+    expression is named by its expression)."""
     notes = list(_POLICY["notes"])
     spec = (model or {}).get("spec")
     if _POLICY["allow"] and isinstance(spec, str) and spec:
@@ -200,5 +202,6 @@ def log_notes(model: dict | None = None) -> list[str]:
         except (OSError, ValueError, AttributeError, TypeError):
             mods = []   # the spec's own check reports what is wrong with it
         if mods:
-            notes.append(f"Note: {ALLOW_KEY}=true allows model.spec={spec} to import: {', '.join(mods)}")
+            named = (shown or {}).get("spec", spec)
+            notes.append(f"Note: {ALLOW_KEY}=true allows model.spec={named} to import: {', '.join(mods)}")
     return notes

@@ -29,7 +29,10 @@ class Check:
     fix: str
 
     def __call__(self, value) -> str | None:
-        ok = self.test(value)
+        try:
+            ok = self.test(value)
+        except (TypeError, AttributeError, KeyError, ValueError):   # the wrong shape (a string where a
+            ok = False                                             # map goes, as an interpolation gives)
         return None if ok is True else (ok if isinstance(ok, str) else self.fix)
 
 

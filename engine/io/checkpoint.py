@@ -4,7 +4,8 @@ File layout (``<output>.ckpt/step-<step>.h5``, units as attributes):
 
     attrs   kind="shardmd-checkpoint", format=1, code_version, step, time [fs], created,
             model_name, model_identity (sha256 of the model's parameters or file),
-            config (resolved run config, JSON), integrator (state dict, JSON)
+            config (run config, JSON: values written as ``${...}`` kept as written, with
+            digests of the physics keys' resolved values), integrator (state dict, JSON)
     atoms/  positions [Å], images, velocities [Å/fs], masses [amu], numbers, ids,
             reference_positions [Å] (positions at the last neighbour rebuild)
             (id order, the run's float dtype: restarts continue bit for bit)
@@ -394,10 +395,7 @@ def newest_valid(directory: Path, skipped: list[str] | None = None) -> tuple[Pat
     return None
 
 
-#: config keys whose change alters the physics of a continued run
+#: config keys whose change alters the physics of a continued run (compared by
+#: engine/config/expressions.physics_changes: a key written as an expression by its digest)
 PHYSICS_KEYS = ("model", "dt", "integrator", "temperature", "seed", "precision")
 
-
-def physics_changes(old: dict, new: dict) -> list[str]:
-    return [k for k in PHYSICS_KEYS if json.dumps(old.get(k), sort_keys=True, default=str)
-            != json.dumps(new.get(k), sort_keys=True, default=str)]

@@ -104,7 +104,8 @@ class H5MDWriter(FrameRows):
     ids: (n,) int64 unique global atom ids, in the order every frame's arrays use.
     pbc: 3 bools (or one bool for all axes): periodic along each cell vector.
     dtype: float dtype ("float32" or "float64") of positions, velocities, forces, box edges.
-    config: nested dict of the resolved run configuration, stored under ``/parameters``
+    config: nested dict of the run configuration as stored (engine/run/record.py: interpolations
+        as written), stored under ``/parameters``
         (JSON in ``config_json`` plus nested groups/attributes).  With ``mode="a"`` a given
         config replaces the stored one; None keeps it.
     fields: per-atom fields written every frame, a subset of

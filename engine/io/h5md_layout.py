@@ -1,5 +1,5 @@
 """The H5MD file's building blocks (engine/io/h5md.py's writer uses them): chunking of
-time-dependent elements and the resolved configuration stored under ``/parameters``.
+time-dependent elements and the run configuration stored under ``/parameters``.
 
 Layout::
 

@@ -254,18 +254,16 @@ class FIRE:
             health.close_contacts(sim.comm, sim.domain.close_pairs(s, sim._min_distance), sim._min_distance)
         with sim._output_step():
             sim._open_writer()
-        from shardmd.models.registry import origin_text
-
         n_fixed = getattr(sim.integrator, "n_fixed", 0)
         sim.reporter.line(f"ShardMD FIRE minimisation (as ASE's): {sim.n_global} atoms ({n_fixed} fixed), model "
-                          f"{origin_text(sim.model_origin)}, fmax {fmax:g} eV/Å, at most {steps} steps, maxstep "
+                          f"{sim.run_record.origin_line()}, fmax {fmax:g} eV/Å, at most {steps} steps, maxstep "
                           f"{self.p['maxstep']:g} Å, {sim.cfg.precision} on {sim.device}, domains {sim.comm.size}"
                           + (f"; the cell relaxes too (FrechetCellFilter, {self.pressure:g} bar)" if self.cell else ""))
         sim.compute_forces()
         if self.cell:
             if sim.results.get("virial") is None:
                 raise UserError(f"minimize.cell=true needs the model's virial (the stress) and model "
-                                f"{origin_text(sim.model_origin)} returns none; use a model with a virial or drop "
+                                f"{sim.run_record.origin_line()} returns none; use a model with a virial or drop "
                                 "minimize.cell")
             self.filter = FrechetCell(s.cell.double().cpu().numpy(), sim.n_global,
                                       self.pressure / EV_PER_A3_TO_BAR)

@@ -106,7 +106,8 @@ def resolve_fixed(cfg, state, checkpoint: dict | None) -> torch.Tensor:
         stored = (checkpoint.get("integrator") or {}).get("fixed_ids")
         problem = fixed_ranges_problem(stored, state.ids.cpu().numpy()) if stored else None
         if problem:   # read_checkpoint checks this too; a checkpoint dict built by hand meets it here
-            raise UserError(f"checkpoint {checkpoint.get('path', '')}: fixed_ids {problem}; use another checkpoint")
+            where = checkpoint.get("shown", checkpoint.get("path", ""))
+            raise UserError(f"checkpoint {where}: fixed_ids {problem}; use another checkpoint")
         fixed = from_ranges(stored) if stored else torch.zeros(0, dtype=torch.int64)
         extra = sorted(set(given) - set(fixed.tolist()))
         if extra:

@@ -28,7 +28,8 @@ class Reporter:
 
     log_path: the log file (every line printed, also in quiet mode); quiet: nothing on the
     terminal but errors; progress: a progress line on stderr (a live one on a terminal);
-    config_line: the log's first line, the resolved configuration (shardmd.engine.config.compose.echo_line); one
+    config_line: the log's first line, the configuration, expressions as written
+    (shardmd.engine.config.compose.echo_line); one
     line, so that the log's line count still says how far a run is (tools and tests watch it).
     """
 

@@ -24,13 +24,14 @@ import numpy as np
 import torch
 
 from shardmd.engine.config.compose import to_container
+from shardmd.engine.config.expressions import expression_paths, identity_matches, physics_changes, shown_checkpoint
 from shardmd.engine.errors import CollectiveError, UserError
 from shardmd.engine.io.checkpoint import (
+    PHYSICS_KEYS,
     CheckpointSkipped,
     checkpoint_dir,
     model_identity,
     newest_valid,
-    physics_changes,
     read_checkpoint,
 )
 from shardmd.engine.launch.parallel import env_rank
@@ -42,7 +43,9 @@ def resolve(cfg, identity: str | None = None, label: str | None = None, record: 
 
     identity: the run's model identity (``checkpoint.model_identity_of``); default: that of
     the config's model node.  Another model than the checkpoint's is refused unless
-    ``restart.allow_changes``; record: the configuration as the run stores it (default: ``cfg``)."""
+    ``restart.allow_changes``; record: the run's configuration as it stores it, resolved
+    (``Simulation.record(stored=False)``; default: ``cfg``).  A checkpoint's physics keys that
+    hold expressions are compared by their digests (engine/config/expressions.py)."""
     out = Path(cfg.output)
     spec = cfg.restart.file
     ckpt = None
@@ -66,19 +69,21 @@ def resolve(cfg, identity: str | None = None, label: str | None = None, record: 
             raise CollectiveError(f"output {str(out)!r} exists; add overwrite=true to replace it, "
                                   "restart=auto to continue it, or choose another output=")
         return None
-    new = record or to_container(cfg)   # record: the config as the run stores it (Simulation.record)
+    # messages and the log name it by the expression of restart.file or output that found it
+    ckpt["shown"] = shown_checkpoint(expression_paths(cfg), ckpt["path"])
+    new = record or to_container(cfg)   # resolved: a stored expression's digest is compared with it
     if not cfg.restart.allow_changes:
-        changed = physics_changes(ckpt["config"], new)
+        changed = physics_changes(ckpt["config"], new, PHYSICS_KEYS)
         if changed:
             raise CollectiveError(f"restart would change {', '.join(changed)} from the checkpoint "
-                                  f"{ckpt['path']}; add restart.allow_changes=true to accept that")
-        if ckpt["model_identity"] != (identity or model_identity(new["model"])):
+                                  f"{ckpt['shown']}; add restart.allow_changes=true to accept that")
+        if not identity_matches(ckpt["model_identity"], identity or model_identity(new["model"])):
             now = label or new["model"].get("name")
-            raise CollectiveError(f"checkpoint {ckpt['path']} was written with another model ({ckpt['model_name']}, "
+            raise CollectiveError(f"checkpoint {ckpt['shown']} was written with another model ({ckpt['model_name']}, "
                                   f"this run: {now}, or the same name with other arguments or files); use its "
                                   "model or add restart.allow_changes=true")
     if ckpt["step"] > int(cfg.steps):
-        raise CollectiveError(f"checkpoint {ckpt['path']} is at step {ckpt['step']}, past steps={cfg.steps}; "
+        raise CollectiveError(f"checkpoint {ckpt['shown']} is at step {ckpt['step']}, past steps={cfg.steps}; "
                               "steps is the total step to reach: raise it")
     return ckpt
 

@@ -22,6 +22,7 @@ from omegaconf import DictConfig
 from shardmd.domain.comm import Comm
 from shardmd.engine.config import guard as config_guard
 from shardmd.engine.config.compose import compose_config, echo_line, to_container
+from shardmd.engine.config.expressions import stored_config
 from shardmd.engine.errors import OutputError, UserError
 from shardmd.engine.io.checkpoint import checkpoint_dir, model_identity_of, write_checkpoint
 from shardmd.engine.io.output_lock import OutputLock
@@ -33,10 +34,10 @@ from shardmd.engine.run.integrator_setup import make_integrator
 from shardmd.engine.run.loop_summary import loop_summary
 from shardmd.engine.run.rank_domain import RankDomain
 from shardmd.engine.run.rebuild import Outcome, RebuildController
+from shardmd.engine.run.record import RunRecord
 from shardmd.engine.run.reporting import Reporter
 from shardmd.engine.run.skin_check import DeferredSkinCheck
 from shardmd.engine.run.state import State, atoms_from_arrays
-from shardmd.models.registry import origin_text
 
 
 class Simulation:
@@ -64,8 +65,9 @@ class Simulation:
         self.observable_modules = measure.load_config(cfg)   # observables.modules (allow_code=true)
         self.dmodel, self.model_origin = stages.the_model(cfg, model, self.dtype, self.device)
         self.model = model = self.dmodel.model
+        self.run_record = RunRecord(cfg, self.model_origin)   # expressions never resolved in what is stored
         self.checkpoint_in = (restart_mod.resolve(cfg, identity=model_identity_of(self.model_origin),
-                                                  label=str(self.model_origin["route"]), record=self.record())
+                                                  label=self.run_record.model_name, record=self.record(stored=False))
                               if state is None else None)
         state, reference = stages.starting_state(cfg, state, self.checkpoint_in, self.integrator, self.dtype,
                                                 self.device)
@@ -95,7 +97,8 @@ class Simulation:
                                              progress=cfg.thermo.progress, enabled=comm.is_root,
                                              log_mode="a" if self.checkpoint_in else "w",
                                              config_line="\n".join(
-                                                 [echo_line(cfg), *config_guard.log_notes(to_container(cfg.model))]))
+                                                 [echo_line(cfg), *config_guard.log_notes(
+                                                     to_container(cfg.model), shown=stored_config(cfg)["model"])]))
         self.stop = StopRequest()
         self.exit_code = 0
         # plain copies of the settings the step loop reads (OmegaConf access is slow)
@@ -120,19 +123,10 @@ class Simulation:
         self.last_thermo: dict | None = None
         self.started = False
 
-    def record(self) -> dict:
-        """The configuration as the trajectory and checkpoint store it: the resolved config, its
-        ``model`` node naming a model given as an object (its route ``api:<class>``, cutoff and
-        tensor hash) instead of the config's, and ``model_identity``: the model's origin (route,
-        factory, arguments, file sha256) as JSON."""
-        import json
-
-        rec = to_container(self.cfg)
-        if self.model_origin.get("api"):
-            rec["model"] = {"name": self.model_origin["route"], "cutoff": self.model_origin["cutoff"],
-                            "tensors_sha256": self.model_origin["tensors_sha256"]}
-        rec["model_identity"] = json.dumps(self.model_origin, sort_keys=True, default=str)
-        return rec
+    def record(self, stored: bool = True) -> dict:
+        """The configuration as the trajectory and checkpoint store it (``stored=False``: resolved,
+        for comparisons only): :meth:`engine.run.record.RunRecord.config`."""
+        return self.run_record.config(stored)
 
     @property
     def nl(self):
@@ -212,7 +206,7 @@ class Simulation:
         if self._barostat:   # npt's pressure: the global virial of these forces
             if out.get("virial") is None:
                 raise UserError(f"integrator=npt needs the model's virial (the pressure) and model "
-                                f"{origin_text(self.model_origin)} returns none; use a model with a virial or "
+                                f"{self.run_record.origin_line()} returns none; use a model with a virial or "
                                 "integrator=nose-hoover")
             self.integrator.virial = out["virial"]
         self.neighbors.observe_fill(out)
@@ -336,12 +330,13 @@ class Simulation:
                 health.close_contacts(self.comm, self.domain.close_pairs(s, self._min_distance), self._min_distance)
         with self._output_step():
             self._open_writer()   # before the header: an output of another system is refused untouched
-        r.line(f"ShardMD: {self.n_global} atoms, model {origin_text(self.model_origin)}, "
+        shown = self.run_record.shown   # a value written as an expression is named by it
+        r.line(f"ShardMD: {self.n_global} atoms, model {self.run_record.origin_line()}, "
                f"integrator {self.integrator.name}, "
-               f"dt {self.integrator.dt} fs, {self.cfg.precision} on {self.device}, domains {self.comm.size} "
-               f"(grid {'x'.join(map(str, self.domain.grid.shape))})")
+               f"dt {shown('dt', self.integrator.dt)} fs, {shown('precision', self.cfg.precision)} on {self.device}, "
+               f"domains {self.comm.size} (grid {'x'.join(map(str, self.domain.grid.shape))})")
         if restored:
-            r.line(f"Restart from {self.checkpoint_in['path']} at step {self.state.step}")
+            r.line(f"Restart from {self.checkpoint_in['shown']} at step {self.state.step}")
         r.summary(measure.notes(self.observable_modules))
         self.neighbors.start(s)
         self.compute_forces()
@@ -448,11 +443,10 @@ class Simulation:
     def _write_checkpoint(self, s, full: dict):
         from shardmd.engine import __version__
 
-        cfg = self.record()
         return write_checkpoint(checkpoint_dir(self.output_path), s.step, s.time, full,
-                                s.cell.detach().cpu().numpy(), s.pbc.cpu().numpy(), cfg,
-                                self._integrator_state(), str(self.model_origin["route"]),
-                                model_identity_of(self.model_origin), __version__,
+                                s.cell.detach().cpu().numpy(), s.pbc.cpu().numpy(), self.record(),
+                                self.run_record.integrator_state(self._integrator_state()), self.run_record.model_name,
+                                self.run_record.identity(), __version__,
                                 keep=int(self.cfg.checkpoint.keep))
 
     def _integrator_state(self) -> dict:
