@@ -349,3 +349,16 @@ def test_byo_tutorial(tmp_path):
         (tmp_path / f"block{i}.py").write_text(code)
         r = _run([sys.executable, f"block{i}.py"], tmp_path)
         assert r.returncode == 0, r.stderr[-2000:]
+
+
+def test_factory_arguments_named_like_another_models_keys_reach_the_factory():
+    """``model.cutoff`` or ``model.epsilon.Kr`` under ``model=py:...`` are the factory's arguments,
+    not LJ's keys refused as "a key of model=lj or model=morse only"."""
+    from shardmd.engine.config.compose import to_container
+
+    cfg = compose_config(["model=py:mymodel:make", "model.cutoff=4.5", "model.epsilon.Kr=0.3",
+                          "model.features=8", "steps=0"])
+    node = to_container(cfg.model)
+    assert (node["cutoff"], node["epsilon"], node["features"]) == (4.5, {"Kr": 0.3}, 8), node
+    with pytest.raises(UserError, match="model.cutoff"):   # under LJ the key is LJ's, and checked
+        compose_config(["model=lj", "model.cutoff=-1"])

@@ -229,6 +229,8 @@ def normalize_overrides(args: list[str]) -> list[str]:
             if bad:
                 raise UserError(f"{key}={bad[0]!r} is not available; choose one of: {', '.join(options)}")
             out.append(f"{key}={value}")
+        elif _factory_argument(key, open_groups):
+            out.append(f"++{key}={value}")   # an argument of the model's factory (model.<key>=...)
         elif _map_of(key) and SCHEMA[_map_of(key)].nested:
             # model.pairs.Ar-Kr.sigma=3.5 as ++model.pairs={Ar-Kr: {sigma: 3.5}}: merged into the
             # entry (OmegaConf cannot force-add a path through a new entry of typed values)
@@ -281,6 +283,18 @@ def _delete(arg: str, key: str) -> str:
         raise UserError(f"unknown config key '{key}'{_closest(key)}")
     raise UserError(f"'{arg}': {key} cannot be removed, only set ({key}=...); keys that can be removed: "
                     f"{_removable_text()}")
+
+
+def _factory_argument(key: str, open_groups: set[str]) -> bool:
+    """Whether ``key`` (``model.<key>``) is an argument of an open choice's factory: the group's
+    open choice is chosen and no key of that choice's own has this name (``model.cutoff`` of
+    ``model=py:...`` is the factory's, not LJ's)."""
+    group = key.split(".")[0]
+    if group not in open_groups or "." not in key:
+        return False
+    info = SCHEMA.get(key) or SCHEMA.get(_map_of(key) or "")
+    own = f"{group}={schema.OPEN_CHOICES[group]}"
+    return info is None or bool(info.owners) and own not in info.owners
 
 
 def _chosen(overrides: list[str], group: str) -> str | None:
