@@ -54,7 +54,8 @@ def hydra_value(v: Any, spaced: bool = False) -> str:
         sep = ": " if spaced else ":"
         return "{" + (", " if spaced else ",").join(f"{k}{sep}{hydra_value(x, spaced)}" for k, x in v.items()) + "}"
     s = str(v)
-    if re.fullmatch(r"[A-Za-z_/.][\w./@%+\-]*", s, re.ASCII) and s.lower() not in ("null", "true", "false", "inf", "nan"):
+    plain = re.fullmatch(r"[A-Za-z_/.][\w./@%+\-]*", s, re.ASCII)   # ASCII only: Hydra's unquoted characters
+    if plain and s.lower() not in ("null", "true", "false", "inf", "nan"):
         return s
     return "'" + s.replace("\\", "\\\\").replace("'", "\\'") + "'"
 

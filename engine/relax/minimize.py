@@ -351,7 +351,8 @@ def minimize_cfg(cfg):
     check_outputs(cfg, structure=structure_path(cfg))   # the relaxed structure is no input, no other output
     structure = structure_path(cfg)
     if not cfg.overwrite and os.path.lexists(structure):   # as run's output: replaced only when asked
-        given = "minimize.structure" if cfg.minimize.structure is not None else "output= with .extxyz: minimize.structure=null"
+        given = ("minimize.structure" if cfg.minimize.structure is not None
+                 else "output= with .extxyz: minimize.structure=null")
         raise UserError(f"the relaxed structure {structure!r} ({given}) exists; add overwrite=true to replace it, "
                         "or give minimize.structure= another name")
     cfg = copy.deepcopy(cfg)
