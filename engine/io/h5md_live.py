@@ -97,3 +97,22 @@ def while_written(fn: Callable[..., T]) -> Callable[..., T]:
     def wrapper(path, *args, **kwargs):
         return retried(path, lambda _n: fn(path, *args, **kwargs))
     return wrapper
+
+
+def check_settled(reader, error: type[UserError]) -> None:
+    """Raise ``error`` (read again) when per-atom fields of ``reader`` (an ``h5md_read._Reader``
+    after its set-up) end before its last committed frame while a running job holds the file's
+    lock: HDF5 gave this open an older view of those fields than of the commit record, so that
+    frame would lack them.  Not when the same fields ended at the same steps in the previous
+    attempt as well: a field that a restart with fewer ``trajectory.fields`` stopped writing."""
+    steps = reader.steps
+    if reader.primary != "box" or not len(steps.get("box", ())):
+        return
+    last = int(steps["box"][-1])
+    lag = tuple((name, int(s[-1]) if len(s) else None) for name, s in steps.items()
+                if name != "box" and (not len(s) or s[-1] < last))
+    if not lag or lag == getattr(reader, "lag", None) or output_in_use(reader.path) is None:
+        return
+    reader.lag = lag
+    raise error(f"{reader.path!r}: the frame at step {last} is committed but {lag[0][0]} ends at step {lag[0][1]} "
+                "(read between two of a running job's flushes)")

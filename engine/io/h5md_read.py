@@ -51,7 +51,7 @@ import numpy as np
 
 from shardmd.engine.errors import OneLineWarning, UserError
 from shardmd.engine.io.h5md_check import layout_problem
-from shardmd.engine.io.h5md_live import open_unlocked, retried, while_written
+from shardmd.engine.io.h5md_live import check_settled, open_unlocked, retried, while_written
 from shardmd.engine.io.h5md_units import (  # noqa: F401  (unit strings: re-exported for the writer)
     FIELD_ALIASES,
     FIELD_UNITS,
@@ -304,6 +304,7 @@ class _Reader:
                 "time", unit_of(g["time"]))
         #: observables listed in the file but left out, unreadable (a warning said each)
         self.observables, self.unreadable_observables = _read_observables(self.f, self.path, 5)
+        check_settled(self, TrajectoryReadError)   # a running job's file: every field up to the last frame
 
     def __len__(self) -> int:
         return len(self.frame_steps)

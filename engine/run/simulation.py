@@ -354,12 +354,12 @@ class Simulation:
         if full is None:
             self.timers["output"] += time.perf_counter() - t
             return
+        self.writer.write_observables(s.step, s.time, {k: obs[k] for k in (   # first: a committed frame has them
+            "potential_energy", "kinetic_energy", "total_energy", "temperature", "pressure", "stress")
+            if obs[k] is not None})
         self.writer.write_frame(s.step, s.time, s.cell.detach().cpu().numpy(), positions=full["positions"],
                                 images=full["images"], velocities=full["velocities"], forces=full["forces"],
                                 **{k: full[k] for k in extra})
-        self.writer.write_observables(s.step, s.time, {k: obs[k] for k in (
-            "potential_energy", "kinetic_energy", "total_energy", "temperature", "pressure", "stress")
-            if obs[k] is not None})
         self.timers["output"] += time.perf_counter() - t
 
     def _report(self, force_traj=False, force_thermo=False, traj=True) -> None:
