@@ -7,7 +7,10 @@
 
 Units: positions Å, velocities Å/fs, forces eV/Å, masses amu, dt fs.  Works in place on
 the arrays of owned atoms; knows nothing of domains or models.
-Temperature degrees of freedom: 3N - 3 (total momentum is conserved and initially zero).
+Temperature degrees of freedom: 3N - 3 (total momentum is conserved and initially zero).  A
+single atom has none (3N - 3 = 0: its only motion is the centre of mass's): its thermal
+initial velocity is zero, the temperature reported is 0 K (dof 0, as LAMMPS's), and a velocity
+given in the input is kept, conserved, and counted in the kinetic energy only.
 """
 from __future__ import annotations
 
@@ -26,7 +29,8 @@ class VelocityVerlet:
         self.dt = float(dt)
 
     def degrees_of_freedom(self, n_atoms: int) -> int:
-        return max(3 * n_atoms - 3, 1)
+        """3N - 3; 0 for a single atom (the module docstring)."""
+        return max(3 * n_atoms - 3, 0)
 
     def first_half(self, positions: torch.Tensor, velocities: torch.Tensor, forces: torch.Tensor,
                    masses: torch.Tensor, ids: torch.Tensor, step: int) -> None:

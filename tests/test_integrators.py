@@ -197,8 +197,8 @@ def test_verlet_state_and_dof():
     vv = VelocityVerlet(0.25)
     assert vv.state_dict() == {"name": "verlet", "dt": 0.25}
     assert INTEGRATORS["verlet"] is VelocityVerlet and vv.conserves_momentum
-    # 3N - 3 (total momentum conserved), never below 1
-    assert [vv.degrees_of_freedom(n) for n in (0, 1, 2, 10, 1000)] == [1, 1, 3, 27, 2997]
+    # 3N - 3 (total momentum conserved); a single atom has none (T 0 K: tests/test_faults_minor.py)
+    assert [vv.degrees_of_freedom(n) for n in (0, 1, 2, 10, 1000)] == [0, 0, 3, 27, 2997]
     with pytest.raises(ValueError):
         VelocityVerlet(0.0)
 

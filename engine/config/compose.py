@@ -54,7 +54,8 @@ def hydra_value(v: Any, spaced: bool = False) -> str:
         sep = ": " if spaced else ":"
         return "{" + (", " if spaced else ",").join(f"{k}{sep}{hydra_value(x, spaced)}" for k, x in v.items()) + "}"
     s = str(v)
-    if re.fullmatch(r"[A-Za-z_/.][\w./@%+\-]*", s) and s.lower() not in ("null", "true", "false", "inf", "nan"):
+    plain = re.fullmatch(r"[A-Za-z_/.][\w./@%+\-]*", s, re.ASCII)   # ASCII only: Hydra's unquoted characters
+    if plain and s.lower() not in ("null", "true", "false", "inf", "nan"):
         return s
     return "'" + s.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
@@ -195,18 +196,14 @@ def split_config_file(args: list[str]) -> tuple[Path | None, list[str]]:
 def normalize_overrides(args: list[str]) -> list[str]:
     """Rewrite users' spellings into Hydra overrides; refuse unknown keys (one line)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.errors import HydraException
+
+    from shardmd.engine.config.path_values import parse_override
 
     parser = OverridesParser.create()
     out: list[str] = []
     open_groups = {g for g in schema.OPEN_CHOICES if _open_choice(g, args)}
     for arg in args:
-        try:
-            o = parser.parse_override(arg)
-        except HydraException as exc:
-            why = str(exc).strip().splitlines()[0] if "=" in arg or arg.startswith("~") else ""
-            raise UserError(f"cannot read argument {arg!r}: {why + '; ' if why else ''}write key=value, "
-                            "e.g. steps=1000") from None
+        arg, o = parse_override(parser, arg)   # a file name Hydra reads only quoted: quoted (path_values.py)
         key = o.key_or_group
         value = arg.split("=", 1)[1] if "=" in arg else None
         if o.package is not None:

@@ -99,7 +99,7 @@ def count_structures(path: str) -> tuple[str, int]:
 def iter_structures(path: str, index: slice = slice(None)) -> Iterator:
     """Yield the frames ``index`` (a slice) of a trajectory, or the one structure of a
     checkpoint, as ``ase.Atoms``, reading one frame at a time."""
-    from shardmd.engine.io.h5md_read import _Reader, _reading
+    from shardmd.engine.io.h5md_read import _Reader
     from shardmd.engine.io.inspect_files import _open_kind
 
     path = str(path)
@@ -110,8 +110,6 @@ def iter_structures(path: str, index: slice = slice(None)) -> Iterator:
     r = _Reader(path)
     try:
         for i in range(len(r))[index]:
-            with _reading(path):
-                atoms = r.atoms(i)
-            yield atoms
+            yield r.frame(i)   # a running job's file: read again (h5md_live.py)
     finally:
         r.close()

@@ -51,6 +51,7 @@ import numpy as np
 
 from shardmd.engine.errors import OneLineWarning, UserError
 from shardmd.engine.io.h5md_check import layout_problem
+from shardmd.engine.io.h5md_live import check_settled, open_unlocked, retried, while_written
 from shardmd.engine.io.h5md_units import (  # noqa: F401  (unit strings: re-exported for the writer)
     FIELD_ALIASES,
     FIELD_UNITS,
@@ -216,21 +217,6 @@ def _open(path) -> h5py.File:
         return open_unlocked(p)
 
 
-def open_unlocked(p: str) -> h5py.File:
-    """``h5py.File(p, "r")`` without HDF5's file lock (so a running job's file opens), or with
-    it where this process already has the file open with the lock: HDF5 refuses a second open
-    of one file with other locking flags ("file locking flag values don't match"), which is
-    what an MDAnalysis Universe or a plain ``h5py.File`` left open in the same process holds."""
-    try:
-        return h5py.File(p, "r", locking=False)
-    except TypeError:  # very old h5py without the locking keyword
-        return h5py.File(p, "r")
-    except OSError as exc:
-        if "locking flag values don't match" not in str(exc):
-            raise
-        return h5py.File(p, "r")
-
-
 class TrajectoryDamageWarning(OneLineWarning):
     """A trajectory that reads, with a part left out because HDF5 cannot read it (a killed
     writer's damage): one line naming the file, the part and HDF5's reason."""
@@ -268,9 +254,14 @@ class _Reader:
 
     def __init__(self, path):
         self.path = os.fspath(path)
-        self.f = _open(path)
+        retried(self.path, self._load)   # a running job's file: read again (h5md_live.py)
+
+    def _load(self, again: int = 0) -> None:
+        if again and getattr(self, "f", None) is not None:
+            self.f.close()
+        self.f = _open(self.path)
         try:
-            with _reading(path):
+            with _reading(self.path):
                 self._setup()
         except BaseException:
             self.f.close()
@@ -312,6 +303,7 @@ class _Reader:
                 "time", unit_of(g["time"]))
         #: observables listed in the file but left out, unreadable (a warning said each)
         self.observables, self.unreadable_observables = _read_observables(self.f, self.path, 5)
+        check_settled(self, TrajectoryReadError)   # a running job's file: every field up to the last frame
 
     def __len__(self) -> int:
         return len(self.frame_steps)
@@ -366,6 +358,15 @@ class _Reader:
             atoms.calc = SinglePointCalculator(atoms, energy=energy, forces=forces, **per_atom)
         return atoms
 
+    def frame(self, i: int):
+        """:meth:`atoms` ``i``, the file opened afresh and read again while a running job writes it."""
+        def attempt(again: int):
+            if again:
+                self._load(again)
+            with _reading(self.path):
+                return self.atoms(i)
+        return retried(self.path, attempt)
+
     def _value(self, name: str, row: int) -> np.ndarray:
         """Row ``row`` of element ``name`` as float64 in the engine's unit (image: as stored)."""
         v = self.elements[name]["value"][row]
@@ -407,9 +408,7 @@ def read_frames(path, index: int | slice | Sequence[int] = slice(None)) -> list:
     """
     r = _Reader(path)
     try:
-        rows = _select(len(r), index)
-        with _reading(path):
-            return [r.atoms(i) for i in rows]
+        return [r.frame(i) for i in _select(len(r), index)]
     finally:
         r.close()
 
@@ -419,13 +418,12 @@ def iter_frames(path) -> Iterator:
     r = _Reader(path)
     try:
         for i in range(len(r)):
-            with _reading(path):
-                atoms = r.atoms(i)
-            yield atoms
+            yield r.frame(i)
     finally:
         r.close()
 
 
+@while_written
 def read_observables(path) -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]:
     """All observables: ``{name: (steps (m,) int64, times (m,) float64 fs, values (m, ...))}``.
 
@@ -436,6 +434,7 @@ def read_observables(path) -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray
         return _read_observables(f, path, 3)[0]
 
 
+@while_written
 def file_summary(path) -> dict[str, Any]:
     """Facts about a trajectory file, for an ``info`` command.
 

@@ -18,10 +18,12 @@ from pathlib import Path
 import h5py
 
 from shardmd.engine.errors import UserError
-from shardmd.engine.io.h5md_read import _reading, open_unlocked
+from shardmd.engine.io.h5md_live import open_unlocked, while_written
+from shardmd.engine.io.h5md_read import _reading
 from shardmd.engine.io.safe_io import check_output_path, output_error
 
 
+@while_written   # a running job's file: read again (h5md_live.py)
 def _open_kind(path: str) -> str:
     p = Path(path)
     if p.is_dir():

@@ -49,6 +49,7 @@ and a cell periodic on all three axes (refused in one line otherwise).
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 
 import numpy as np
@@ -346,6 +347,12 @@ def minimize_cfg(cfg):
     from shardmd.engine.run.preflight import check_outputs
 
     check_outputs(cfg, structure=structure_path(cfg))   # the relaxed structure is no input, no other output
+    structure = structure_path(cfg)
+    if not cfg.overwrite and os.path.lexists(structure):   # as run's output: replaced only when asked
+        given = ("minimize.structure" if cfg.minimize.structure is not None
+                 else "output= with .extxyz: minimize.structure=null")
+        raise UserError(f"the relaxed structure {structure!r} ({given}) exists; add overwrite=true to replace it, "
+                        "or give minimize.structure= another name")
     cfg = copy.deepcopy(cfg)
     with open_dict(cfg):
         cfg.system.velocities = "zero"

@@ -72,6 +72,17 @@ def fixed_dof(n_atoms: int, n_fixed: int) -> int:
     return max(3 * (int(n_atoms) - int(n_fixed)), 1)
 
 
+def check_thermostat_dof(integrator, n_atoms: int) -> None:
+    """Refuse a thermostat that holds the total momentum (nose-hoover, csvr, npt) for a single
+    atom: 3N - 3 = 0 degrees of freedom, nothing it could act on (its scaling would change the
+    one momentum it must keep).  Verlet runs it (temperature 0 K, integrators/velocity_verlet.py),
+    langevin too (3N)."""
+    if n_atoms < 2 and getattr(integrator, "conserves_momentum", False) and hasattr(integrator, "temperature"):
+        raise UserError(f"integrator={integrator.name} with {n_atoms} atom: a thermostat that holds the total "
+                        "momentum has 3N - 3 = 0 degrees of freedom to act on; use integrator=langevin (3N) or "
+                        "integrator=verlet, or give 2 atoms or more")
+
+
 def to_ranges(ids: torch.Tensor) -> list[list[int]]:
     """Sorted unique ids -> [[start, stop), ...] (how a checkpoint stores them: compact for layers)."""
     x = ids.cpu().tolist()
@@ -209,6 +220,7 @@ def constrain(integrator, cfg, state, checkpoint: dict | None, current_ids: Call
     set to 0.0.  A one-line UserError for a set :func:`resolve_fixed` refuses."""
     fixed = resolve_fixed(cfg, state, checkpoint)
     if fixed.numel() == 0:
+        check_thermostat_dof(integrator, int(state.n_atoms))
         return integrator
     rows = torch.nonzero(torch.isin(state.ids, fixed.to(state.ids.device))).flatten()
     state.velocities.index_fill_(0, rows, 0.0)

@@ -278,10 +278,11 @@ class Simulation:
         if full is None:
             self.timers["output"] += time.perf_counter() - t
             return
+        # observables first: a frame a reader sees committed has its observables too
+        self.writer.write_observables(s.step, s.time, *measure.trajectory_row(obs))
         self.writer.write_frame(s.step, s.time, s.cell.detach().cpu().numpy(), positions=full["positions"],
                                 images=full["images"], velocities=full["velocities"], forces=full["forces"],
                                 **{k: full[k] for k in extra})
-        self.writer.write_observables(s.step, s.time, *measure.trajectory_row(obs))
         self.timers["output"] += time.perf_counter() - t
 
     def _report(self, force_traj=False, force_thermo=False, traj=True) -> None:

@@ -96,10 +96,27 @@ def read_structure(path: str, index: int = -1):
     try:
         atoms = read(str(p), index=index)
     except Exception as exc:  # noqa: BLE001 - any failure becomes one line
+        unknown = unknown_element(exc)
+        if unknown is not None:
+            raise UserError(f"system.file={path!r}: unknown element {unknown!r} (a species or element "
+                            "name of the file); elements are their chemical symbols, H to Og (e.g. Ar, Cu, "
+                            "Si): correct that name in the file") from None
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise UserError(f"system.file={path!r}: ASE cannot read it ({first}); give a structure "
                         "file such as .extxyz, .cif or POSCAR") from None
     return _checked(path, atoms)
+
+
+def unknown_element(exc: BaseException) -> str | None:
+    """The name ASE's reader met that is no chemical symbol (its KeyError from
+    ``ase.symbols.symbols2numbers``, e.g. ``Xx`` or ``Cuu`` in an extxyz species column, a
+    POSCAR or a CIF), else None."""
+    from ase.data import atomic_numbers
+
+    if not isinstance(exc, KeyError) or len(exc.args) != 1 or not isinstance(exc.args[0], str):
+        return None
+    name = exc.args[0]
+    return name if name not in atomic_numbers and 0 < len(name) <= 40 and name.isprintable() else None
 
 
 def _is_hdf5(p: Path) -> bool:
@@ -132,7 +149,7 @@ def thermal_velocities(state: State, temperature: float, seed: int, dof: int,
     id order, so the result is independent of memory order.  fixed: (k,) global ids whose
     velocities are 0.0 (zeroed before the momentum removal and the rescaling)."""
     n = state.n_atoms
-    if n == 0 or temperature <= 0:
+    if n == 0 or temperature <= 0 or dof <= 0:   # dof 0: one atom under verlet (its centre of mass only)
         return torch.zeros_like(state.positions)
     order = torch.argsort(state.ids)
     m = state.masses.double()[order]
@@ -185,6 +202,15 @@ def set_velocities(cfg, state: State, has_v: bool, dof_of, zero_momentum: bool, 
     elif mode == "thermal" or (mode == "auto" and not has_v):
         fixed = resolve_fixed(cfg, state, None)
         dof = fixed_dof(state.n_atoms, fixed.numel()) if fixed.numel() else dof_of(state.n_atoms)
+        if dof == 0 and float(cfg.temperature) > 0:
+            import warnings
+
+            from shardmd.engine.errors import OneLineWarning
+
+            warnings.warn(f"{what} holds 1 atom, which has no thermal degrees of freedom under "
+                          f"integrator={cfg.integrator.name} (3N - 3 = 0: the total momentum is held): it starts "
+                          "at rest and its temperature reads 0 K; use integrator=langevin to give it a "
+                          "temperature", OneLineWarning, stacklevel=2)
         state.velocities = thermal_velocities(state, float(cfg.temperature), int(cfg.seed), dof,
                                               zero_momentum and not fixed.numel(), fixed=fixed
                                               ).to(state.positions.device)
