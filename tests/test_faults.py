@@ -179,13 +179,14 @@ def test_dt_300_nan_keeps_the_finite_checkpoints(tmp_path, capfd, monkeypatch):
 @pytest.mark.parametrize("domains, extra", [(2, []), pytest.param(4, ["neighbor.deferred=true"],
                                                                   marks=pytest.mark.slow)])
 def test_nan_on_one_rank_stops_all(tmp_path, files, domains, extra):
-    """Two atoms on one site, allowed on purpose: one rank's forces are NaN at step 0."""
-    t = time.time()
+    """Two atoms on one site, allowed on purpose: one rank's forces are NaN at step 0. The other
+    ranks end with it, not by a timeout: a rank left waiting would end by the heartbeat (exit 5,
+    health.rank_silence) or by gloo's (exit 1), so the status says which (no clock is read: a
+    busy machine takes minutes to start 4 ranks)."""
     r = run_engine(["run", *SMALL, "steps=50", f"domains={domains}", f"system.file={files}/duplicate.extxyz",
-                    "health.min_distance=0", *extra], cwd=tmp_path, timeout=120)
+                    "health.min_distance=0", *extra], cwd=tmp_path, timeout=900)
     assert r.returncode == 3, r.stderr
     one_line(r.stderr.strip().splitlines(), "atom id 4: its force is not finite")
-    assert time.time() - t < 100
 
 
 @pytest.mark.mpi
@@ -195,7 +196,7 @@ def test_nan_on_one_rank_stops_all(tmp_path, files, domains, extra):
 def test_blowup_mid_run_on_one_rank_of_4(tmp_path, files):
     """Two atoms 0.2 Å apart on one rank: thrown apart at step 1; all 4 ranks stop."""
     r = run_engine(["run", *SMALL, "steps=50", "domains=4", "system.repeat=[4,4,4]", "checkpoint.every=0",
-                    f"system.file={files}/close.extxyz", "health.min_distance=0"], cwd=tmp_path, timeout=120)
+                    f"system.file={files}/close.extxyz", "health.min_distance=0"], cwd=tmp_path, timeout=900)
     assert r.returncode == 3, r.stderr
     line = one_line(r.stderr.strip().splitlines(), "at step 1: atom id")
     assert "atom id 8" in line or "atom id 9" in line
@@ -377,7 +378,7 @@ def test_disk_full_on_two_ranks_is_one_line(tmp_path):
         pytest.skip("mounting a small tmpfs needs root (the disk-full case of test_write_faults.py too)")
     try:
         r = run_engine(["run", "model=lj", "system.repeat=[5,5,5]", "steps=400", "trajectory.every=1",
-                        "thermo.every=0", "quiet=true", "domains=2", "checkpoint.every=10"], cwd=small, timeout=180)
+                        "thermo.every=0", "quiet=true", "domains=2", "checkpoint.every=10"], cwd=small, timeout=600)
         assert r.returncode == 4, r.stderr
         line = one_line(r.stderr.strip().splitlines(), "No space left on device")
         assert "run.h5" in line or "step-" in line

@@ -270,7 +270,7 @@ def test_other_hdf5_readers_open_a_running_jobs_file_without_the_lock(tmp_path):
         assert writer.poll() is None
     finally:
         writer.terminate()
-        assert writer.wait(timeout=120) == 75, writer.stderr.read()
+        assert writer.wait(timeout=600) == 75, writer.stderr.read()
     with h5py.File(out, "r") as f:
         assert "particles" in f
 

@@ -97,7 +97,7 @@ def test_second_run_on_a_running_jobs_output_touches_nothing(tmp_path, capfd, mo
                    f"host {socket.gethostname()}")
     finally:
         first.send_signal(signal.SIGTERM)
-        assert first.wait(timeout=120) == 75, first.stderr.read()
+        assert first.wait(timeout=600) == 75, first.stderr.read()
     frames = _intact(tmp_path / "run.h5")
     assert frames[0].info["step"] == 0 and len(frames) >= 3
     assert not (tmp_path / "run.h5.lock").exists()      # released at the end of the run

@@ -194,7 +194,7 @@ def test_killed_rank_of_a_self_launched_run_leaves_no_segment(tmp_path):
     segments = segments_of(pid1)
     assert segments, "MPICH maps no /dev/shm segment here: the test would not cover it"
     os.kill(pid1, signal.SIGKILL)
-    code = proc.wait(timeout=120)
+    code = proc.wait(timeout=600)
     assert code != 0
     left = [s for s in segments if s.exists()]
     assert not left, f"{left} left in /dev/shm after the launcher returned"
@@ -208,7 +208,7 @@ def test_killed_rank_under_mpiexec_leaves_no_segment(tmp_path):
     segments = segments_of(pid1)
     assert segments
     os.kill(pid1, signal.SIGKILL)
-    assert proc.wait(timeout=120) != 0
+    assert proc.wait(timeout=600) != 0
     wait_until("the segment removed", lambda: not [s for s in segments if s.exists()], 60)
 
 
