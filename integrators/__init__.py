@@ -8,13 +8,24 @@ over ranks of a small tensor) from the engine; they never talk to ranks themselv
 barostat (npt) also gets the cell and the virial from the engine (its ``cell`` and ``virial``
 attributes) and returns the new cell in ``cell``.
 """
-from .csvr import CSVR
-from .langevin import Langevin
-from .nose_hoover import NoseHoover
-from .npt import NPT
-from .velocity_verlet import VelocityVerlet
+import importlib
 
-INTEGRATORS = {"verlet": VelocityVerlet, "langevin": Langevin, "nose-hoover": NoseHoover, "csvr": CSVR,
-               "npt": NPT}
+#: name -> (module, class); imported on first use, so that ``shardmd.integrators.units`` (the
+#: constants the observables and file readers need) does not import torch with the classes
+_CLASSES = {"CSVR": ("csvr", "CSVR"), "Langevin": ("langevin", "Langevin"),
+            "NoseHoover": ("nose_hoover", "NoseHoover"), "NPT": ("npt", "NPT"),
+            "VelocityVerlet": ("velocity_verlet", "VelocityVerlet")}
+_NAMES = {"verlet": "VelocityVerlet", "langevin": "Langevin", "nose-hoover": "NoseHoover", "csvr": "CSVR",
+          "npt": "NPT"}
+
+
+def __getattr__(name):
+    if name in _CLASSES:
+        module, cls = _CLASSES[name]
+        return getattr(importlib.import_module(f".{module}", __name__), cls)
+    if name == "INTEGRATORS":
+        return {key: __getattr__(cls) for key, cls in _NAMES.items()}
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = ["CSVR", "INTEGRATORS", "NPT", "Langevin", "NoseHoover", "VelocityVerlet"]
