@@ -3,6 +3,7 @@ an error is one line and that what was written before it is intact."""
 from __future__ import annotations
 
 import hashlib
+import os
 from pathlib import Path
 
 import numpy as np
@@ -53,3 +54,15 @@ def assert_intact(folder: Path, output="run.h5", capsys=None, monkeypatch=None, 
         else:
             assert cli(["info", str(f)], folder, capsys, monkeypatch)[0] == 0
     return frames, ckpts
+
+
+def engine_procs_in(cwd: Path) -> list[int]:
+    """Processes running the engine in ``cwd`` (launcher, mpiexec, ranks)."""
+    out = []
+    for p in Path("/proc").glob("[0-9]*"):
+        try:
+            if os.readlink(p / "cwd") == str(cwd) and b"engine" in (p / "cmdline").read_bytes():
+                out.append(int(p.name))
+        except OSError:
+            continue
+    return out

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import pytest
 from conftest import mpiexec_cmd, run_engine, run_in_process
+from faultkit import engine_procs_in
 
 from shardmd.engine.io.checkpoint import read_checkpoint
 
@@ -47,21 +48,9 @@ def wait_until(what: str, pred, timeout: float = 120.0, poll: float = 0.1):
     raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
-def _procs_in(cwd: Path) -> list[int]:
-    """Processes running the engine in ``cwd`` (launcher, mpiexec, ranks)."""
-    out = []
-    for p in Path("/proc").glob("[0-9]*"):
-        try:
-            if os.readlink(p / "cwd") == str(cwd) and b"engine" in (p / "cmdline").read_bytes():
-                out.append(int(p.name))
-        except OSError:
-            continue
-    return out
-
-
 def rank_pid(cwd: Path, rank: int) -> int | None:
     """The pid of MPI rank ``rank`` (hydra's PMI_RANK) running in ``cwd``."""
-    for pid in _procs_in(cwd):
+    for pid in engine_procs_in(cwd):
         try:
             if f"PMI_RANK={rank}\0".encode() in Path(f"/proc/{pid}/environ").read_bytes():
                 return pid
@@ -131,7 +120,7 @@ def test_sigstop_of_rank_1_ends_every_rank_naming_it(tmp_path):
     assert f"rank 1 (pid {pid1} on host {socket.gethostname()}) stopped answering" in lines[0]
     assert "health.rank_silence=3" in lines[0] and "restart=auto" in lines[0]
     assert took < 60
-    wait_until("every rank gone", lambda: not _procs_in(tmp_path), 30)
+    wait_until("every rank gone", lambda: not engine_procs_in(tmp_path), 30)
     assert segments and not [s for s in segments if s.exists()], "MPI's segment is left in /dev/shm"
     ckpts = checkpoints(tmp_path)
     assert ckpts
@@ -329,7 +318,7 @@ def test_sigkill_of_the_launcher_while_a_rank_gets_no_cpu_still_checkpoints(tmp_
         except ProcessLookupError:   # killed by MPI's launcher after rank 0 ended itself
             pass
     assert alive, "rank 0 ended itself while rank 1 could not run"
-    wait_until("every rank gone", lambda: not _procs_in(tmp_path), 120)
+    wait_until("every rank gone", lambda: not engine_procs_in(tmp_path), 120)
     ckpts = checkpoints(tmp_path)
     assert ckpts, "the ranks stop as on SIGTERM and checkpoint"
     assert read_checkpoint(ckpts[-1])["step"] >= 1

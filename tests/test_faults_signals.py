@@ -3,7 +3,6 @@ promises is there), SIGTERM during a run and while the process still imports (ex
 checkpoint, everything written intact)."""
 from __future__ import annotations
 
-import os
 import re
 import signal
 import subprocess
@@ -13,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from conftest import run_engine
-from faultkit import SMALL, assert_intact
+from faultkit import SMALL, assert_intact, engine_procs_in
 
 from shardmd.engine.io.checkpoint import read_checkpoint
 
@@ -29,17 +28,6 @@ def _rows(folder: Path) -> list[str]:
 
 
 # -- the launching process killed: no rank outlives it ------------------------------------------
-def _engine_pids(cwd: Path) -> list[int]:
-    out = []
-    for p in Path("/proc").glob("[0-9]*"):
-        try:
-            if os.readlink(p / "cwd") == str(cwd) and b"engine" in (p / "cmdline").read_bytes():
-                out.append(int(p.name))
-        except OSError:
-            continue
-    return out
-
-
 @pytest.mark.mpi
 @pytest.mark.slow   # ~25 s; the fast tier's one-rank-failure-ends-all case is test_nan_on_one_rank_stops_all[2]
 def test_sigkill_of_the_launcher_ends_every_rank(tmp_path):
@@ -53,15 +41,15 @@ def test_sigkill_of_the_launcher_ends_every_rank(tmp_path):
     while time.time() < deadline and not (log.exists() and "Step" in log.read_text()) and proc.poll() is None:
         time.sleep(0.2)
     assert proc.poll() is None, proc.stderr.read()
-    assert len(_engine_pids(tmp_path)) >= 3        # launcher and two ranks running
+    assert len(engine_procs_in(tmp_path)) >= 3        # launcher and two ranks running
     proc.kill()
     proc.wait()
     # every rank gone: a stop and a checkpoint take ~4 s at load 7 on two cores; the limit is
     # generous (the ranks wait for their checkpoint, however slow: parallel.watch_parent)
     deadline = time.time() + 120
-    while _engine_pids(tmp_path) and time.time() < deadline:
+    while engine_procs_in(tmp_path) and time.time() < deadline:
         time.sleep(0.2)
-    assert _engine_pids(tmp_path) == []
+    assert engine_procs_in(tmp_path) == []
     ckpts = sorted((tmp_path / "run.ckpt").glob("step-*.h5"))
     assert ckpts, "the ranks stop as on SIGTERM and checkpoint"
     assert_intact(tmp_path)
