@@ -2,7 +2,7 @@
 ``engine plot``, and ``engine info | head -1``.
 
 Real files, real readers (h5py, ASE, MDAnalysis), real runs; the CLI runs in this process
-(the ``cli`` pattern of tests/test_readers.py) except where a real pipe is needed.
+(``faultkit.cli``) except where a real pipe is needed.
 """
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ import ase.io
 import h5py
 import numpy as np
 import pytest
+from faultkit import cli
 from reference import lj_reference
 
 from shardmd.engine.cli.main import main
@@ -26,16 +27,6 @@ ROOT = Path(__file__).resolve().parents[1]
 FIELDS = "trajectory.fields=[position,image,velocity,force,energies]"
 RUN = ["run", "model=lj", "system.repeat=[2,2,2]", "steps=10", "trajectory.every=5", "quiet=true"]
 N_ATOMS, STEPS = 32, [0, 5, 10]
-
-
-def cli(args, cwd, capsys, monkeypatch) -> tuple[int, list[str]]:
-    """Run the CLI in this process; (exit status, stderr lines)."""
-    monkeypatch.chdir(cwd)
-    capsys.readouterr()
-    code = main(list(args))
-    err = capsys.readouterr().err
-    assert "Traceback" not in err, err
-    return code, [ln for ln in err.strip().splitlines() if not ln.startswith("Warp CUDA warning")]
 
 
 @pytest.fixture(scope="module")

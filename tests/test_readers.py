@@ -4,7 +4,7 @@ h5py's raw values converted by hand; starting a run from a frame of our own traj
 (``system.file=run.h5``); ``convert`` of checkpoints; files written before the unit change.
 
 Real readers, no mocks.  One small LJ run (32 atoms, 10 steps, 3 frames) is shared by the
-module; the CLI runs in this process (the ``cli`` pattern of tests/test_faults.py).
+module; the CLI runs in this process (``faultkit.cli``).
 """
 from __future__ import annotations
 
@@ -14,9 +14,11 @@ from pathlib import Path
 
 import ase.io
 import ase.units
+import faultkit
 import h5py
 import numpy as np
 import pytest
+from faultkit import cli
 
 from shardmd.engine.cli.main import main
 from shardmd.engine.io import h5md as h5md_mod
@@ -27,20 +29,9 @@ RUN = ["run", "model=lj", "system.repeat=[2,2,2]", "steps=10", "trajectory.every
 N_ATOMS, STEPS = 32, [0, 5, 10]
 
 
-def cli(args, cwd, capsys, monkeypatch) -> tuple[int, list[str]]:
-    """Run the CLI in this process; (exit status, stderr lines)."""
-    monkeypatch.chdir(cwd)
-    capsys.readouterr()
-    code = main(list(args))
-    err = capsys.readouterr().err
-    assert "Traceback" not in err, err
-    return code, [ln for ln in err.strip().splitlines() if not ln.startswith("Warp CUDA warning")]
-
-
 def one_line(code, lines, needle):
     assert code == 2, (code, lines)
-    assert len(lines) == 1 and lines[0].startswith("error: "), lines
-    assert needle in lines[0], (needle, lines[0])
+    faultkit.one_line(lines, needle)
 
 
 @pytest.fixture(scope="module")
