@@ -24,6 +24,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
 import qeq_model as Q  # noqa: E402
+from md_loop import main, nve  # noqa: E402
 
 from shardmd.domain.api import (  # noqa: E402
     ModelConfig,
@@ -34,10 +35,6 @@ from shardmd.domain.api import (  # noqa: E402
     to_local,
 )
 from shardmd.domain.collectives import seed_once as seed_once_on  # noqa: E402
-from shardmd.domain.distributed_model import DistributedModel  # noqa: E402
-from shardmd.engine.run.rank_domain import RankDomain  # noqa: E402
-from shardmd.engine.run.state import State  # noqa: E402
-from shardmd.integrators import VelocityVerlet  # noqa: E402
 
 F64 = torch.float64
 TEMPERATURE = 1200.0
@@ -119,31 +116,9 @@ def _finite_differences(comm, dm, dec, state) -> tuple[list, list]:
 
 
 def run_md(comm, name: str, steps: int) -> dict | None:
-    torch.set_num_threads(1)
-    dm = DistributedModel(MODELS[name]())
-    state = State.from_atoms(initial_atoms())
-    dec = RankDomain(comm, Q.CUTOFF, 0.5)
-    state = dec.distribute(state)
-    dec.rebuild(state)
-    out = dm.compute(dec.ctx, dec.padded_positions, dec.padded_numbers, dec.nl.current)
-    state.forces = out["forces"]
-    vv = VelocityVerlet(DT)
-    energies = [float(out["energy"])]
-    frames = [_gathered(comm, dec, state, out)]
-    rebuilds = 0
-    for step in range(1, steps + 1):
-        vv.first_half(state.positions, state.velocities, state.forces, state.masses, state.ids, step - 1)
-        if step % 10 == 0 or dec.needs_rebuild(state):
-            dec.rebuild(state)
-            rebuilds += 1
-        else:
-            dec.refresh(state)
-        out = dm.compute(dec.ctx, dec.padded_positions, dec.padded_numbers, dec.nl.current)
-        state.forces = out["forces"]
-        vv.second_half(state.velocities, state.forces, state.masses)
-        energies.append(float(out["energy"]))
-        if step % CHECK_EVERY == 0:
-            frames.append(_gathered(comm, dec, state, out))
+    run, dm = nve(comm, MODELS[name](), initial_atoms(), Q.CUTOFF, steps, DT, every=CHECK_EVERY,
+                  callback=lambda state, dec, out: _gathered(comm, dec, state, out))
+    state, dec, energies, rebuilds, frames = run.state, run.dec, run.energies, run.rebuilds, run.seen
     fd, f_at = _finite_differences(comm, dm, dec, state)
     migrated = dec.migrated()
     if comm.rank != 0:
@@ -187,13 +162,5 @@ def run(comm, argv):
         (out / "collectives.json").write_text(json.dumps(checks))
 
 
-def main():
-    from shardmd.domain.comm import init_comm, shutdown
-
-    comm = init_comm("cpu")
-    run(comm, sys.argv[1:])
-    shutdown(comm)
-
-
 if __name__ == "__main__":
-    main()
+    main(run)

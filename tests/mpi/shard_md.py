@@ -20,10 +20,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE.parents[1] / "examples"))
 
-from shardmd.domain.distributed_model import DistributedModel  # noqa: E402
-from shardmd.engine.run.rank_domain import RankDomain  # noqa: E402
-from shardmd.engine.run.state import State  # noqa: E402
-from shardmd.integrators import VelocityVerlet  # noqa: E402
+from md_loop import main, nve  # noqa: E402
 
 TEMPERATURE = 900.0
 DT = 2.0
@@ -47,29 +44,9 @@ def initial_atoms():
 
 
 def run_md(comm, name: str, steps: int) -> dict | None:
-    torch.set_num_threads(1)
     model = make(name)
-    dm = DistributedModel(model)
-    state = State.from_atoms(initial_atoms())
-    dec = RankDomain(comm, model.cutoff, 0.5)
-    state = dec.distribute(state)
-    dec.rebuild(state)
-    out = dm.compute(dec.ctx, dec.padded_positions, dec.padded_numbers, dec.nl.current)
-    state.forces = out["forces"]
-    vv = VelocityVerlet(DT)
-    energies = [float(out["energy"])]
-    rebuilds = 0
-    for step in range(1, steps + 1):
-        vv.first_half(state.positions, state.velocities, state.forces, state.masses, state.ids, step - 1)
-        if step % 10 == 0 or dec.needs_rebuild(state):
-            dec.rebuild(state)
-            rebuilds += 1
-        else:
-            dec.refresh(state)
-        out = dm.compute(dec.ctx, dec.padded_positions, dec.padded_numbers, dec.nl.current)
-        state.forces = out["forces"]
-        vv.second_half(state.velocities, state.forces, state.masses)
-        energies.append(float(out["energy"]))
+    run, _ = nve(comm, model, initial_atoms(), model.cutoff, steps, DT)
+    state, dec, energies, rebuilds = run.state, run.dec, run.energies, run.rebuilds
     unwrapped = state.unwrapped_positions()
     full = dec.gather(state, ("positions", "velocities", "forces", "images"))
     un = comm.gather_object((state.ids, unwrapped))
@@ -95,13 +72,5 @@ def run(comm, argv):
             np.savez(out / f"{name}.npz", **res)
 
 
-def main():
-    from shardmd.domain.comm import init_comm, shutdown
-
-    comm = init_comm("cpu")
-    run(comm, sys.argv[1:])
-    shutdown(comm)
-
-
 if __name__ == "__main__":
-    main()
+    main(run)
