@@ -17,10 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from .cell import perpendicular_widths
-
-
-class DecompositionError(ValueError):
-    """The requested decomposition cannot be built (one-line message with the fix)."""
+from .grid_shape import DecompositionError, all_grids, ghost_volume, grid_shape, max_domains_of
 
 
 @dataclass(frozen=True)
@@ -61,86 +58,22 @@ class DomainGrid:
         return (c[:, 0] * self.shape[1] + c[:, 1]) * self.shape[2] + c[:, 2]
 
 
-def _factorisations(n: int):
-    for px in range(1, n + 1):
-        if n % px:
-            continue
-        for py in range(1, n // px + 1):
-            if (n // px) % py:
-                continue
-            yield px, py, n // (px * py)
-
-
-def ghost_volume(shape, widths, pbc, ghost_width: float) -> float:
-    """Ghost volume (Å^3, per domain, in the perpendicular-width approximation) of a grid."""
-    t = [widths[k] / shape[k] for k in range(3)]
-    g = [ghost_width if (shape[k] > 1 or pbc[k]) else 0.0 for k in range(3)]
-    outer = 1.0
-    inner = 1.0
-    for k in range(3):
-        outer *= t[k] + 2 * g[k]
-        inner *= t[k]
-    return outer - inner
-
-
-def _feasible(shape, widths, ghost_width: float) -> bool:
-    return all(shape[k] == 1 or widths[k] / shape[k] >= ghost_width for k in range(3))
-
-
 def max_domains(cell: torch.Tensor, pbc, ghost_width: float, limit: int) -> int:
     """Largest domain count <= ``limit`` for which some grid has every split slab at least
     ``ghost_width`` thick."""
-    widths = [float(w) for w in perpendicular_widths(cell)]
-    for n in range(limit, 0, -1):
-        if any(_feasible(s, widths, ghost_width) for s in _factorisations(n)):
-            return n
-    return 1
+    return max_domains_of([float(w) for w in perpendicular_widths(cell)], ghost_width, limit)
 
 
 def choose_grid(n_domains: int, cell: torch.Tensor, pbc, ghost_width: float,
                 shape: tuple[int, int, int] | None = None) -> DomainGrid:
-    """The grid of ``n_domains`` domains with the least ghost volume (or the given ``shape``).
+    """The grid of ``n_domains`` domains with the least ghost volume (or the given ``shape``):
+    :func:`shardmd.domain.grid_shape.grid_shape` of the cell's perpendicular widths.
 
     cell: (3, 3) Å rows = lattice vectors; pbc: 3 bools; ghost_width: Å (cutoff + skin +
-    migration margin).  Ties go to the grid splitting the widest axes most, then to the
-    lexicographically largest shape, so every rank picks the same grid.
-    """
-    if n_domains < 1:
-        raise DecompositionError(f"domains={n_domains}: give a whole number >= 1")
+    migration margin)."""
     pbc = [bool(p) for p in (pbc.tolist() if torch.is_tensor(pbc) else pbc)]
     widths = [float(w) for w in perpendicular_widths(cell)]
-    if shape is not None:
-        shape = tuple(int(s) for s in shape)
-        if len(shape) != 3 or shape[0] * shape[1] * shape[2] != n_domains:
-            raise DecompositionError(f"domain grid {list(shape)} does not have {n_domains} domains")
-        candidates = [shape]
-    else:
-        candidates = list(_factorisations(n_domains))
-    feasible = [s for s in candidates if _feasible(s, widths, ghost_width)]
-    if not feasible:
-        best = max_domains(cell, pbc, ghost_width, n_domains)
-        thin = min(candidates, key=lambda s: -min(widths[k] / s[k] for k in range(3) if s[k] > 1))
-        tmin = min(widths[k] / thin[k] for k in range(3) if thin[k] > 1)
-        if shape is not None:
-            raise DecompositionError(
-                f"grid={list(shape)} makes domains {tmin:.2f} Å thin, less than the ghost width "
-                f"{ghost_width:.2f} Å (cutoff + skin); use fewer domains along that axis or grid=null "
-                f"(at most {best} domains fit this system)")
-        raise DecompositionError(
-            f"domains={n_domains}: domains would be {tmin:.2f} Å thin, less than the ghost width "
-            f"{ghost_width:.2f} Å (cutoff + skin); use at most domains={best} for this system, or a larger system")
-
-    def key(s):
-        spread = tuple(sorted(((s[k], widths[k]) for k in range(3)), key=lambda p: -p[1]))
-        return (round(ghost_volume(s, widths, pbc, ghost_width), 9), tuple(-p[0] for p in spread),
-                tuple(-x for x in s))
-
-    return DomainGrid(min(feasible, key=key))
-
-
-def all_grids(n_domains: int):
-    """Every (Px, Py, Pz) with Px * Py * Pz = n_domains (for tests and tools)."""
-    return list(_factorisations(n_domains))
+    return DomainGrid(grid_shape(n_domains, widths, pbc, ghost_width, shape))
 
 
 __all__ = ["DecompositionError", "DomainGrid", "all_grids", "choose_grid", "ghost_volume", "max_domains"]

@@ -17,6 +17,8 @@ _CLASSES = {"CSVR": ("csvr", "CSVR"), "Langevin": ("langevin", "Langevin"),
             "VelocityVerlet": ("velocity_verlet", "VelocityVerlet")}
 _NAMES = {"verlet": "VelocityVerlet", "langevin": "Langevin", "nose-hoover": "NoseHoover", "csvr": "CSVR",
           "npt": "NPT"}
+#: the config names of the integrators, without importing them (checkpoint checks, launchers)
+INTEGRATOR_NAMES = tuple(_NAMES)
 
 
 def __getattr__(name):
@@ -28,4 +30,4 @@ def __getattr__(name):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["CSVR", "INTEGRATORS", "NPT", "Langevin", "NoseHoover", "VelocityVerlet"]
+__all__ = ["CSVR", "INTEGRATORS", "INTEGRATOR_NAMES", "NPT", "Langevin", "NoseHoover", "VelocityVerlet"]

@@ -1,7 +1,7 @@
 """Test systems shared by single-process references and multi-rank runs (deterministic)."""
 import numpy as np
 
-from shardmd.engine.run.system import unit_cell  # ASE's bulk(cubic=True), bit for bit, without scipy
+from shardmd.engine.run.structure import unit_cell  # ASE's bulk(cubic=True), bit for bit, without scipy
 
 
 def make_system(name: str):

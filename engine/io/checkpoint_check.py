@@ -24,7 +24,7 @@ import h5py
 import numpy as np
 
 from shardmd.engine.io.read_limits import budget_problem, dataset, nbytes, shape_problem, unwritten_problem
-from shardmd.integrators import INTEGRATORS
+from shardmd.integrators import INTEGRATOR_NAMES
 
 #: per-atom datasets of ``atoms/``: (shape with None for the atom count, numpy dtype kinds)
 ATOM_LAYOUT = {
@@ -176,8 +176,8 @@ def integrator_problem(d, ids: np.ndarray, where: str = "integrator state") -> s
     if not isinstance(d, dict):
         return f"{where} is {type(d).__name__}, expected an object"
     name = d.get("name")
-    if name not in INTEGRATORS:
-        return f"{where}: name {name!r} is not an integrator ShardMD knows ({', '.join(INTEGRATORS)})"
+    if name not in INTEGRATOR_NAMES:
+        return f"{where}: name {name!r} is not an integrator ShardMD knows ({', '.join(INTEGRATOR_NAMES)})"
     bad = _non_finite(d)
     if bad:
         return f"{where}: {bad} is not a finite number"

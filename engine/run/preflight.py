@@ -181,10 +181,8 @@ def check_domains(cfg, local: bool) -> None:
                             "mpirun/srun across nodes")
     if local_only:
         return
-    import torch
-
-    from shardmd.domain.decomposition import DecompositionError, choose_grid
-    from shardmd.engine.run.system import build_atoms
+    from shardmd.domain.grid_shape import DecompositionError, grid_shape, perpendicular_widths_of
+    from shardmd.engine.run.structure import build_atoms
 
     check_builder(cfg, local_ranks=n)   # every rank builds the system: before this process does
     atoms = build_atoms(cfg.system)
@@ -192,8 +190,9 @@ def check_domains(cfg, local: bool) -> None:
         raise UserError(f"domains={n} is more than the system's {len(atoms)} atoms; use fewer domains")
     width = model_cutoff(cfg) + float(cfg.neighbor.skin)
     try:
-        choose_grid(n, torch.as_tensor(atoms.cell.array, dtype=torch.float64), list(atoms.pbc), width,
-                    shape=None if cfg.grid is None else [int(g) for g in cfg.grid])
+        # torch-free (domain/grid_shape.py): this process only launches the ranks
+        grid_shape(n, perpendicular_widths_of(atoms.cell.array), list(atoms.pbc), width,
+                   shape=None if cfg.grid is None else [int(g) for g in cfg.grid])
     except DecompositionError as exc:
         raise UserError(str(exc)) from None
 
@@ -216,7 +215,7 @@ MAX_DENSITY = 1.0
 
 def builder_count(system_cfg) -> int | None:
     """Atoms the lattice builder would make (None for ``system.file``): no allocation."""
-    from shardmd.engine.run.system import CUBIC_CELLS
+    from shardmd.engine.run.structure import CUBIC_CELLS
 
     if system_cfg.get("file"):
         return None
