@@ -111,7 +111,7 @@ def brute_force(positions, cell, pbc, charges, total_charge, rc=CUTOFF) -> dict:
     energies = site + MU * float(total_charge) * q * coord
     energy = energies.sum()
     (grad,) = torch.autograd.grad(energy, x)
-    return {"energy": float(energy), "energies": energies.detach().numpy(), "forces": -grad.numpy()}
+    return {"energy": float(energy.detach()), "energies": energies.detach().numpy(), "forces": -grad.numpy()}
 
 
 def sample(repeat=(3, 3, 3), seed=3):
