@@ -246,8 +246,9 @@ class DistributedModel:
         extras = {k: v for k, v in dict(extras or {}).items() if v is not None and k not in self.system_inputs}
         unknown = set(extras) - set(declared)
         if unknown:
-            raise ValueError(f"extras {sorted(unknown)} are not inputs of {type(self.model).__name__} "
-                             f"(ModelConfig.point_inputs = {declared}, system_inputs = {self.system_inputs})")
+            raise ValueError(f"extras {sorted(unknown)} are not per-point inputs of {type(self.model).__name__} "
+                             f"(ModelConfig.point_inputs = {declared}) nor per-system ones "
+                             f"(system_inputs = {self.system_inputs})")
         n = ctx.n_owned
         out = {}
         for name in declared:
