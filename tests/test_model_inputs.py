@@ -263,3 +263,27 @@ def test_self_launched_cli_on_two_domains(tmp_path, tmp_path_factory):
     r = run_engine(["run", *ARGS, f"system.file={src}", "domains=2", "output=cli.h5"], tmp_path, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     _assert_frames_equal_brute_force(tmp_path / "cli.h5", _file_charges(src))
+
+
+def test_ase_calculator_passes_the_atoms_charges():
+    """ShardMDCalculator gives the model the Atoms' initial charges and info charge; new charges
+    are a new system (rebuilt), and an Atoms object without them is refused in one line."""
+    from shardmd.engine.ase_calculator import ShardMDCalculator
+
+    a = C.sample((2, 2, 2))
+    a.wrap()
+    a.info["charge"] = TOTAL
+    calc = ShardMDCalculator(model="py:charge_model:make")
+    a.calc = calc
+    ref = C.brute_force(a.positions, a.cell.array, a.pbc, a.get_initial_charges(), TOTAL)
+    assert np.abs(a.get_forces() - ref["forces"]).max() <= 1e-12
+    assert abs(a.get_potential_energy() - ref["energy"]) <= 1e-12
+    q = a.get_initial_charges()
+    q[0] += 0.3
+    a.set_initial_charges(q)
+    ref = C.brute_force(a.positions, a.cell.array, a.pbc, q, TOTAL)
+    assert np.abs(a.get_forces() - ref["forces"]).max() <= 1e-12 and calc.stats["builds"] == 2
+    a.set_initial_charges(None)
+    with pytest.raises(ValueError, match="has no initial_charges .or charges. array") as exc:
+        a.get_forces()
+    assert "\n" not in str(exc.value)

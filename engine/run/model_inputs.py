@@ -68,19 +68,21 @@ def _file_array(atoms, name: str):
 
 
 def _source(cfg, atoms) -> str:
-    f = cfg.system.get("file") if "system" in cfg else None
+    if "system" not in cfg:   # the ASE calculator: an Atoms object, no configuration
+        return "the Atoms object"
+    f = cfg.system.get("file")
     return f"system.file={str(f)!r}" if f and atoms is not None else "the starting system"
 
 
-def per_atom_values(cfg, name: str, atoms, state: State, dmodel) -> np.ndarray:
-    """(n,) or (n, F) values of the per-atom input ``name`` in ``state``'s (id) order; one-line
-    UserError when neither the config nor the structure gives them."""
+def per_atom_values(cfg, name: str, atoms, numbers, dmodel) -> np.ndarray:
+    """(n,) or (n, F) values of the per-atom input ``name`` for atoms of atomic ``numbers``
+    ((n,), id order); one-line UserError when neither the config nor the structure gives them."""
     given = _config_value(cfg, name)
-    n = state.n_atoms
+    n = len(numbers)
     if isinstance(given, dict):
         from ase.data import chemical_symbols
 
-        symbols = [chemical_symbols[int(z)] for z in state.numbers.cpu().tolist()]
+        symbols = [chemical_symbols[int(z)] for z in np.asarray(numbers).tolist()]
         missing = sorted({s for s in symbols if s not in given})
         if missing:
             raise UserError(f"system.{name} gives no value for {', '.join(missing)} (the system holds "
@@ -95,9 +97,10 @@ def per_atom_values(cfg, name: str, atoms, state: State, dmodel) -> np.ndarray:
     if arr is None:
         names = POINT_FILE_ARRAYS.get(name, (name,))
         arrays = names[0] + "".join(f" (or {k})" for k in names[1:])
-        key = (f"set system.{name}={{Na: 1.0, Cl: -1.0}} (by element) or " if name in CONFIG_KEYS else "")
+        key = (f"set system.{name}={{Na: 1.0, Cl: -1.0}} (by element) or " if name in CONFIG_KEYS and "system" in cfg
+               else "")
         raise UserError(f"model {_model_name(dmodel)} takes per-atom {name} and {_source(cfg, atoms)} has no "
-                        f"{arrays} array; {key}add that array to the structure file")
+                        f"{arrays} array; {key}add that array to the {'structure file' if key else 'atoms'}")
     try:
         a = np.asarray(arr, dtype=np.float64)
     except (TypeError, ValueError):
@@ -132,8 +135,8 @@ def complete(cfg, state: State, dmodel, atoms=None) -> State:
     kept = {k: v for k, v in state.inputs.items() if k in points}
     for name in points:
         if name not in kept:
-            kept[name] = torch.as_tensor(per_atom_values(cfg, name, atoms, state, dmodel), dtype=state.dtype,
-                                         device=state.device)
+            kept[name] = torch.as_tensor(per_atom_values(cfg, name, atoms, state.numbers.cpu().numpy(), dmodel),
+                                         dtype=state.dtype, device=state.device)
     sys_kept = {k: v for k, v in state.system_inputs.items() if k in systems}
     for name in systems:
         if name not in sys_kept:
@@ -143,6 +146,15 @@ def complete(cfg, state: State, dmodel, atoms=None) -> State:
     state.system_inputs = {k: v.to(dtype=state.dtype, device=state.device).contiguous() for k, v in sys_kept.items()}
     check(state, _source(cfg, atoms))
     return state
+
+
+def of_atoms(atoms, dmodel) -> dict:
+    """{name: numpy array} of every input ``dmodel`` declares, from ``ase.Atoms`` alone (its
+    arrays and info; the ASE calculator's inputs): per-atom (n, *F), per-system (1, *F)."""
+    points, systems = declared(dmodel)
+    out = {name: per_atom_values({}, name, atoms, atoms.numbers, dmodel) for name in points}
+    out.update({name: per_system_value({}, name, atoms, dmodel) for name in systems})
+    return out
 
 
 def check(state: State, where: str) -> None:
