@@ -287,3 +287,28 @@ def test_ase_calculator_passes_the_atoms_charges():
     with pytest.raises(ValueError, match="has no initial_charges .or charges. array") as exc:
         a.get_forces()
     assert "\n" not in str(exc.value)
+
+
+def test_per_system_inputs_come_from_the_config_then_the_file_then_defaults():
+    from shardmd.engine import compose_config
+    from shardmd.engine.errors import UserError
+    from shardmd.engine.run import model_inputs
+    from shardmd.engine.run.state import State
+
+    class Declares:   # what DistributedModel offers the engine
+        point_inputs, system_inputs, model = (), ("charge", "spin"), None
+
+    atoms = C.sample((1, 1, 1))
+    atoms.info["spin"] = 3
+    atoms.info["charge"] = 2.0
+    got = model_inputs.complete(compose_config(["model=lj", "system.charge=-1"]), State.from_atoms(atoms),
+                                Declares(), atoms).system_inputs
+    assert {k: v.tolist() for k, v in got.items()} == {"charge": [-1.0], "spin": [3.0]}   # config, then file
+    got = model_inputs.complete(compose_config(["model=lj"]), State.from_atoms(atoms), Declares(), None).system_inputs
+    assert {k: v.tolist() for k, v in got.items()} == {"charge": [0.0], "spin": [1.0]}    # defaults
+    Declares.system_inputs = ("field",)
+    with pytest.raises(UserError, match="takes the per-system input field and .* has no field entry"):
+        model_inputs.complete(compose_config(["model=lj"]), State.from_atoms(atoms), Declares(), atoms)
+    atoms.info["field"] = [0.1, 0.2, 0.3]   # any other name: the file's info entry, (1, F)
+    got = model_inputs.complete(compose_config(["model=lj"]), State.from_atoms(atoms), Declares(), atoms)
+    assert got.system_inputs["field"].tolist() == [[0.1, 0.2, 0.3]]
