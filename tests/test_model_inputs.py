@@ -312,3 +312,20 @@ def test_per_system_inputs_come_from_the_config_then_the_file_then_defaults():
     atoms.info["field"] = [0.1, 0.2, 0.3]   # any other name: the file's info entry, (1, F)
     got = model_inputs.complete(compose_config(["model=lj"]), State.from_atoms(atoms), Declares(), atoms)
     assert got.system_inputs["field"].tolist() == [[0.1, 0.2, 0.3]]
+
+
+def test_a_checkpoint_as_the_structure_keeps_its_charges(tmp_path, tmp_path_factory):
+    """system.file=<checkpoint>: its charges and total charge are the new run's."""
+    from shardmd.engine import Simulation, compose_config
+    from shardmd.engine.io.ase_io import checkpoint_atoms
+
+    src = _sample_file(tmp_path_factory)
+    Simulation(compose_config([*ARGS[:1], "steps=0", "quiet=true", f"system.file={src}", "system.charge=-2",
+                               f"output={tmp_path}/a.h5"])).run()
+    ckpt = sorted((tmp_path / "a.ckpt").glob("step-*.h5"))[-1]
+    atoms = checkpoint_atoms(str(ckpt))
+    assert np.array_equal(atoms.get_initial_charges(), _file_charges(src)) and atoms.info["charge"] == -2.0
+    sim = Simulation(compose_config([*ARGS[:1], "steps=0", "quiet=true", f"system.file={ckpt}",
+                                     f"output={tmp_path}/b.h5"]))
+    assert sim.state.system_inputs["charge"].tolist() == [-2.0]
+    assert np.array_equal(sim.state.inputs["charges"][np.argsort(sim.state.ids.numpy())].numpy(), _file_charges(src))
