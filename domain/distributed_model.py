@@ -24,11 +24,19 @@ the owned points.  The model is an ordinary single-process model: it offers ``cu
   exchange, the adjoint of the forward exchange that made the ghost positions), and the
   outputs are consolidated by kind (see :mod:`shardmd.domain.spec`).
 
-Further per-point inputs (e.g. charges) are passed as ``compute(..., extras={"charges":
-q})`` with owned or padded rows; a model declaring them in ``ModelConfig.point_inputs``
-receives them as keyword arguments of its ``compute``, halo-padded by the forward exchange
-(ghost rows copies of their owners) and promoted like the positions.  Callers that pass no
-extras are unchanged.  ``ModelConfig.strain_outputs`` asks for a virial (or stress) by
+The model is called with the system's ``cell`` and ``pbc`` (``ctx.pbc``: every periodic
+axis of the system, on every rank), as it would be on one process; the axes a rank's own
+neighbour search treats as periodic (``ctx.local_pbc``: split axes are not) stay in the
+context (``current_scope().ctx``) for a model that builds a list of its own over the
+points it is given.
+
+Further inputs are passed as ``compute(..., extras={name: tensor})``: per-point ones (e.g.
+charges) with owned or padded rows, per-system ones (e.g. a total charge) with one row per
+system, identical on every rank.  A model declaring them in ``ModelConfig.point_inputs`` /
+``ModelConfig.system_inputs`` receives them as keyword arguments of its ``compute``: the
+per-point ones halo-padded by the forward exchange (ghost rows copies of their owners) and
+promoted like the positions, the per-system ones as given (no exchange).  Callers that pass
+no extras are unchanged.  ``ModelConfig.strain_outputs`` asks for a virial (or stress) by
 differentiating with respect to a strain (:mod:`shardmd.domain.derivatives`); the spec's
 ``compile_policy`` compiles and pads the forward (:mod:`shardmd.domain.compile_policy`).
 
@@ -80,7 +88,9 @@ class ModelConfig:
     over ranks; an output named ``stress`` gets ``-virial / volume`` (e.g. ``{"virial":
     "energy"}``);
     point_inputs: names of further per-point inputs ``compute`` takes as keyword arguments
-    (e.g. ``("charges",)``), supplied by the caller as ``extras``;
+    (e.g. ``("charges",)``: (n_padded, *F) tensors), supplied by the caller as ``extras``;
+    system_inputs: names of per-system inputs ``compute`` takes as keyword arguments (e.g.
+    ``("charge", "spin")``: (n_systems, *F) tensors, the same on every rank), also ``extras``;
     autograd_inputs: inputs the model differentiates itself (``"positions"`` or names of
     ``point_inputs``): their leaves require grad (see ``grad_leaf``/``autograd_target``)."""
 
@@ -90,6 +100,7 @@ class ModelConfig:
     strain_outputs: FrozenMap = field(default_factory=FrozenMap)
     point_inputs: tuple = ()
     autograd_inputs: frozenset = frozenset()
+    system_inputs: tuple = ()
 
     def __post_init__(self):
         object.__setattr__(self, "outputs", tuple(self.outputs))
@@ -97,6 +108,10 @@ class ModelConfig:
         object.__setattr__(self, "strain_outputs", FrozenMap(self.strain_outputs))
         object.__setattr__(self, "point_inputs", tuple(self.point_inputs))
         object.__setattr__(self, "autograd_inputs", frozenset(self.autograd_inputs))
+        object.__setattr__(self, "system_inputs", tuple(self.system_inputs))
+        both = set(self.point_inputs) & set(self.system_inputs)
+        if both:
+            raise ValueError(f"inputs {sorted(both)} are declared both per point and per system")
         bad = self.autograd_inputs - {"positions", *self.point_inputs}
         if bad:
             raise ValueError(f"autograd_inputs {sorted(bad)} are neither 'positions' nor point_inputs")
@@ -158,7 +173,8 @@ class DistributedModel:
         if self.spec is not None:
             return self._compute_spec(ctx, positions, numbers, nl, extras)
         inputs = self._point_inputs(ctx, extras, False)
-        raw = self.model.compute(positions, ctx.cell, ctx.local_pbc, numbers, nl, **inputs)
+        raw = self.model.compute(positions, ctx.cell, ctx.pbc, numbers, nl, **inputs,
+                                 **self._system_inputs(extras))
         out = {}
         for key, value in raw.items():
             kind = self.kinds.get(key, "global")
@@ -198,15 +214,41 @@ class DistributedModel:
         self._nl_cache = (nl, plan, snl)
         return snl
 
+    @property
+    def point_inputs(self) -> tuple:
+        """Names of the per-point inputs the model declares (``ModelConfig.point_inputs``)."""
+        return tuple(self.config.point_inputs) if self.config is not None else ()
+
+    @property
+    def system_inputs(self) -> tuple:
+        """Names of the per-system inputs the model declares (``ModelConfig.system_inputs``)."""
+        return tuple(getattr(self.config, "system_inputs", ())) if self.config is not None else ()
+
+    def _system_inputs(self, extras) -> dict:
+        """The declared per-system inputs given in ``extras``: (n_systems, *F) tensors, passed
+        as they are (the caller gives every rank the same values)."""
+        out = {}
+        for name in self.system_inputs:
+            x = (extras or {}).get(name)
+            if x is None:
+                continue
+            x = plain(x)
+            if x.dim() == 0 or x.shape[0] != 1:
+                raise ValueError(f"extras[{name!r}] has shape {tuple(x.shape)}; a per-system input has one row "
+                                 "per system, (1, *F)")
+            out[name] = x
+        return out
+
     def _point_inputs(self, ctx: DomainContext, extras, sharded: bool) -> dict:
         """The declared per-point inputs: halo storage (n_padded, *F) with ghost rows copied
         from their owners; sharded storage the owned rows."""
-        declared = tuple(self.config.point_inputs) if self.config is not None else ()
-        extras = {k: v for k, v in dict(extras or {}).items() if v is not None}
+        declared = self.point_inputs
+        extras = {k: v for k, v in dict(extras or {}).items() if v is not None and k not in self.system_inputs}
         unknown = set(extras) - set(declared)
         if unknown:
             raise ValueError(f"extras {sorted(unknown)} are not per-point inputs of {type(self.model).__name__} "
-                             f"(ModelConfig.point_inputs = {declared})")
+                             f"(ModelConfig.point_inputs = {declared}) nor per-system ones "
+                             f"(system_inputs = {self.system_inputs})")
         n = ctx.n_owned
         out = {}
         for name in declared:
@@ -240,6 +282,7 @@ class DistributedModel:
         group = GroupConfig(ctx.comm)
         n = ctx.n_owned
         inputs = self._point_inputs(ctx, extras, sharded)
+        system = self._system_inputs(extras)
         plan = ctx.plan
         if sharded:
             shard = self._storage_meta(ctx)
@@ -279,9 +322,10 @@ class DistributedModel:
         grad_mode = torch.enable_grad() if grad else contextlib.nullcontext()
         with use_scope(scope), AdapterScope(spec, scope), grad_mode:
             if self.compiled is not None:
-                raw = dict(self.compiled(self.model.compute, pos, cell, ctx.local_pbc, numbers, nl, **promoted))
+                raw = dict(self.compiled(self.model.compute, pos, cell, ctx.pbc, numbers, nl, **promoted,
+                                         **system))
             else:
-                raw = dict(self.model.compute(pos, cell, ctx.local_pbc, numbers, nl, **promoted))
+                raw = dict(self.model.compute(pos, cell, ctx.pbc, numbers, nl, **promoted, **system))
             if auto or strain:
                 fill_derivative_outputs(raw, leaf, auto, eps, strain, ctx.cell, ctx.comm,
                                         self._replicated(ctx, raw, set(auto.values()) | set(strain.values()), sharded))

@@ -62,6 +62,7 @@ from shardmd.domain.distributed_model import DistributedModel
 from shardmd.engine.config.compose import compose_config, to_container, validate
 from shardmd.engine.config.expressions import stored_config
 from shardmd.engine.errors import UserError
+from shardmd.engine.run import model_inputs
 from shardmd.engine.run.health import check_inputs
 from shardmd.engine.run.rank_domain import RankDomain
 from shardmd.engine.run.state import State
@@ -252,17 +253,22 @@ class ShardMDCalculator(Calculator):
 
     # -- evaluation ----------------------------------------------------------------------
     def _shared_input(self, atoms):
+        try:   # the inputs the model declares (charges, total charge: engine/run/model_inputs.py)
+            inputs = model_inputs.of_atoms(atoms, self.dmodel)
+        except UserError as exc:
+            raise ValueError(f"ShardMDCalculator: {exc.one_line()}") from None
         data = (np.asarray(atoms.positions, dtype=np.float64), np.asarray(atoms.cell.array, dtype=np.float64),
-                np.asarray(atoms.pbc, dtype=bool), np.asarray(atoms.numbers), np.asarray(atoms.get_masses()))
+                np.asarray(atoms.pbc, dtype=bool), np.asarray(atoms.numbers), np.asarray(atoms.get_masses()), inputs)
         if self.comm.size > 1:
             data = self.comm.broadcast_object(data)
         return data
 
-    def _same_system(self, cell, pbc, numbers) -> bool:
+    def _same_system(self, cell, pbc, numbers, inputs) -> bool:
         """Exact comparison with the last fresh build (identical inputs on every rank: so is this)."""
-        c0, p0, z0 = self._system
+        c0, p0, z0, q0 = self._system
         return (numbers.shape == z0.shape and np.array_equal(numbers, z0) and np.array_equal(cell, c0)
-                and np.array_equal(pbc, p0))
+                and np.array_equal(pbc, p0) and q0.keys() == inputs.keys()
+                and all(np.array_equal(v, q0[k]) for k, v in inputs.items()))
 
     def calculate(self, atoms=None, properties=("energy",), system_changes=all_changes):
         with self._lock:
@@ -270,10 +276,10 @@ class ShardMDCalculator(Calculator):
 
     def _calculate(self, atoms, properties, system_changes) -> None:
         super().calculate(atoms, properties, system_changes)
-        pos, cell, pbc, numbers, masses = self._shared_input(self.atoms)
+        pos, cell, pbc, numbers, masses, inputs = self._shared_input(self.atoms)
         try:
-            if self._state is None or not np.isfinite(pos).all() or not self._same_system(cell, pbc, numbers):
-                self._build(pos, cell, pbc, numbers, masses)
+            if self._state is None or not np.isfinite(pos).all() or not self._same_system(cell, pbc, numbers, inputs):
+                self._build(pos, cell, pbc, numbers, masses, inputs)
             else:
                 self._move(pos)
             self._evaluate(cell, pbc)
@@ -285,7 +291,7 @@ class ShardMDCalculator(Calculator):
         """A private copy on the calculator's device (never a view of the caller's arrays)."""
         return torch.tensor(np.asarray(a), dtype=dtype or self.dtype, device=self.device)
 
-    def _build(self, pos, cell, pbc, numbers, masses) -> None:
+    def _build(self, pos, cell, pbc, numbers, masses, inputs=None) -> None:
         """A fresh decomposition, ghosts and neighbour list (as the engine's start of a run)."""
         self._forget()
         n = len(numbers)
@@ -296,8 +302,12 @@ class ShardMDCalculator(Calculator):
                       numbers=self._tensor(numbers, torch.int64), ids=torch.arange(n, device=self.device),
                       images=torch.zeros(n, 3, dtype=torch.int32, device=self.device), cell=self._tensor(cell),
                       pbc=torch.as_tensor(np.array(pbc, dtype=bool), device=self.device))
+        points = set(self.dmodel.point_inputs)
+        state.inputs = {k: self._tensor(v) for k, v in (inputs or {}).items() if k in points}
+        state.system_inputs = {k: self._tensor(v) for k, v in (inputs or {}).items() if k not in points}
         try:   # NaN positions would be left out of the forces silently; a singular cell breaks the frame
             check_inputs(state)
+            model_inputs.check(state, "the Atoms object")
         except UserError as exc:
             raise ValueError(f"ShardMDCalculator: {exc.one_line()}") from None
         if hasattr(self.model, "check_species"):
@@ -307,7 +317,7 @@ class ShardMDCalculator(Calculator):
         dec.rebuild(state)
         self._dec, self._state = dec, state
         self._folded()
-        self._system = (cell.copy(), np.array(pbc, dtype=bool), np.array(numbers))
+        self._system = (cell.copy(), np.array(pbc, dtype=bool), np.array(numbers), dict(inputs or {}))
         self.stats["builds"] += 1
 
     def _move(self, pos) -> None:
@@ -333,7 +343,8 @@ class ShardMDCalculator(Calculator):
 
     def _evaluate(self, cell, pbc) -> None:
         dec, state = self._dec, self._state
-        out = self.dmodel.compute(dec.ctx, dec.padded_positions, dec.padded_numbers, dec.nl.current)
+        out = self.dmodel.compute(dec.ctx, dec.padded_positions, dec.padded_numbers, dec.nl.current,
+                                  extras=model_inputs.extras(state))
         # energies and virial are optional (models/contract.py): without them no per-atom
         # energies, and no stress (ASE then says the property is not available)
         local = {k: v.detach().cpu() for k, v in (("ids", state.ids), ("forces", out["forces"]),

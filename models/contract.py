@@ -19,7 +19,16 @@ A model is any object with
 
   positions (n, 3) Å, cell (3, 3) Å (rows are the cell vectors), pbc (3,) bool, numbers (n,)
   atomic numbers, nl the neighbour list (``nl.edge_index()`` -> (i, j),
-  ``nl.shift_vectors(cell)`` -> (n_edges, 3) Å, so ``r_ij = x[j] + shift - x[i]``);
+  ``nl.shift_vectors(cell)`` -> (n_edges, 3) Å, so ``r_ij = x[j] + shift - x[i]``); cell and
+  pbc are the system's on every rank (a periodic axis split into domains is still periodic);
+- optionally further inputs, declared in ``model_config`` (``ModelConfig`` of
+  ``shardmd.domain.api``) and received as keyword arguments of ``compute``:
+  ``point_inputs=("charges",)`` per atom ((n,) e: ``system.charges`` or the structure file's
+  ``initial_charges``; ghost rows their owners' values; any other name ``X``: the file's array
+  ``X``) and ``system_inputs=("charge", "spin")`` per system ((1,): the total charge in e,
+  ``system.charge``; the spin multiplicity 2S+1, ``system.spin``); they move with the atoms
+  and are kept in checkpoints (engine/run/model_inputs.py); a model declaring none is called
+  as before;
 - optionally ``check_species(numbers)`` raising ``ValueError`` (one line) for atomic numbers
   it has no parameters for.
 

@@ -16,6 +16,7 @@ from shardmd.domain.api import (
     OpAdapter,
     OutputKind,
     PythonAdapter,
+    current_scope,
     system_sum,
 )
 from shardmd.domain.neighbors import build_neighbor_list
@@ -142,7 +143,11 @@ class SelfListModel:
         return self.rc
 
     def compute(self, positions, cell, pbc, numbers, nl):
-        own = build_neighbor_list(positions.detach(), cell, pbc, self.rc)
+        # a list over the rank's own points (ghosts are images already) is periodic along the
+        # axes the rank's search treats so; pbc is the system's
+        scope = current_scope()
+        own = build_neighbor_list(positions.detach(), cell, scope.ctx.local_pbc if scope is not None else pbc,
+                                  self.rc)
         i, j = own.edge_index()
         r = (positions.index_select(0, j) + own.shift_vectors(cell) - positions.index_select(0, i)).norm(dim=1)
         w = torch.where(r < self.rc, (1 - (r / self.rc) ** 2) ** 2, torch.zeros_like(r))

@@ -142,9 +142,10 @@ DEFAULT_CHOICES = _default_choices()
 
 
 def _flat(node: Any, prefix: str = ""):
-    """(dotted key, value) leaves of a plain mapping, OmegaConf maps and lists kept whole."""
+    """(dotted key, value) leaves of a plain mapping, OmegaConf maps and lists kept whole (and
+    maps that are the value of a key, as ``system.charges={Na: 1.0}``)."""
     for k, v in node.items():
-        if isinstance(v, dict) and f"{prefix}{k}" not in OPEN_MAPS:
+        if isinstance(v, dict) and f"{prefix}{k}" not in OPEN_MAPS and f"{prefix}{k}" not in SCHEMA:
             yield from _flat(v, f"{prefix}{k}.")
         else:
             yield f"{prefix}{k}", v

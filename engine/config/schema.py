@@ -76,6 +76,17 @@ def _per_species(v) -> bool:
     return len(v) > 0 and all(_is_num(x) and x > 0 for x in v.values())
 
 
+def _charges(v) -> bool:
+    """null, a map element -> finite number, or a list of finite numbers (one per atom)."""
+    from ase.data import atomic_numbers
+
+    if v is None:
+        return True
+    if hasattr(v, "items"):
+        return len(v) > 0 and all(k in atomic_numbers and _is_num(q) for k, q in v.items())
+    return not isinstance(v, (str, bytes)) and len(v) > 0 and all(_is_num(q) for q in v)
+
+
 def _pairs(v) -> bool:
     return all(re.fullmatch(r"[A-Z][a-z]?-[A-Z][a-z]?", str(k)) and _is_num(p["epsilon"]) and p["epsilon"] > 0
                and _is_num(p["sigma"]) and p["sigma"] > 0 for k, p in v.items())
@@ -156,6 +167,16 @@ class System:
                           factory=lambda: [True, True, True])
     velocities: str = key("auto", "auto (the file's if it has them, else thermal), thermal, file or zero",
                           one_of("auto", "thermal", "file", "zero"))
+    charges: Any = key(
+        None, "per-atom charges (e) by element, e.g. {Na: 1.0, Cl: -1.0}, for a model that takes charges; "
+        "or one per atom; null: the file's initial_charges (or charges) array",
+        Check(_charges, "give finite numbers per element, e.g. {Na: 1.0, Cl: -1.0}, or one per atom"))
+    charge: Optional[float] = key(None, "total charge (e) for a model that takes one; null: the file's charge "
+                                  "(info), else 0", Check(lambda v: v is None or _is_num(v),
+                                                          "give a finite number of elementary charges"))
+    spin: Optional[float] = key(None, "spin multiplicity 2S+1 for a model that takes one; null: the file's spin "
+                                "(info), else 1", Check(lambda v: v is None or (_is_num(v) and v >= 1),
+                                                        "give a spin multiplicity >= 1 (1: singlet)"))
 
 
 @dataclass

@@ -57,7 +57,9 @@ def checkpoint_atoms(path: str):
     Read with :func:`shardmd.engine.io.checkpoint.read_checkpoint` (HDF5 datasets only, checked
     field by field).  positions (n, 3) Å as stored (wrapped), cell (3, 3) Å, pbc (3,),
     masses amu, velocities Å/fs -> ASE, image flags in ``arrays["image"]``, ids in
-    ``arrays["id"]``, ``info["step"]`` and ``info["time_fs"]``.  A checkpoint holds no
+    ``arrays["id"]``, ``info["step"]`` and ``info["time_fs"]``; a model's inputs, if the
+    checkpoint holds any, as ``arrays["initial_charges"]`` (charges, e), other per-atom arrays by
+    name and per-system values in ``info`` (``charge``, ``spin``).  A checkpoint holds no
     forces or energies, so no calculator is attached.
     """
     import ase
@@ -77,6 +79,12 @@ def checkpoint_atoms(path: str):
     atoms.arrays["id"] = np.asarray(a["ids"], np.int64)[order]
     atoms.info["step"] = int(c["step"])
     atoms.info["time_fs"] = float(c["time"])
+    # a model's inputs (engine/run/model_inputs.py) where a structure file keeps them: charges as
+    # the initial charges, other per-atom ones as arrays by name, per-system ones in info
+    for name, v in c.get("inputs", {}).get("atoms", {}).items():
+        atoms.arrays["initial_charges" if name == "charges" else name] = np.asarray(v)[order]
+    for name, v in c.get("inputs", {}).get("system", {}).items():
+        atoms.info[name] = np.asarray(v)[0].tolist()
     return atoms
 
 

@@ -10,6 +10,8 @@ File layout (``<output>.ckpt/step-<step>.h5``, units as attributes):
             reference_positions [Å] (positions at the last neighbour rebuild)
             (id order, the run's float dtype: restarts continue bit for bit)
     box/    cell [Å] (3, 3), pbc (3,)
+    inputs/ only for a model that declares inputs (engine/run/model_inputs.py): atoms/<name>
+            (n, *F) per-atom values (e.g. charges [e], id order), system/<name> (1, *F)
 
 Random numbers are counter-based (keyed by seed, step, stream and atom id): the seed and
 the step are the whole generator state.
@@ -44,7 +46,13 @@ import h5py
 import numpy as np
 
 from shardmd.engine.errors import OneLineWarning, OutputError, UserError
-from shardmd.engine.io.checkpoint_check import layout_problem, parse_json, values_problem
+from shardmd.engine.io.checkpoint_check import (
+    inputs_layout,
+    inputs_values_problem,
+    layout_problem,
+    parse_json,
+    values_problem,
+)
 from shardmd.engine.io.safe_io import IO_ERRORS, fsync_dir, output_error
 
 KIND = "shardmd-checkpoint"
@@ -121,8 +129,10 @@ _PROCESS_START = time.time()
 
 def write_checkpoint(directory: Path, step: int, time_fs: float, arrays: dict, cell: np.ndarray, pbc: np.ndarray,
                      config: dict, integrator: dict, model_name: str, model_id: str, code_version: str,
-                     keep: int = 3) -> Path:
-    """Write atomically; return the final path.  ``arrays`` hold full per-atom data in id order.
+                     keep: int = 3, inputs: dict | None = None) -> Path:
+    """Write atomically; return the final path.  ``arrays`` hold full per-atom data in id order;
+    ``inputs``: the model's inputs, {"atoms": {name: (n, *F)}, "system": {name: (1, *F)}}
+    (engine/run/model_inputs.py), written only when there are any.
 
     The file is written to a new temporary file in ``directory``, created exclusively
     (O_EXCL | O_NOFOLLOW) under an unpredictable name and written through that descriptor
@@ -142,7 +152,7 @@ def write_checkpoint(directory: Path, step: int, time_fs: float, arrays: dict, c
         with os.fdopen(fd, "w+b") as fo:
             with h5py.File(fo, "w") as f:  # HDF5 writes through our descriptor, never by name
                 _fill_checkpoint(f, step, time_fs, arrays, cell, pbc, config, integrator, model_name, model_id,
-                                 code_version)
+                                 code_version, inputs)
             fo.flush()
             os.fsync(fo.fileno())
         if final.is_symlink() or (os.path.lexists(final) and not final.is_file()):
@@ -172,7 +182,7 @@ def write_checkpoint(directory: Path, step: int, time_fs: float, arrays: dict, c
 
 
 def _fill_checkpoint(f: h5py.File, step, time_fs, arrays, cell, pbc, config, integrator, model_name, model_id,
-                     code_version) -> None:
+                     code_version, inputs=None) -> None:
     f.attrs.update({
         "kind": KIND, "format": FORMAT, "code_version": code_version, "step": int(step),
         "time": float(time_fs), "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -189,6 +199,11 @@ def _fill_checkpoint(f: h5py.File, step, time_fs, arrays, cell, pbc, config, int
     b = f.create_group("box")
     b.create_dataset("cell", data=cell).attrs["unit"] = "angstrom"
     b.create_dataset("pbc", data=np.asarray(pbc, dtype=bool))
+    for kind, named in (inputs or {}).items():
+        if named:
+            sub = f.require_group("inputs").create_group(kind)
+            for name, value in named.items():
+                sub.create_dataset(name, data=np.asarray(value))
 
 
 def _refuse(path: Path, what: str) -> OutputError:
@@ -313,6 +328,9 @@ def read_checkpoint(path: str | Path) -> dict:
             problem = layout_problem(f, FORMAT)
             if problem:
                 raise _unusable(p, problem)
+            inputs, problem = inputs_layout(f, int(f["atoms/ids"].shape[0]))
+            if problem:
+                raise _unusable(p, problem)
             out = {k: f.attrs[k] for k in ("step", "time", "model_name", "model_identity", "code_version")}
             for k in ("model_name", "model_identity", "code_version"):
                 out[k] = out[k].decode() if isinstance(out[k], bytes) else str(out[k])
@@ -324,12 +342,14 @@ def read_checkpoint(path: str | Path) -> dict:
             out["arrays"] = {name: f["atoms"][name][()] for name in ATOM_FIELDS}
             out["cell"] = f["box/cell"][()]
             out["pbc"] = f["box/pbc"][()]
+            if inputs:
+                out["inputs"] = {kind: {k: d[()] for k, d in named.items()} for kind, named in inputs.items()}
     except UserError:
         raise
     except (OSError, KeyError, ValueError, TypeError, RuntimeError, MemoryError) as exc:
         raise UserError(f"restart file {str(p)!r} is damaged or incomplete ({type(exc).__name__}); "
                         "use an older checkpoint or restart=auto") from None
-    problem = checkpoint_problem(out)
+    problem = checkpoint_problem(out) or inputs_values_problem(out.get("inputs", {}))
     if problem:
         raise _unusable(p, problem)
     return out

@@ -13,12 +13,18 @@
    the fixed-atom ranges bounded, existing and not every atom
    (:func:`fixed_ranges_problem`).
 
+The optional ``inputs/`` group (a model's declared inputs: ``inputs/atoms/<name>`` per atom,
+``inputs/system/<name>`` per system) passes the same two steps: :func:`inputs_layout` (names,
+shapes (n, *F) and (1, *F), floating point, size, written) and :func:`inputs_values_problem`
+(finite).
+
 Each returns None or one line naming the field and the problem (the reader adds the file).
 """
 from __future__ import annotations
 
 import json
 import math
+import re
 
 import h5py
 import numpy as np
@@ -287,4 +293,64 @@ def fixed_ranges_problem(ranges, ids) -> str | None:
         count, last = count + (b - a), b
     if count >= n:
         return f"fixes every atom ({n}): nothing would move (a fresh run refuses that too)"
+    return None
+
+
+#: a model input's name in ``inputs/`` (a Python identifier of 64 characters at most)
+INPUT_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
+#: most inputs of a kind, most features per row (a damaged file cannot ask for more)
+MAX_INPUTS, MAX_FEATURES = 64, 4096
+
+
+def inputs_layout(f: h5py.File, n: int) -> tuple[dict, str | None]:
+    """({"atoms": {name: dataset}, "system": {name: dataset}}, None) for the optional
+    ``inputs/`` group of an open checkpoint of ``n`` atoms ({} without one), else (None, a
+    reason); metadata only: nothing is read."""
+    if "inputs" not in f:
+        return {}, None
+    g = dataset(f, "inputs", h5py.Group)
+    if isinstance(g, str):
+        return None, g
+    other = sorted(set(g.keys()) - {"atoms", "system"})
+    if other:
+        return None, f"inputs/{other[0][:40]!r} is not a kind of input (atoms, system)"
+    out, total = {}, 0
+    for kind, rows in (("atoms", n), ("system", 1)):
+        if kind not in g:
+            continue
+        sub = dataset(g, kind, h5py.Group)
+        if isinstance(sub, str):
+            return None, f"inputs/{sub}"
+        names = list(sub.keys())
+        if len(names) > MAX_INPUTS:
+            return None, f"inputs/{kind} holds {len(names)} inputs, more than {MAX_INPUTS}"
+        out[kind] = {}
+        for name in names:
+            where = f"inputs/{kind}/{name[:40]!r}"
+            if not INPUT_NAME.match(name):
+                return None, f"{where} is not a valid input name (letters, digits, _)"
+            d = dataset(sub, name)
+            if isinstance(d, str):
+                return None, f"inputs/{kind}/{d}"
+            shape = d.shape
+            if shape is None or not 1 <= len(shape) <= 2 or shape[0] != rows or (
+                    len(shape) == 2 and not 1 <= shape[1] <= MAX_FEATURES):
+                return None, (f"{where} has shape {shape}, expected ({rows},) or ({rows}, F)"
+                              + (f" ({n} atoms, the length of atoms/ids)" if kind == "atoms" else ""))
+            problem = shape_problem(d, where, tuple(shape), "f") or unwritten_problem(d, where)
+            if problem:
+                return None, problem
+            total += nbytes(d)
+            out[kind][name] = d
+    problem = budget_problem(total, "its model inputs")
+    return (None, problem) if problem else (out, None)
+
+
+def inputs_values_problem(inputs: dict) -> str | None:
+    """A reason the loaded model inputs ({"atoms": {name: array}, "system": ...}) cannot be
+    used: non-finite values; None when they can."""
+    for kind, arrays in inputs.items():
+        for name, a in arrays.items():
+            if not np.isfinite(np.asarray(a)).all():
+                return f"inputs/{kind}/{name} holds non-finite values"
     return None

@@ -21,7 +21,7 @@ from shardmd.domain.neighbors import SkinNeighborList, build_neighbor_list
 from shardmd.domain.spatial_sort import spatial_order
 from shardmd.engine.errors import CollectiveError
 from shardmd.engine.run.health import step_measure
-from shardmd.engine.run.state import PER_ATOM, State
+from shardmd.engine.run.state import State
 from shardmd.integrators import fused
 from shardmd.integrators.mat3 import inv3, matmul3
 
@@ -104,10 +104,7 @@ class RankDomain:
         s.wrap()
         pbc = s.pbc.tolist()
         if self.comm.size > 1:
-            arrays = migrate(self.comm, self.grid, s.cell, pbc, {k: getattr(s, k) for k in PER_ATOM},
-                             stats=self.stats)
-            for k, v in arrays.items():
-                setattr(s, k, v)
+            s.set_per_atom(migrate(self.comm, self.grid, s.cell, pbc, s.per_atom(), stats=self.stats))
             try:
                 verify(self.comm, s.ids, self.expected)
             except MigrationError as exc:

@@ -100,5 +100,7 @@ def state_from_checkpoint(ckpt: dict, dtype: torch.dtype, device) -> tuple[State
         images=t(a["images"], torch.int32), cell=t(ckpt["cell"]),
         pbc=torch.as_tensor(np.asarray(ckpt["pbc"], dtype=bool), device=device),
         step=int(ckpt["step"]), time=float(ckpt["time"]),
+        inputs={k: t(v) for k, v in ckpt.get("inputs", {}).get("atoms", {}).items()},
+        system_inputs={k: t(v) for k, v in ckpt.get("inputs", {}).get("system", {}).items()},
     )
     return s, (t(a["reference_positions"]) if "reference_positions" in a else None)

@@ -27,7 +27,7 @@ from shardmd.engine.errors import OutputError, UserError
 from shardmd.engine.io.checkpoint import checkpoint_dir, model_identity_of, write_checkpoint
 from shardmd.engine.io.output_lock import OutputLock
 from shardmd.engine.launch.stop import EXIT_STOPPED, StopRequest
-from shardmd.engine.run import health, measure, stages
+from shardmd.engine.run import health, measure, model_inputs, stages
 from shardmd.engine.run import restart as restart_mod
 from shardmd.engine.run.constraints import constrain
 from shardmd.engine.run.integrator_setup import make_integrator
@@ -70,7 +70,7 @@ class Simulation:
                                                   label=self.run_record.model_name, record=self.record(stored=False))
                               if state is None else None)
         state, reference = stages.starting_state(cfg, state, self.checkpoint_in, self.integrator, self.dtype,
-                                                self.device)
+                                                self.device, self.dmodel)
         # fixed atoms (input FixAtoms, fix.ids, a checkpoint's set): engine/run/constraints.py
         self.integrator = constrain(self.integrator, cfg, state, self.checkpoint_in, lambda: self.state.ids)
         stages.check_state(cfg, comm, state, self.dmodel, self.device)
@@ -193,7 +193,8 @@ class Simulation:
         if skip is not None:
             setattr(self.model, skip, True)
         try:
-            out = self.dmodel.compute(d.ctx, d.padded_positions, d.padded_numbers, d.nl.current)
+            out = self.dmodel.compute(d.ctx, d.padded_positions, d.padded_numbers, d.nl.current,
+                                      extras=model_inputs.extras(s))
         finally:
             if skip is not None:
                 setattr(self.model, skip, False)
@@ -433,7 +434,8 @@ class Simulation:
         s = self.state
         self._checked_observables()   # a checkpoint only from a healthy state
         full = self.domain.gather(s, ("positions", "images", "velocities", "masses", "numbers"),
-                                  extra={"reference_positions": self.domain.reference_positions()})
+                                  extra={"reference_positions": self.domain.reference_positions(),
+                                         **model_inputs.gathered(s)})
         path = None
         with self._output_step():
             if full is not None:
@@ -448,7 +450,7 @@ class Simulation:
                                 s.cell.detach().cpu().numpy(), s.pbc.cpu().numpy(), self.record(),
                                 self.run_record.integrator_state(self._integrator_state()), self.run_record.model_name,
                                 self.run_record.identity(), __version__,
-                                keep=int(self.cfg.checkpoint.keep))
+                                keep=int(self.cfg.checkpoint.keep), inputs=model_inputs.for_checkpoint(full, s))
 
     def _integrator_state(self) -> dict:
         """The integrator's state for a checkpoint; with a barostat also the cell of the last

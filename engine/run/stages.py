@@ -25,7 +25,7 @@ from shardmd.engine.errors import CollectiveError, UserError
 from shardmd.engine.io.checkpoint import api_model_origin
 from shardmd.engine.io.output_lock import refuse_if_in_use
 from shardmd.engine.launch.parallel import default_threads
-from shardmd.engine.run import health
+from shardmd.engine.run import health, model_inputs
 from shardmd.engine.run import restart as restart_mod
 from shardmd.engine.run.preflight import check_builder, check_outputs, check_size, local_ranks
 from shardmd.engine.run.skin_check import DeferredSkinCheck
@@ -97,22 +97,29 @@ def wrap_model(model) -> DistributedModel:
     return DistributedModel(model)
 
 
-def starting_state(cfg, state: State | None, checkpoint_in: dict | None, integrator, dtype, device):
+def starting_state(cfg, state: State | None, checkpoint_in: dict | None, integrator, dtype, device,
+                   dmodel: DistributedModel | None = None):
     """(state, reference): the checkpoint's (its thermostat's chain loaded into ``integrator``;
     ``reference``: the positions of its last rebuild, from which its lists are rebuilt), else the
     configured system's (its size checked before it is built), else ``state`` given through the
-    API with velocities per ``system.velocities`` and ``temperature`` as for a file."""
+    API with velocities per ``system.velocities`` and ``temperature`` as for a file.  The
+    inputs ``dmodel`` declares (charges, total charge, spin: engine/run/model_inputs.py) come
+    with it: the checkpoint's or the given state's, else from the config and the structure."""
     kw = {"zero_momentum": integrator.conserves_momentum}
+
+    def inputs(s: State, atoms=None) -> State:
+        return s if dmodel is None else model_inputs.complete(cfg, s, dmodel, atoms)
+
     if checkpoint_in is not None:
         state, reference = restart_mod.state_from_checkpoint(checkpoint_in, dtype, device)
         if hasattr(integrator, "load_state_dict"):
             integrator.load_state_dict(checkpoint_in["integrator"])
-        return state, reference
+        return inputs(state), reference
     if state is None:
         if "limits" in cfg:   # the builder's size before it builds
             check_builder(cfg, local_ranks(int(cfg.domains)))
-        return initial_state(cfg, dtype, device, integrator.degrees_of_freedom, **kw), None
-    return given_state_velocities(cfg, state, integrator.degrees_of_freedom, **kw), None
+        return initial_state(cfg, dtype, device, integrator.degrees_of_freedom, inputs=inputs, **kw), None
+    return inputs(given_state_velocities(cfg, state, integrator.degrees_of_freedom, **kw)), None
 
 
 def check_state(cfg, comm: Comm, state: State, dmodel: DistributedModel, device) -> None:

@@ -5,13 +5,18 @@ between), images int (so ``positions + images @ cell`` is the unwrapped position
 valid), velocities Å/fs, forces eV/Å, masses amu, numbers = atomic numbers, ids = global atom
 ids (0-based, unique, stable for the whole run), time fs.
 
+A model's declared inputs travel with the atoms too (engine/run/model_inputs.py): ``inputs``,
+per-atom arrays by name ((n,) or (n, F), e.g. ``charges`` in e), moved, sorted, gathered and
+checkpointed with the atoms; ``system_inputs``, per-system values by name ((1, *F), e.g. the
+total ``charge`` in e, the ``spin`` multiplicity), the same on every rank.
+
 Constraints of the input travel with the State as a whole (not per atom): ``fixed_ids``, the
 global ids ASE ``FixAtoms`` hold fixed, and ``other_constraints``, the class names of any other
 ASE constraint (refused by the Simulation, engine/run/constraints.py).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -22,6 +27,8 @@ from shardmd.integrators.units import ASE_VEL_TO_A_PER_FS
 #: names of the per-atom arrays; everything that moves with an atom (migration, sorting,
 #: checkpoints) iterates over this tuple.
 PER_ATOM = ("positions", "velocities", "forces", "masses", "numbers", "ids", "images")
+#: prefix of a model input's name among the per-atom arrays (migration, gathers, checkpoints)
+INPUT = "input:"
 
 
 @dataclass
@@ -39,6 +46,8 @@ class State:
     time: float = 0.0          # fs
     fixed_ids: torch.Tensor | None = None   # (k,) int64 global ids held fixed by the input's FixAtoms
     other_constraints: tuple = ()           # class names of the input's other ASE constraints
+    inputs: dict = field(default_factory=dict)          # name -> (n, *F) per-atom model inputs
+    system_inputs: dict = field(default_factory=dict)   # name -> (1, *F) per-system model inputs
 
     @property
     def n_atoms(self) -> int:
@@ -67,6 +76,18 @@ class State:
         """Reorder every per-atom array by index tensor ``order`` (n,)."""
         for name in PER_ATOM:
             setattr(self, name, getattr(self, name)[order].contiguous())
+        self.inputs = {k: v[order].contiguous() for k, v in self.inputs.items()}
+
+    def per_atom(self) -> dict:
+        """Every per-atom array by name: :data:`PER_ATOM`, then the model's inputs as
+        ``input:<name>`` (what migration moves)."""
+        return {**{k: getattr(self, k) for k in PER_ATOM}, **{INPUT + k: v for k, v in self.inputs.items()}}
+
+    def set_per_atom(self, arrays: dict) -> None:
+        """The arrays of :meth:`per_atom` (after a migration) back into this State."""
+        for k in PER_ATOM:
+            setattr(self, k, arrays[k])
+        self.inputs = {k[len(INPUT):]: v for k, v in arrays.items() if k.startswith(INPUT)}
 
     # -- ASE interop ------------------------------------------------------------------
     @classmethod

@@ -41,13 +41,17 @@ def thermal_velocities(state: State, temperature: float, seed: int, dof: int,
     return out.to(state.dtype)
 
 
-def initial_state(cfg, dtype: torch.dtype, device, dof_of, zero_momentum: bool) -> State:
+def initial_state(cfg, dtype: torch.dtype, device, dof_of, zero_momentum: bool, inputs=None) -> State:
     """State from the ``system`` config node, with velocities per ``system.velocities``.
 
-    dof_of: callable n_atoms -> degrees of freedom (from the integrator)
+    dof_of: callable n_atoms -> degrees of freedom (from the integrator); inputs: callable
+    (state, atoms) -> state giving the state the model's inputs from the structure
+    (engine/run/model_inputs.py), or None
     """
     atoms = build_atoms(cfg.system)   # its size was checked before (engine/run/stages.py)
     state = State.from_atoms(atoms, dtype=dtype, device=device)
+    if inputs is not None:
+        state = inputs(state, atoms)
     has_v = bool(np.any(atoms.get_velocities() != 0)) if atoms.has("momenta") else False
     return set_velocities(cfg, state, has_v, dof_of, zero_momentum, "the structure")
 
