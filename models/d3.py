@@ -33,8 +33,11 @@ a third to each corner, as s-dftd3's atom-resolved energies), ``forces`` (n, 3) 
 
 Under decomposition (docs/distributed.md): the list is receiver-owned and reaches
 ``max(cutoff, cn_cutoff, three_body_cutoff)`` (+ skin), so every owned atom's CN is exact from its own
-edges; ``refresh_neighbors`` then copies each ghost's CN from its owner (a ghost's own edges are not
-on this rank), and every pair and triangle term of an owned atom reads only owned and ghost CNs.
+edges; each ghost's CN is then copied from its owner (a ghost's own edges are not on this rank), and
+every pair and triangle term of an owned atom reads only owned and ghost CNs. In the spec's halo
+mode (``scatter``) the CN scatter's halo correction already does that copy; the explicit
+``refresh_neighbors`` keeps the model right under any halo mode (``local`` included), for one more
+exchange of one float per ghost.
 The halo is therefore one list radius deep, not pair cutoff + CN cutoff.  Without the engine,
 :meth:`D3Dispersion.calculate` evaluates a single structure on one process (its own image list).
 """

@@ -25,9 +25,16 @@ dftd3 = pytest.importorskip("dftd3.interface")
 VOIGT = ((0, 0), (1, 1), (2, 2), (1, 2), (0, 2), (0, 1))
 
 
+#: the 4-rank cases of the fast tier; the rest (the 192-atom slab with ATM) are slow
+FAST_MPI = ("crystal_bj", "crystal_bj_atm")
+SLOW_MPI = tuple(c for c in MPI_CASES if c not in FAST_MPI)
+
+
 def world_tasks(item):
     if item.originalname.startswith("test_four_domains"):
-        return [WorldTask(4, "d3_4", "d3_cases", ["{out}"])]
+        case = item.callspec.params["case"]
+        key, cases = ("d3_4", FAST_MPI) if case in FAST_MPI else ("d3_4_slow", SLOW_MPI)
+        return [WorldTask(4, key, "d3_cases", ["{out}", *cases])]
     return []
 
 
@@ -105,11 +112,10 @@ def test_other_functional_parameters_are_used():
 
 # -- 4 domains --------------------------------------------------------------------------------------
 @pytest.mark.mpi
-@pytest.mark.slow
-@pytest.mark.parametrize("case", list(MPI_CASES))
+@pytest.mark.parametrize("case", [*FAST_MPI, *(pytest.param(c, marks=pytest.mark.slow) for c in SLOW_MPI)])
 def test_four_domains_equal_one_domain_and_dftd3(case, mpi_world):
     system, keys = MPI_CASES[case]
-    d = dict(np.load(mpi_world(4, "d3_4") / f"d3_{case}.npz"))
+    d = dict(np.load(mpi_world(4, "d3_4" if case in FAST_MPI else "d3_4_slow") / f"d3_{case}.npz"))
     assert len(d["owned"]) == 4 and (d["owned"] > 0).all()        # really split over 4 ranks
     atoms = structure(system)
     one = ours(atoms, **keys)

@@ -2,7 +2,8 @@
 per-atom energies of the test structures (tests/test_d3.py's), D3(BJ) with and without the ATM
 term and D3(0), and the number of atoms each rank owns (proof that the system was split).
 
-Usage: ``run(comm, [OUT_DIR])`` inside tests/mpi/world.py; rank 0 writes OUT_DIR/d3_<case>.npz.
+Usage: ``run(comm, [OUT_DIR, CASE...])`` inside tests/mpi/world.py (no CASE: all of MPI_CASES);
+rank 0 writes OUT_DIR/d3_<case>.npz.
 """
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ def evaluate(comm, case: str) -> dict | None:
 
 def run(comm, argv):
     out = Path(argv[0])
-    for case in MPI_CASES:
+    for case in argv[1:] or list(MPI_CASES):
         res = evaluate(comm, case)
         if res is not None:
             np.savez(out / f"d3_{case}.npz", **res)
