@@ -22,10 +22,15 @@ Keys (``model=d3 model.<key>=...``):
     cn_cutoff          21.17   coordination-number cutoff, Å (40 Bohr, s-dftd3's ``cn``)
     three_body         false   add the Axilrod-Teller-Muto term (s-dftd3's ``atm``; s9 of the functional)
     three_body_cutoff  21.17   three-body cutoff, Å (40 Bohr, s-dftd3's ``disp3``): all three sides within it
+    cutoff_width       0       two-body switching width, Å (s-dftd3's ``width2``): the pair energy times
+                               x^3 (10 - 15 x + 6 x^2), x = (cutoff - r) / width, over the last width
+                               before the cutoff; 0: a hard cutoff
     ================== ======= =====================================================================
 
-Cutoffs are hard (no switching), as s-dftd3's defaults (``width2 = width3 = 0``); to compare with
-s-dftd3 give it the same three cutoffs in Bohr (``set_realspace_cutoff(disp2, disp3, cn)``).
+Cutoffs are hard by default, as s-dftd3's (``width2 = width3 = 0``); to compare with s-dftd3 give it
+the same cutoffs in Bohr (``set_realspace_cutoff(disp2, disp3, cn, width2)``). A hard two-body
+cutoff makes the energy jump when a pair crosses it (MD drifts; docs/d3.md): ``cutoff_width``
+removes that; the CN and three-body cutoffs stay hard, as in s-dftd3.
 
 Outputs: ``energy`` () eV, ``energies`` (n,) eV (each pair term split half and half, each triangle
 a third to each corner, as s-dftd3's atom-resolved energies), ``forces`` (n, 3) eV/Å and ``virial``
@@ -131,11 +136,17 @@ class D3Dispersion:
 
     def __init__(self, functional: str = "pbe", damping: str = "bj", cutoff: float = DISP2_BOHR * Bohr,
                  cn_cutoff: float = CN_BOHR * Bohr, three_body: bool = False,
-                 three_body_cutoff: float = DISP3_BOHR * Bohr, dtype: torch.dtype = torch.float64):
+                 three_body_cutoff: float = DISP3_BOHR * Bohr, cutoff_width: float = 0.0,
+                 dtype: torch.dtype = torch.float64):
         for name, value in (("cutoff", cutoff), ("cn_cutoff", cn_cutoff), ("three_body_cutoff", three_body_cutoff)):
             if not (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
                     and value > 0):
                 raise ValueError(f"model.{name}={value!r} is invalid: give a finite number > 0 in Å")
+        if not (isinstance(cutoff_width, (int, float)) and not isinstance(cutoff_width, bool)
+                and 0 <= cutoff_width < cutoff):
+            raise ValueError(f"model.cutoff_width={cutoff_width!r} is invalid: give a width >= 0 in Å, less than "
+                             f"model.cutoff={cutoff}")
+        self.width2 = float(cutoff_width)
         if not isinstance(three_body, bool):
             raise ValueError(f"model.three_body={three_body!r} is invalid: use true or false")
         self.functional, self.damping, self.three_body = functional, damping, three_body
@@ -196,7 +207,7 @@ class D3Dispersion:
         i, j, d, r2 = (x.index_select(0, keep) for x in (i, j, d, r2))
         c6 = pair_c6(i, j)
         zi, zj = z.index_select(0, i), z.index_select(0, j)
-        e_edge = self._pair_energy(r2, c6, zi, zj)
+        e_edge = self._pair_energy(r2, c6, zi, zj) * self._switch(r2)
         e_edge = torch.where(r2 <= (self.cutoff2 / Bohr) ** 2, e_edge, torch.zeros_like(e_edge))
         energies = positions.new_zeros(n).index_add_(0, i, 0.5 * e_edge * Hartree)
         if self.three_body and self.params.get("s9", 0.0) != 0.0:
@@ -219,6 +230,15 @@ class D3Dispersion:
         top = torch.where(have, ref_cn, torch.full_like(ref_cn, -2.0))
         fallback = (top == top.max(1, keepdim=True).values).to(g.dtype)
         return torch.where(ok, g / torch.where(ok, norm, torch.ones_like(norm)), fallback)
+
+    def _switch(self, r2):
+        """s-dftd3's two-body switch: 1 up to cutoff - width, then x^3 (10 - 15 x + 6 x^2) with
+        x = (cutoff - r) / width (r2 in Bohr^2)."""
+        if self.width2 <= 0.0:
+            return torch.ones_like(r2)
+        cut, width = self.cutoff2 / Bohr, self.width2 / Bohr
+        x = ((cut - r2.sqrt()) / width).clamp(0.0, 1.0)
+        return x * x * x * (10.0 + x * (-15.0 + 6.0 * x))
 
     def _pair_energy(self, r2, c6, zi, zj):
         """Two-body energy of each edge (Hartree, the whole pair's), distances squared in Bohr^2."""

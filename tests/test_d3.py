@@ -38,14 +38,14 @@ def world_tasks(item):
     return []
 
 
-def reference(atoms, damping="bj", atm=False, cutoffs=CUTOFFS, functional="pbe") -> dict:
+def reference(atoms, damping="bj", atm=False, cutoffs=CUTOFFS, functional="pbe", width2=0.0) -> dict:
     """dftd3's energy (eV), forces (eV/Å), ASE stress (Voigt, eV/Å^3) and atom-resolved energies (eV);
     ``cutoffs`` (Å) as model.cutoff / cn_cutoff / three_body_cutoff, None: dftd3's defaults."""
     model = dftd3.DispersionModel(atoms.numbers, atoms.positions / Bohr, atoms.cell[:] / Bohr,
                                   np.array(atoms.pbc))
     if cutoffs is not None:
         model.set_realspace_cutoff(cutoffs["cutoff"] / Bohr, cutoffs["three_body_cutoff"] / Bohr,
-                                   cutoffs["cn_cutoff"] / Bohr)
+                                   cutoffs["cn_cutoff"] / Bohr, width2 / Bohr, 0.0)
     cls = dftd3.RationalDampingParam if damping == "bj" else dftd3.ZeroDampingParam
     param = cls(method=functional, atm=atm)
     res = model.get_dispersion(param, grad=True)
@@ -88,6 +88,15 @@ def test_three_body_on_and_off_match_dftd3(system, damping):
     assert_matches(on, ref_on, len(atoms))
     # the term is there to see: ATM moves the energy by far more than the tolerance
     assert abs(ref_on["energy"] - ref_off["energy"]) / len(atoms) > 1e-5
+
+
+def test_switched_two_body_cutoff_matches_dftd3_width2():
+    """model.cutoff_width is s-dftd3's width2: the pair energy switched off over the last 3 Å."""
+    atoms = structure("crystal")
+    got = ours(atoms, functional="pbe", damping="bj", cutoff_width=3.0, **CUTOFFS)
+    ref = reference(atoms, "bj", width2=3.0)
+    assert_matches(got, ref, len(atoms))
+    assert abs(ref["energy"] - reference(atoms, "bj")["energy"]) > 1e-3   # the switch changes the energy
 
 
 def test_default_cutoffs_match_dftd3_defaults_without_the_engine():
@@ -149,6 +158,8 @@ def test_bad_cutoff_and_unknown_element_are_one_line_errors():
 
     with pytest.raises(ValueError, match=r"model\.cn_cutoff=-1\.0 is invalid"):
         D3Dispersion(cn_cutoff=-1.0)
+    with pytest.raises(ValueError, match=r"model\.cutoff_width=13\.0 is invalid.*less than model\.cutoff=12"):
+        D3Dispersion(cutoff=12.0, cutoff_width=13.0)
     with pytest.raises(ValueError, match="no D3 reference data for atomic numbers \\[110\\]"):
         D3Dispersion().check_species(np.array([29, 110]))
 

@@ -349,6 +349,9 @@ class D3:
     three_body: bool = key(False, "add the Axilrod-Teller-Muto three-body term (s-dftd3's atm)", FLAG)
     three_body_cutoff: float = key(21.17, "three-body cutoff, Å (40 Bohr, s-dftd3's disp3): all three sides "
                                    "within it", number("give a three-body cutoff > 0 in Å", gt=0))
+    cutoff_width: float = key(0.0, "two-body switching width, Å (s-dftd3's width2): the pair energy goes smoothly "
+                              "to 0 over the last width before model.cutoff; 0: a hard cutoff",
+                              number("give a width >= 0 in Å", ge=0))
 
 
 @dataclass
