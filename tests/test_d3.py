@@ -139,6 +139,23 @@ def test_four_domains_equal_one_domain_and_dftd3(case, mpi_world):
     assert_matches({k: d[k] for k in ("energy", "forces", "stress", "energies")}, ref, len(atoms))
 
 
+def test_command_line_run_matches_dftd3(tmp_path, capfd, monkeypatch):
+    """model=d3 on the command line (the entry point, the schema's keys): the trajectory's first
+    frames (108 fcc Cu atoms, at the start and after 2 steps at 600 K) against dftd3."""
+    from shardmd.engine.io.h5md import read_frames
+
+    keys = {"cutoff": 9.0, "cn_cutoff": 7.0, "three_body_cutoff": 5.0}
+    code, lines = run_in_process(["run", "model=d3", "model.damping=zero", "model.three_body=true",
+                                  *(f"model.{k}={v}" for k, v in keys.items()), "system.repeat=[3,3,3]",
+                                  "temperature=600", "steps=2", "trajectory.every=2", "quiet=true"],
+                                 tmp_path, capfd, monkeypatch)
+    assert code == 0, lines
+    for frame in read_frames(tmp_path / "run.h5"):
+        ref = reference(frame, "zero", atm=True, cutoffs=keys)
+        assert abs(frame.get_potential_energy() - ref["energy"]) / len(frame) <= 1e-8
+        assert np.abs(frame.get_forces() - ref["forces"]).max() <= 1e-8
+
+
 # -- bad input ------------------------------------------------------------------------------------
 def test_unknown_functional_is_one_line_naming_the_key_and_the_list(tmp_path, capfd, monkeypatch):
     code, lines = run_in_process(["run", "model=d3", "model.functional=pbx", "steps=1"], tmp_path, capfd,
