@@ -140,8 +140,8 @@ def test_four_domains_equal_one_domain_and_dftd3(case, mpi_world):
 
 
 def test_command_line_run_matches_dftd3(tmp_path, capfd, monkeypatch):
-    """model=d3 on the command line (the entry point, the schema's keys): the trajectory's first
-    frames (108 fcc Cu atoms, at the start and after 2 steps at 600 K) against dftd3."""
+    """model=d3 on the command line (the entry point, the schema's keys): the trajectory's frames
+    (108 fcc Cu atoms, at the start and after 2 steps at 600 K) against dftd3."""
     from shardmd.engine.io.h5md import read_frames
 
     keys = {"cutoff": 9.0, "cn_cutoff": 7.0, "three_body_cutoff": 5.0}
