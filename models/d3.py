@@ -185,16 +185,18 @@ class D3Dispersion:
         i, j = nl.edge_index()
         d = (positions.index_select(0, j) + nl.shift_vectors(cell) - positions.index_select(0, i)) / Bohr
         r2 = (d * d).sum(1)
-        in_cn = (r2 <= (self.cutoff_cn / Bohr) ** 2) & (r2 > 1e-12)
-        r_cn = torch.where(in_cn, r2, torch.ones_like(r2)).sqrt()
-        rc = t.rcov.to(dev)[z.index_select(0, i)] + t.rcov.to(dev)[z.index_select(0, j)]
-        count = torch.where(in_cn, 1.0 / (1.0 + torch.exp(-KCN * (rc / r_cn - 1.0))), torch.zeros_like(r2))
-        cn = positions.new_zeros(n).index_add_(0, i, count)    # exact on owned rows (receiver-owned list)
+        in_cn = torch.nonzero((r2 <= (self.cutoff_cn / Bohr) ** 2) & (r2 > 1e-12)).flatten()
+        i_cn, r_cn = i.index_select(0, in_cn), r2.index_select(0, in_cn).sqrt()
+        rc = t.rcov.to(dev)[z.index_select(0, i_cn)] + t.rcov.to(dev)[z.index_select(0, j.index_select(0, in_cn))]
+        count = 1.0 / (1.0 + torch.exp(-KCN * (rc / r_cn - 1.0)))
+        cn = positions.new_zeros(n).index_add_(0, i_cn, count)   # exact on owned rows (receiver-owned list)
         cn = refresh_neighbors(cn)                              # ghost rows: copies of their owners' CNs
-        w = self._weights(cn, z)                                # (n, R)
-        # C6 of a pair (a, b): w_a . C(z_a, z_b) . w_b, by species present (u: (n, S, R) = w_a . C(z_a, s))
+        # C6 of a pair (a, b): w_a . C(z_a, z_b) . w_b, by species present (u: (n, S, R) = w_a . C(z_a, s));
+        # references are stored first, so R is cut to the most any present species has (2 for Cu, of 7)
         species, s = torch.unique(z, return_inverse=True)
-        c6s = t.ref_c6.to(dev)[species][:, species]             # (S, S, R, R)
+        r_used = max(int((t.ref_cn[species.cpu()] >= 0).sum(1).max()), 1)
+        w = self._weights(cn, z)[:, :r_used]                    # (n, R)
+        c6s = t.ref_c6.to(dev)[species][:, species][:, :, :r_used, :r_used]   # (S, S, R, R)
         u = torch.einsum("na,ntab->ntb", w, c6s.index_select(0, s))
         n_s = species.shape[0]
 
