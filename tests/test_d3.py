@@ -26,7 +26,7 @@ VOIGT = ((0, 0), (1, 1), (2, 2), (1, 2), (0, 2), (0, 1))
 
 
 #: the 4-rank cases of the fast tier; the rest (the 192-atom slab with ATM) are slow
-FAST_MPI = ("crystal_bj", "crystal_bj_atm")
+FAST_MPI = ("crystal_bj", "crystal_bj_atm", "crystal_bj_atm_local")
 SLOW_MPI = tuple(c for c in MPI_CASES if c not in FAST_MPI)
 
 

@@ -19,11 +19,16 @@ from d3_systems import MPI_CASES, structure  # noqa: E402
 
 
 def evaluate(comm, case: str) -> dict | None:
+    from shardmd.domain.api import HaloStorage
+    from shardmd.domain.distributed_model import DistributedModel
     from shardmd.engine.ase_calculator import ShardMDCalculator
+    from shardmd.models.d3 import SPEC_D3
 
     system, kwargs = MPI_CASES[case]
     atoms = structure(system)
     atoms.calc = calc = ShardMDCalculator(model="d3", comm=comm, **kwargs)
+    if case.endswith("_local"):   # the model's spec with uncorrected halo scatters
+        calc.dmodel = DistributedModel(calc.model, spec=SPEC_D3.with_storage(HaloStorage("local")))
     res = {"energy": atoms.get_potential_energy(), "forces": atoms.get_forces(), "stress": atoms.get_stress(),
            "energies": atoms.get_potential_energies()}
     owned = comm.all_gather_object(int(calc._state.positions.shape[0]))   # this rank's atoms
