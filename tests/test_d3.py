@@ -187,3 +187,5 @@ def test_functional_names_resolve_aliases():
     names = functionals()
     assert "pbe" in names and "b3lyp" in names and len(names) > 100
     assert functional_parameters("PBE", "bj") == functional_parameters("pbe", "bj")   # as s-dftd3 normalises
+    with pytest.raises(ValueError, match="no D3 parameters for model.damping=zero; use model.damping=bj"):
+        functional_parameters("b3lyp_631gd", "zero")   # a functional with BJ parameters only
