@@ -49,6 +49,17 @@ def morse(*, D: float, a: float, r0: float, cutoff: float, shift: bool = True):
     return Morse(D=D, a=a, r0=r0, cutoff=cutoff, shift=shift)
 
 
+def d3(*, functional: str = "pbe", damping: str = "bj", cutoff: float = 31.75, cn_cutoff: float = 21.17,
+       three_body: bool = False, three_body_cutoff: float = 21.17, cutoff_width: float = 0.0,
+       precision: torch.dtype = torch.float64):
+    """DFT-D3 dispersion (models/d3.py): tad-dftd3's tables, our sums over the neighbour list."""
+    from .d3 import D3Dispersion
+
+    return D3Dispersion(functional=functional, damping=damping, cutoff=cutoff, cn_cutoff=cn_cutoff,
+                        three_body=three_body is True, three_body_cutoff=three_body_cutoff,
+                        cutoff_width=cutoff_width, dtype=precision)
+
+
 def mace(*, checkpoint: str | None = None, dtype: str | None = None, cueq="auto", cuda_graph="auto",
          trust_pickle: bool = False, precision: torch.dtype = torch.float64, device="cpu", head: str | None = None):
     """MACE via mace-torch (the shipped Cu model without ``checkpoint``)."""
@@ -73,7 +84,7 @@ def nequip(*, config: str | None = None, weights: str | None = None, species=("C
 
 
 #: the shipped families (the entry points of pyproject.toml name these)
-MODELS: dict[str, Callable] = {"lj": lj, "morse": morse, "mace": mace, "nequip": nequip}
+MODELS: dict[str, Callable] = {"lj": lj, "morse": morse, "d3": d3, "mace": mace, "nequip": nequip}
 
 
 # -- routes --------------------------------------------------------------------------------------

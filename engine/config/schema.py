@@ -356,6 +356,26 @@ class Morse:
 
 
 @dataclass
+class D3:
+    """DFT-D3 dispersion (tad-dftd3's tables, our sums over the neighbour list: models/d3.py); copper by default"""
+
+    name: str = "d3"
+    functional: str = key("pbe", "the functional whose D3 parameters are used (s-dftd3's names and aliases: pbe, "
+                          "b3lyp, r2scan, ...)", _text("give a functional name such as pbe"))
+    damping: str = key("bj", "bj (rational, D3(BJ)) or zero (D3(0))", one_of("bj", "zero"))
+    cutoff: float = key(31.75, "two-body cutoff, Å (60 Bohr, s-dftd3's disp2)",
+                        number("give a two-body cutoff > 0 in Å", gt=0))
+    cn_cutoff: float = key(21.17, "coordination-number cutoff, Å (40 Bohr, s-dftd3's cn)",
+                           number("give a coordination-number cutoff > 0 in Å", gt=0))
+    three_body: bool = key(False, "add the Axilrod-Teller-Muto three-body term (s-dftd3's atm)", FLAG)
+    three_body_cutoff: float = key(21.17, "three-body cutoff, Å (40 Bohr, s-dftd3's disp3): all three sides "
+                                   "within it", number("give a three-body cutoff > 0 in Å", gt=0))
+    cutoff_width: float = key(0.0, "two-body switching width, Å (s-dftd3's width2): the pair energy goes smoothly "
+                              "to 0 over the last width before model.cutoff; 0: a hard cutoff",
+                              number("give a width >= 0 in Å", ge=0))
+
+
+@dataclass
 class Mace:
     """MACE via mace-torch, the shipped Cu model by default"""
 
@@ -439,7 +459,7 @@ class NPT:
 
 
 #: group -> {choice: dataclass}; a new model or integrator is one more entry here
-MODELS: dict[str, type] = {"lj": LJ, "morse": Morse, "mace": Mace, "custom": Custom}
+MODELS: dict[str, type] = {"lj": LJ, "morse": Morse, "d3": D3, "mace": Mace, "custom": Custom}
 #: the choice whose node takes free keys (the factory's arguments): model=py:... and registered names
 OPEN_CHOICES: dict[str, str] = {"model": "custom"}
 INTEGRATORS: dict[str, type] = {"verlet": Verlet, "langevin": Langevin, "nose-hoover": NoseHoover,
@@ -452,6 +472,8 @@ GROUP_HELP = {"model": "the interatomic model", "integrator": "the equations of 
 GROUP_DEFAULTS: dict[tuple[str, str], dict] = {
     ("model", "morse"): {"system": {"element": "Cu", "lattice": "fcc", "a": 3.66, "repeat": [5, 5, 5]},
                          "temperature": 300.0},
+    ("model", "d3"): {"system": {"element": "Cu", "lattice": "fcc", "a": 3.61, "repeat": [4, 4, 4]},
+                      "temperature": 300.0, "steps": 20, "thermo": {"every": 5}, "trajectory": {"every": 10}},
     ("model", "mace"): {"system": {"element": "Cu", "lattice": "fcc", "a": 3.59, "repeat": [6, 6, 6]},
                         "temperature": 300.0, "steps": 20, "thermo": {"every": 5}, "trajectory": {"every": 10}},
 }
