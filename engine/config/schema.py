@@ -5,132 +5,38 @@ Each key is one dataclass field made with :func:`key`.  Hydra composes from thes
 ``engine/config/compose.py`` derives from them the key table (``KEYS``), ``--help``, the README's
 table (tests/test_readme.py checks it) and the value checks.  Adding a key is adding a field.
 
-Groups: ``model`` (:data:`MODELS`) and ``integrator`` (:data:`INTEGRATORS`), one dataclass
-per choice; a choice may also change defaults outside its own node (:data:`GROUP_DEFAULTS`).
+Groups: ``model`` and ``integrator``, one dataclass per choice (engine/config/choices.py; the
+checks and :func:`key` are in engine/config/checks.py); a choice may also change defaults
+outside its own node (:data:`GROUP_DEFAULTS`).
 """
 from __future__ import annotations
 
-import math
 import re
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, List, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
-
-# -- checks: each returns None when the value is fine, else the fix (what to give instead) --------
-@dataclass(frozen=True)
-class Check:
-    """``test(value)`` is True (fine), False (say ``fix``) or a string (say that instead)."""
-
-    test: Callable[[Any], bool | str]
-    fix: str
-
-    def __call__(self, value) -> str | None:
-        try:
-            ok = self.test(value)
-        except (TypeError, AttributeError, KeyError, ValueError):   # the wrong shape (a string where a
-            ok = False                                             # map goes, as an interpolation gives)
-        return None if ok is True else (ok if isinstance(ok, str) else self.fix)
-
-
-def _is_int(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _is_num(v) -> bool:
-    """A finite number (inf and NaN are refused for every float key)."""
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-
-def _same(v, option) -> bool:
-    """``v == option`` without Python's 1 == True."""
-    return type(v) is type(option) and v == option
-
-
-def whole(lo: int, fix: str | None = None) -> Check:
-    return Check(lambda v: _is_int(v) and v >= lo, fix or f"give a whole number >= {lo}")
-
-
-def number(fix: str, *, gt: float | None = None, ge: float | None = None) -> Check:
-    return Check(lambda v: _is_num(v) and (gt is None or v > gt) and (ge is None or v >= ge), fix)
-
-
-def one_of(*options, fix: str | None = None) -> Check:
-    words = ["null" if o is None else str(o).lower() for o in options]
-    return Check(lambda v: any(_same(v, o) for o in options),
-                 fix or "use " + (", ".join(words[:-1]) + " or " + words[-1] if len(words) > 1 else words[0]))
-
-
-FLAG = Check(lambda v: isinstance(v, bool), "use true or false")
-AUTO = one_of("auto", True, False)
-
-
-def _triple(ok: Callable[[Any], bool], fix: str) -> Check:
-    return Check(lambda v: v is not None and len(v) == 3 and all(ok(x) for x in v), fix)
-
-
-def _per_species(v) -> bool:
-    return len(v) > 0 and all(_is_num(x) and x > 0 for x in v.values())
-
-
-def _charges(v) -> bool:
-    """null, a map element -> finite number, or a list of finite numbers (one per atom)."""
-    from ase.data import atomic_numbers
-
-    if v is None:
-        return True
-    if hasattr(v, "items"):
-        return len(v) > 0 and all(k in atomic_numbers and _is_num(q) for k, q in v.items())
-    return not isinstance(v, (str, bytes)) and len(v) > 0 and all(_is_num(q) for q in v)
-
-
-def _pairs(v) -> bool:
-    return all(re.fullmatch(r"[A-Z][a-z]?-[A-Z][a-z]?", str(k)) and _is_num(p["epsilon"]) and p["epsilon"] > 0
-               and _is_num(p["sigma"]) and p["sigma"] > 0 for k, p in v.items())
-
-
-def _existing_file(v) -> bool | str:
-    from shardmd.engine.io.safe_io import input_file_problem
-
-    if v is None:
-        return True
-    bad = input_file_problem(v)
-    return bad is None or f"{bad}; give the path of a structure file ASE can read"
-
-
-def _element(v) -> bool:
-    from ase.data import atomic_numbers
-
-    return isinstance(v, str) and v in atomic_numbers
-
-
-def _fields(v) -> bool | str:
-    bad = [f for f in v if f not in TRAJECTORY_FIELDS and f not in MODEL_FIELDS]
-    if bad:
-        return f"unknown field(s) {bad}; use any of {[*TRAJECTORY_FIELDS, 'energies']}"
-    names = [MODEL_FIELDS.get(f, f) for f in v]   # energies and energy are one field
-    return len(set(names)) == len(names) or "a field is named twice; give each once"
-
-
-def _text(fix: str, *, null: bool = False) -> Check:
-    return Check(lambda v: (null and v is None) or (isinstance(v, str) and v.strip() != ""), fix)
-
-
-TRAJECTORY_FIELDS = ("position", "image", "velocity", "force")   # the default; optional besides:
-MODEL_FIELDS = {"energies": "energy", "energy": "energy"}   # per-atom energies the model returns, eV
-
-
-def key(default: Any = MISSING, help: str = "", check: Check | None = None, *,
-        factory: Callable[[], Any] | None = None):
-    """One configuration key: its default, its help text (one sentence: --help and the README's
-    table), and the check its value must pass (see ``shardmd.engine.config.compose.validate``)."""
-    meta = {"help": help, "check": check}
-    if factory is not None:
-        return field(default_factory=factory, metadata=meta)
-    return field(default=default, metadata=meta)
+from shardmd.engine.config.checks import (
+    AUTO,
+    FLAG,
+    TRAJECTORY_FIELDS,
+    Check,
+    _charges,
+    _element,
+    _existing_file,
+    _fields,
+    _is_int,
+    _is_num,
+    _text,
+    _triple,
+    key,
+    number,
+    one_of,
+    whole,
+)
+from shardmd.engine.config.choices import INTEGRATORS, MODELS, OPEN_CHOICES  # noqa: F401
 
 
 # -- the keys ---------------------------------------------------------------------------------
@@ -317,153 +223,6 @@ class ShardMD:
 
 
 # -- group choices ----------------------------------------------------------------------------
-@dataclass
-class LJPair:
-    epsilon: float = MISSING
-    sigma: float = MISSING
-
-
-@dataclass
-class LJ:
-    """Lennard-Jones, Warp kernel, argon by default"""
-
-    name: str = "lj"
-    epsilon: Dict[str, float] = key(help="per-species ε, eV (model.epsilon.Kr=0.014 adds a species)",
-                                    check=Check(_per_species, "give positive numbers per element, e.g. {Ar: 0.0104}"),
-                                    factory=lambda: {"Ar": 0.0104})
-    sigma: Dict[str, float] = key(help="per-species σ, Å",
-                                  check=Check(_per_species, "give positive numbers per element, e.g. {Ar: 3.4}"),
-                                  factory=lambda: {"Ar": 3.40})
-    cutoff: float = key(8.5, "cutoff, Å", number("give a cutoff > 0 in Å", gt=0))
-    shift: bool = key(True, "shift the pair energy to zero at the cutoff", FLAG)
-    mixing: str = key("lorentz-berthelot", "lorentz-berthelot or geometric", one_of("lorentz-berthelot", "geometric"))
-    pairs: Dict[str, LJPair] = key(help="explicit pairs, e.g. {Ar-Kr: {epsilon: 0.012, sigma: 3.5}}",
-                                   check=Check(_pairs, "give pairs as {Ar-Kr: {epsilon: 0.012, sigma: 3.5}} "
-                                                       "with positive numbers"),
-                                   factory=dict)
-
-
-@dataclass
-class Morse:
-    """Morse pair potential in plain PyTorch, the readable reference pair model; copper by default"""
-
-    name: str = "morse"
-    D: float = key(0.3429, "well depth D, eV", number("give a well depth > 0 in eV", gt=0))
-    a: float = key(1.3588, "inverse width a, 1/Å", number("give an inverse width > 0 in 1/Å", gt=0))
-    r0: float = key(2.866, "equilibrium distance r0, Å", number("give an equilibrium distance > 0 in Å", gt=0))
-    cutoff: float = key(6.0, "cutoff, Å (Morse: U is shifted to 0 here)", number("give a Morse cutoff > 0 in Å", gt=0))
-    shift: bool = key(True, "shift the pair energy to zero at the cutoff", FLAG)
-
-
-@dataclass
-class D3:
-    """DFT-D3 dispersion (tad-dftd3's tables, our sums over the neighbour list: models/d3.py); copper by default"""
-
-    name: str = "d3"
-    functional: str = key("pbe", "the functional whose D3 parameters are used (s-dftd3's names and aliases: pbe, "
-                          "b3lyp, r2scan, ...)", _text("give a functional name such as pbe"))
-    damping: str = key("bj", "bj (rational, D3(BJ)) or zero (D3(0))", one_of("bj", "zero"))
-    cutoff: float = key(31.75, "two-body cutoff, Å (60 Bohr, s-dftd3's disp2)",
-                        number("give a two-body cutoff > 0 in Å", gt=0))
-    cn_cutoff: float = key(21.17, "coordination-number cutoff, Å (40 Bohr, s-dftd3's cn)",
-                           number("give a coordination-number cutoff > 0 in Å", gt=0))
-    three_body: bool = key(False, "add the Axilrod-Teller-Muto three-body term (s-dftd3's atm)", FLAG)
-    three_body_cutoff: float = key(21.17, "three-body cutoff, Å (40 Bohr, s-dftd3's disp3): all three sides "
-                                   "within it", number("give a three-body cutoff > 0 in Å", gt=0))
-    cutoff_width: float = key(0.0, "two-body switching width, Å (s-dftd3's width2): the pair energy goes smoothly "
-                              "to 0 over the last width before model.cutoff; 0: a hard cutoff",
-                              number("give a width >= 0 in Å", ge=0))
-
-
-@dataclass
-class Mace:
-    """MACE via mace-torch, the shipped Cu model by default"""
-
-    name: str = "mace"
-    checkpoint: Optional[str] = key(None, "a mace-torch model file (null: the shipped Cu model)",
-                                    _text("give a model file path", null=True))
-    dtype: Optional[str] = key(None, "float32 or float64 (null: precision)", one_of(None, "float32", "float64",
-                                                                                  fix="use float32 or float64"))
-    cueq: Any = key("auto", "cuEquivariance kernels: auto (on CUDA when installed), true (required) or false (e3nn)",
-                    AUTO)
-    trust_pickle: bool = key(False, "true unpickles a model file the safe loader refuses, which runs any code it "
-                             "holds: only for files you made or trust", FLAG)
-    cuda_graph: Any = key("auto", "replay the model call as a CUDA graph between neighbour rebuilds (one domain, "
-                          "CUDA); auto: up to 50,000 atoms (docs/benchmarks.md)",
-                          one_of("auto", True, False, fix="use true, auto or false"))
-    head: Optional[str] = key(None, "the readout head of a multi-head model (mace-torch's heads); null: its only "
-                              "head, else the one named default", _text("give a head name", null=True))
-
-
-@dataclass
-class Custom:
-    """py:module:factory (a model of yours) or the name an installed package registers, model.<key>=... passed to its factory (docs/byo.md)"""  # noqa: E501 - one line: --help and README's table
-
-    name: str = "custom"
-    spec: Optional[str] = key(None, "a saved spec JSON (MLIPSpec.save) for the model's distribution; null: the "
-                              "model's own distribution_spec", _text("give a spec file path", null=True))
-
-
-@dataclass
-class Verlet:
-    """velocity Verlet, NVE"""
-
-    name: str = "verlet"
-
-
-@dataclass
-class Langevin:
-    """Langevin dynamics, BAOAB; temperature is the target"""
-
-    name: str = "langevin"
-    friction: float = key(0.01, "friction γ, 1/fs", number("give a friction >= 0 in 1/fs", ge=0))
-
-
-@dataclass
-class NoseHoover:
-    """Nosé-Hoover chains as LAMMPS fix nvt integrates them; temperature is the target"""
-
-    name: str = "nose-hoover"
-    tdamp: float = key(100.0, "damping time of the chain, fs (LAMMPS's Tdamp; about 100 steps is typical)",
-                       number("give a tdamp > 0 in fs", gt=0))
-    chain: int = key(3, "number of thermostats in the chain (LAMMPS's tchain)",
-                     whole(1, "give a chain length >= 1"))
-
-
-@dataclass
-class CSVR:
-    """stochastic velocity rescaling, Bussi-Donadio-Parrinello; temperature is the target"""
-
-    name: str = "csvr"
-    tau: float = key(100.0, "relaxation time of the kinetic energy, fs (0: rescale to it every step)",
-                     number("give a tau >= 0 in fs", ge=0))
-
-
-@dataclass
-class NPT:
-    """MTK barostat with Nosé-Hoover chains as LAMMPS fix npt integrates them; temperature is the target"""
-
-    name: str = "npt"
-    pressure: float = key(1.01325, "target pressure, bar (LAMMPS metal units; hydrostatic for every coupling)",
-                          number("give a pressure in bar"))
-    pdamp: float = key(1000.0, "damping time of the barostat, fs (LAMMPS's Pdamp; about 1000 steps is typical)",
-                       number("give a pdamp > 0 in fs", gt=0))
-    couple: str = key("iso", "iso (one strain rate), aniso (three: x y z) or tri (six: a triclinic cell)",
-                      one_of("iso", "aniso", "tri"))
-    tdamp: float = key(100.0, "damping time of the chain, fs (LAMMPS's Tdamp; about 100 steps is typical)",
-                       number("give a tdamp > 0 in fs", gt=0))
-    chain: int = key(3, "number of thermostats in the chain (LAMMPS's tchain)",
-                     whole(1, "give a chain length >= 1"))
-    pchain: int = key(3, "number of thermostats in the barostat's chain (LAMMPS's pchain; 0: none)",
-                      whole(0, "give a chain length >= 0"))
-
-
-#: group -> {choice: dataclass}; a new model or integrator is one more entry here
-MODELS: dict[str, type] = {"lj": LJ, "morse": Morse, "d3": D3, "mace": Mace, "custom": Custom}
-#: the choice whose node takes free keys (the factory's arguments): model=py:... and registered names
-OPEN_CHOICES: dict[str, str] = {"model": "custom"}
-INTEGRATORS: dict[str, type] = {"verlet": Verlet, "langevin": Langevin, "nose-hoover": NoseHoover,
-                                 "csvr": CSVR, "npt": NPT}
 GROUPS: dict[str, dict[str, type]] = {"model": MODELS, "integrator": INTEGRATORS}
 #: what the group is for; each choice is described by its dataclass's docstring
 GROUP_HELP = {"model": "the interatomic model", "integrator": "the equations of motion"}
