@@ -49,6 +49,13 @@ def morse(*, D: float, a: float, r0: float, cutoff: float, shift: bool = True):
     return Morse(D=D, a=a, r0=r0, cutoff=cutoff, shift=shift)
 
 
+def coulomb(*, charges: Mapping, cutoff: float = 10.0, method: str = "ewald", accuracy: float = 1e-6):
+    """Ewald or PME electrostatics of fixed charges per element (models/coulomb.py)."""
+    from .coulomb import Coulomb
+
+    return Coulomb(charges=charges, cutoff=cutoff, method=method, accuracy=accuracy)
+
+
 def mace(*, checkpoint: str | None = None, dtype: str | None = None, cueq="auto", cuda_graph="auto",
          trust_pickle: bool = False, precision: torch.dtype = torch.float64, device="cpu", head: str | None = None):
     """MACE via mace-torch (the shipped Cu model without ``checkpoint``)."""
@@ -73,7 +80,7 @@ def nequip(*, config: str | None = None, weights: str | None = None, species=("C
 
 
 #: the shipped families (the entry points of pyproject.toml name these)
-MODELS: dict[str, Callable] = {"lj": lj, "morse": morse, "mace": mace, "nequip": nequip}
+MODELS: dict[str, Callable] = {"lj": lj, "morse": morse, "coulomb": coulomb, "mace": mace, "nequip": nequip}
 
 
 # -- routes --------------------------------------------------------------------------------------

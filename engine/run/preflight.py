@@ -190,12 +190,14 @@ def check_domains(cfg, local: bool) -> None:
     atoms = build_atoms(cfg.system)
     if n > len(atoms):
         raise UserError(f"domains={n} is more than the system's {len(atoms)} atoms; use fewer domains")
-    width = model_cutoff(cfg) + float(cfg.neighbor.skin)
+    cutoff = model_cutoff(cfg)
+    width = cutoff + float(cfg.neighbor.skin)
     try:
         choose_grid(n, torch.as_tensor(atoms.cell.array, dtype=torch.float64), list(atoms.pbc), width,
                     shape=None if cfg.grid is None else [int(g) for g in cfg.grid])
-    except DecompositionError as exc:
-        raise UserError(str(exc)) from None
+    except DecompositionError as exc:   # the ghost width is the model's cutoff plus the skin: name the keys
+        raise UserError(f"{exc}; or a shorter model.cutoff (the ghost width is model.cutoff {cutoff:g} Å + "
+                        f"neighbor.skin {float(cfg.neighbor.skin):g} Å)") from None
 
 
 # -- sizes: refused before anything large is allocated --------------------------------------------
