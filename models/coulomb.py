@@ -25,9 +25,10 @@ cutoff r_c (docs/coulomb.md):
     Ewald: k_max = 2 alpha s                            exp(-k_max^2 / (4 alpha^2)) = accuracy
            |n_a| <= ceil(k_max d_a / (2 pi)) per axis, d_a the spacing of the cell's lattice planes
     PME:   torch-pme's Lagrange interpolation with 7 nodes per axis (the most it has), mesh
-           spacing h = 3.7 / k_max (Å; the mesh's Nyquist wave number pi/h is 0.85 k_max)
-           (measured on rattled NaCl, r_c 8 Å, accuracy 1e-6: forces 2.9e-6 of the largest force
-           from a 1e-12 Ewald sum; Ewald at 1e-6: 3.4e-6)
+           spacing h = 0.45 / (alpha s) (0.12 / alpha at 1e-6), each axis's point count rounded up
+           to a product of 2, 3 and 5
+           (measured on rattled NaCl, r_c 8 Å, accuracy 1e-6, 215-512 ions: forces within 2-5e-6
+           of the largest force from a 1e-13 Ewald sum, energies within 6e-8; Ewald: the same)
 
 Charges: ``charges`` per element (e), turned into one (n,) tensor in :meth:`Coulomb.charges_of`;
 ``compute`` also takes a per-atom ``charges=`` tensor (``ModelConfig.point_inputs``), which then
@@ -79,7 +80,26 @@ def ewald_parameters(cutoff: float, accuracy: float) -> dict:
     s = math.sqrt(-math.log(accuracy))
     alpha = s / cutoff
     k_max = 2 * alpha * s
-    return {"alpha": alpha, "k_max": k_max, "mesh_spacing": 3.7 / k_max, "nodes": 7}
+    return {"alpha": alpha, "k_max": k_max, "mesh_spacing": 0.45 / (alpha * s), "nodes": 7}
+
+
+def _smooth(n: int) -> int:
+    """The smallest integer >= n with no prime factor above 5 (fast FFT sizes)."""
+    while True:
+        m = n
+        for p in (2, 3, 5):
+            while m % p == 0:
+                m //= p
+        if m == 1:
+            return n
+        n += 1
+
+
+def mesh_shape(cell: torch.Tensor, spacing: float) -> torch.Tensor:
+    """(3,) PME mesh points per cell vector: |a_i| / spacing rounded up to an FFT-friendly size
+    (torch-pme's own ``get_ns_mesh`` rounds up to a power of two, up to 8x the points)."""
+    lengths = torch.linalg.norm(cell, dim=1)
+    return torch.tensor([_smooth(max(int(math.ceil(float(v) / spacing)), 1)) for v in lengths], device=cell.device)
 
 
 def _global_sum(x: torch.Tensor) -> torch.Tensor:
@@ -162,7 +182,10 @@ class Coulomb:
     def compute(self, positions, cell, pbc, numbers, nl, charges=None) -> dict[str, torch.Tensor]:
         """positions (n, 3) Å, cell (3, 3) Å (rows), pbc (3,), numbers (n,), nl the neighbour list;
         charges: optional (n,) e replacing the element table."""
-        if not bool(torch.as_tensor(pbc).all()):
+        scope = current_scope()
+        # under decomposition pbc is the rank's local periodicity (split axes are not periodic
+        # locally: their images are ghosts), so the whole system is checked on one domain only
+        if (scope is None or scope.comm is None or scope.comm.size == 1) and not bool(torch.as_tensor(pbc).all()):
             raise ValueError("model=coulomb needs a cell periodic along x, y and z (Ewald sums); give a "
                              "periodic structure or system.pbc=[true,true,true]")
         dtype = positions.dtype
@@ -236,10 +259,8 @@ class Coulomb:
     # -- PME: torch-pme's mesh interpolation and k-space filter, the mesh all-reduced ----------------
     def _pme(self, positions, cell, q, volume) -> torch.Tensor:
         """(n,) reciprocal energy per atom / K: q_i phi_i / 2 with phi from the mesh."""
-        from torchpme.lib.kvectors import get_ns_mesh
-
         mi, kf = self._mesh_parts(positions)
-        ns = get_ns_mesh(cell.detach(), self.params["mesh_spacing"])
+        ns = mesh_shape(cell.detach(), self.params["mesh_spacing"])
         mi.update(cell, ns)
         kf.update(cell, ns)
         mi.compute_weights(_owned(positions))
