@@ -134,8 +134,8 @@ class Coulomb:
             try:
                 import torchpme  # noqa: F401 - PME's mesh parts
             except ImportError:
-                raise ValueError("model.method=pme needs torch-pme: pip install 'torch-pme>=0.5' (or shardmd[coulomb]), "
-                                 "or use model.method=ewald") from None
+                raise ValueError("model.method=pme needs torch-pme: pip install 'torch-pme>=0.5' (or "
+                                 "shardmd[coulomb]), or use model.method=ewald") from None
         if not (isinstance(cutoff, (int, float)) and math.isfinite(cutoff) and cutoff > 0):
             raise ValueError(f"model.cutoff={cutoff!r} is invalid: give a real-space cutoff > 0 in Å")
         if not (isinstance(accuracy, (int, float)) and math.isfinite(accuracy) and 0 < accuracy < 1):

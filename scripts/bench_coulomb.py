@@ -10,8 +10,9 @@ models/coulomb.py chooses them, each library given the same alpha, k cutoff and 
 Time: the median of 3 calls of energy + forces (ours: + virial, which its strain derivative
 gives in the same backward), after one warm-up call, neighbour list excluded (ours: the
 engine's list, built once; the libraries: ASE's, converted once).  Accuracy: the largest force
-error over the largest force, against our Ewald sum at accuracy 1e-10 (up to ~4k ions) and the
-energy's relative error against the same.  nvalchemi-toolkit-ops is optional
+error over the largest force and the energy's relative error, against the tests' numpy Ewald
+sum (tests/coulomb_systems.py: float64, analytic forces, its own splitting, converged to ~1e-11;
+up to ~5k ions, its cost is O(N^2)).  nvalchemi-toolkit-ops is optional
 (pip install nvalchemi-toolkit-ops); a library that fails prints its error in the table.
 """
 from __future__ import annotations
@@ -74,6 +75,17 @@ def ours(comm, atoms, method, accuracy=ACCURACY, reps=3):
     return seconds, float(out["energy"]), None if full is None else np.asarray(full["forces"])
 
 
+def _reference():
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    import coulomb_systems
+
+    return coulomb_systems
+
+
+def _charges(atoms) -> np.ndarray:
+    return np.array([CHARGES[x] for x in atoms.get_chemical_symbols()])
+
+
 def _pairs(atoms):
     from ase.neighborlist import neighbor_list
 
@@ -89,7 +101,13 @@ def torch_pme(atoms, method, params, pairs):
     if method == "ewald":
         calc = torchpme.EwaldCalculator(pot, lr_wavelength=2 * math.pi / params["k_max"], full_neighbor_list=True)
     else:
-        calc = torchpme.PMECalculator(pot, mesh_spacing=params["mesh_spacing"], interpolation_nodes=7,
+        from torchpme.lib.kvectors import get_ns_mesh
+
+        if int(get_ns_mesh(torch.tensor(atoms.cell[:]), 2 * params["mesh_spacing"]).prod()) > 2 ** 24:
+            raise MemoryError("not run: torch-pme's power-of-two mesh over 256^3 points (GBs on this machine)")
+        # torch-pme's mesh has 2 |a| / mesh_spacing + 1 points a side, rounded up to a power of two:
+        # twice our spacing gives it at least our mesh
+        calc = torchpme.PMECalculator(pot, mesh_spacing=2 * params["mesh_spacing"], interpolation_nodes=7,
                                       full_neighbor_list=True)
     cell = torch.tensor(atoms.cell[:])
     q = torch.tensor([CHARGES[x] for x in atoms.get_chemical_symbols()], dtype=torch.float64)[:, None]
@@ -143,14 +161,15 @@ def single_process(sizes, methods):
     for n in sizes:
         atoms = crystal(n)
         ref = None
-        if len(atoms) <= 5000:
-            _, e_ref, f_ref = ours(Comm(), atoms, "ewald", accuracy=1e-10, reps=0)
-            ref = (e_ref, f_ref)
+        if len(atoms) <= 5000:   # tests/coulomb_systems.py's numpy Ewald sum, converged to ~1e-12
+            t = time.perf_counter()
+            ref = _reference().reference_ewald(atoms.positions, atoms.cell[:], _charges(atoms), alpha=0.3, tol=1e-11)
+            print(f"  {len(atoms)} reference: {time.perf_counter() - t:.1f} s", file=sys.stderr, flush=True)
         pairs = _pairs(atoms)
         for method in methods:
-            for code, fn in (("model=coulomb", lambda: ours(Comm(), atoms, method)),
-                             ("torch-pme", lambda: torch_pme(atoms, method, params, pairs)),
-                             ("nvalchemi-ops", lambda: nvalchemi(atoms, method, params, pairs))):
+            for code, fn in (("model=coulomb", lambda a=atoms, m=method: ours(Comm(), a, m)),
+                             ("torch-pme", lambda a=atoms, m=method, p=pairs: torch_pme(a, m, params, p)),
+                             ("nvalchemi-ops", lambda a=atoms, m=method, p=pairs: nvalchemi(a, m, params, p))):
                 if method == "ewald" and len(atoms) > 5000:
                     rows.append((len(atoms), method, code, None, None, None, "not run: O(N n_k) with n_k ~ N"))
                     continue
@@ -219,7 +238,7 @@ def main():
     ap.add_argument("--sizes", type=int, nargs="+", default=[8, 16], help="NaCl cells per axis (8 n^3 ions)")
     ap.add_argument("--methods", nargs="+", default=["ewald", "pme"])
     ap.add_argument("--ranks", type=int, nargs="*", default=[], help="also our model on these MPI rank counts")
-    ap.add_argument("--threads", type=int, default=0, help="torch threads of the single-process runs (0: torch's)")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads of the single-process runs (0: torch's)")
     a = ap.parse_args()
     if a.threads:
         torch.set_num_threads(a.threads)

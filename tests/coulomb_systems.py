@@ -84,12 +84,13 @@ def reference_ewald(positions, cell, charges, alpha=0.32, tol=1e-13):
     kv = grid @ recip
     k2 = np.sum(kv * kv, axis=1)
     kv, k2 = kv[k2 < kc * kc], k2[k2 < kc * kc]
-    g = np.exp(-k2 / (4 * alpha * alpha)) / k2
-    phase = x @ kv.T
-    cos, sin = np.cos(phase), np.sin(phase)
-    c, sn = q @ cos, q @ sin
-    energy += K * 4 * np.pi / vol * np.sum(g * (c * c + sn * sn))
-    forces += K * 8 * np.pi / vol * q[:, None] * ((sin * (g * c) - cos * (g * sn)) @ kv)
+    for b in range(0, len(kv), 2048):   # blocks of k vectors: (n, 2048) temporaries
+        kb, gb = kv[b:b + 2048], np.exp(-k2[b:b + 2048] / (4 * alpha * alpha)) / k2[b:b + 2048]
+        phase = x @ kb.T
+        cos, sin = np.cos(phase), np.sin(phase)
+        c, sn = q @ cos, q @ sin
+        energy += K * 4 * np.pi / vol * np.sum(gb * (c * c + sn * sn))
+        forces += K * 8 * np.pi / vol * q[:, None] * ((sin * (gb * c) - cos * (gb * sn)) @ kb)
     energy -= K * alpha / math.sqrt(math.pi) * np.sum(q * q)
     energy -= K * np.pi * q.sum() ** 2 / (2 * vol * alpha * alpha)
     return energy, forces

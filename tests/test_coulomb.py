@@ -15,9 +15,9 @@ from conftest import WorldTask, run_engine
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import coulomb_systems as S  # noqa: E402
+import coulomb_systems as S
 
-from shardmd.engine.ase_calculator import ShardMDCalculator  # noqa: E402
+from shardmd.engine.ase_calculator import ShardMDCalculator
 
 CHARGES = {"Na": 1.0, "Cl": -1.0}
 METHODS = ("ewald", "pme")

@@ -353,8 +353,8 @@ class Coulomb:
                                     factory=lambda: {"Na": 1.0, "Cl": -1.0})
     cutoff: float = key(10.0, "real-space cutoff, Å (the Ewald splitting follows from it and model.accuracy)",
                         number("give a real-space cutoff > 0 in Å", gt=0))
-    accuracy: float = key(1e-6, "target relative force accuracy: sets the Ewald splitting alpha = sqrt(-ln acc)/cutoff, "
-                          "the k-space cutoff and the PME mesh (docs/coulomb.md)",
+    accuracy: float = key(1e-6, "target relative force accuracy: sets the Ewald splitting alpha = "
+                          "sqrt(-ln acc)/cutoff, the k-space cutoff and the PME mesh (docs/coulomb.md)",
                           Check(lambda v: _is_num(v) and 0 < v < 1, "give an accuracy between 0 and 1, e.g. 1e-6"))
 
 
