@@ -244,16 +244,17 @@ class Coulomb:
     def _ewald(self, positions, cell, q, volume) -> torch.Tensor:
         """(n,) reciprocal energy per atom / K: q_i (4 pi / V) sum_k G(k) (cos_i C_k + sin_i S_k)."""
         kv = self.kvectors(cell)
-        own_x, own_q = _owned(positions), _owned(q)
+        own_q = _owned(q)
+        n_own = own_q.shape[0]   # owned rows come first ([owned | ghost]): one cos/sin pass serves both
         out = []
         for s in range(0, kv.shape[0], K_BLOCK):
             kb = kv[s:s + K_BLOCK]
             k2 = (kb * kb).sum(1)
             g = torch.exp(-k2 / (4 * self.alpha ** 2)) / k2
-            phase = own_x @ kb.T
-            cs = _global_sum(torch.stack([own_q @ torch.cos(phase), own_q @ torch.sin(phase)]))   # (2, block)
             phase = positions @ kb.T
-            out.append((torch.cos(phase) * (g * cs[0]) + torch.sin(phase) * (g * cs[1])).sum(1))
+            cos, sin = torch.cos(phase), torch.sin(phase)
+            cs = _global_sum(torch.stack([own_q @ cos[:n_own], own_q @ sin[:n_own]]))   # (2, block)
+            out.append(cos @ (g * cs[0]) + sin @ (g * cs[1]))
         return q * (4 * math.pi / volume) * torch.stack(out).sum(0)
 
     # -- PME: torch-pme's mesh interpolation and k-space filter, the mesh all-reduced ----------------
