@@ -3,6 +3,7 @@ nvalchemi-toolkit-ops (Warp kernels) on one process, and model=coulomb on 1, 2, 
 
     python scripts/bench_coulomb.py                      # 4k and 32k ions, single process, table
     python scripts/bench_coulomb.py --sizes 5 --ranks 1 2 4   # 1000 ions; our model on 1/2/4 ranks too
+    python scripts/bench_coulomb.py --sizes 8 16 --methods pme --ranks 1 2 4 --ranks-only
 
 The system: rattled rock-salt NaCl (8 n^3 ions, a = 5.64 Å, rattle 0.05 Å), real-space cutoff
 10 Å, accuracy 1e-6 (alpha = sqrt(-ln 1e-6)/10 Å = 0.372/Å for every code; k_max and the mesh as
@@ -99,7 +100,9 @@ def torch_pme(atoms, method, params, pairs):
     i, j, s = pairs
     pot = torchpme.CoulombPotential(smearing=1 / (math.sqrt(2) * params["alpha"])).to(dtype=torch.float64)
     if method == "ewald":
-        calc = torchpme.EwaldCalculator(pot, lr_wavelength=2 * math.pi / params["k_max"], full_neighbor_list=True)
+        # torch-pme's Ewald takes its k vectors as a mesh's FFT frequencies, |n_a| < ns_a / 2 with
+        # ns_a = 2 |a| / lr_wavelength: pi / k_max reaches k_max (2 pi / k_max reached half of it)
+        calc = torchpme.EwaldCalculator(pot, lr_wavelength=math.pi / params["k_max"], full_neighbor_list=True)
     else:
         from torchpme.lib.kvectors import get_ns_mesh
 
@@ -152,7 +155,10 @@ def nvalchemi(atoms, method, params, pairs):
     return t, e, f
 
 
-def single_process(sizes, methods):
+CODES = ("model=coulomb", "torch-pme", "nvalchemi-ops")
+
+
+def single_process(sizes, methods, codes=CODES):
     from shardmd.domain.comm import Comm
     from shardmd.models.coulomb import ewald_parameters
 
@@ -175,6 +181,8 @@ def single_process(sizes, methods):
             for code, fn in (("model=coulomb", lambda a=atoms, m=method: ours(Comm(), a, m)),
                              ("torch-pme", lambda a=atoms, m=method, p=pairs: torch_pme(a, m, params, p)),
                              ("nvalchemi-ops", lambda a=atoms, m=method, p=pairs: nvalchemi(a, m, params, p))):
+                if code not in codes:
+                    continue
                 if method == "ewald" and len(atoms) > 5000:
                     rows.append((len(atoms), method, code, None, None, None, "not run: O(N n_k) with n_k ~ N"))
                     continue
@@ -243,12 +251,15 @@ def main():
     ap.add_argument("--sizes", type=int, nargs="+", default=[8, 16], help="NaCl cells per axis (8 n^3 ions)")
     ap.add_argument("--methods", nargs="+", default=["ewald", "pme"])
     ap.add_argument("--ranks", type=int, nargs="*", default=[], help="also our model on these MPI rank counts")
+    ap.add_argument("--codes", nargs="+", default=list(CODES), choices=CODES)
+    ap.add_argument("--ranks-only", action="store_true", help="only the multi-rank table")
     ap.add_argument("--threads", type=int, default=1, help="torch threads of the single-process runs (0: torch's)")
     a = ap.parse_args()
     if a.threads:
         torch.set_num_threads(a.threads)
     print(f"CPU, {torch.get_num_threads()} torch threads, float64, cutoff {CUTOFF} Å, accuracy {ACCURACY}")
-    print_single(single_process(a.sizes, a.methods))
+    if not a.ranks_only:
+        print_single(single_process(a.sizes, a.methods, a.codes))
     if a.ranks:
         multi_rank(a.sizes, a.methods, a.ranks)
 
