@@ -60,6 +60,13 @@ def d3(*, functional: str = "pbe", damping: str = "bj", cutoff: float = 31.75, c
                         cutoff_width=cutoff_width, dtype=precision)
 
 
+def coulomb(*, charges: Mapping, cutoff: float = 10.0, method: str = "ewald", accuracy: float = 1e-6):
+    """Ewald or PME electrostatics of fixed charges per element (models/coulomb.py)."""
+    from .coulomb import Coulomb
+
+    return Coulomb(charges=charges, cutoff=cutoff, method=method, accuracy=accuracy)
+
+
 def mace(*, checkpoint: str | None = None, dtype: str | None = None, cueq="auto", cuda_graph="auto",
          trust_pickle: bool = False, precision: torch.dtype = torch.float64, device="cpu", head: str | None = None):
     """MACE via mace-torch (the shipped Cu model without ``checkpoint``)."""
@@ -84,7 +91,8 @@ def nequip(*, config: str | None = None, weights: str | None = None, species=("C
 
 
 #: the shipped families (the entry points of pyproject.toml name these)
-MODELS: dict[str, Callable] = {"lj": lj, "morse": morse, "d3": d3, "mace": mace, "nequip": nequip}
+MODELS: dict[str, Callable] = {"lj": lj, "morse": morse, "coulomb": coulomb, "d3": d3, "mace": mace,
+                               "nequip": nequip}
 
 
 # -- routes --------------------------------------------------------------------------------------

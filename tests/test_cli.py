@@ -95,7 +95,7 @@ def test_mace_and_domains_are_accepted_by_the_config(engine_cli, tmp_path):
     # forms that once gave Hydra's raw messages
     (["run", "model=lj", "integrator.friction=0.1"], "add integrator=langevin"),
     (["run", "model=mace", "model.cutoff=5"],
-     "model.cutoff is a key of model=lj or model=morse only (this run has model=mace)"),
+     "model.cutoff is a key of model=lj or model=morse or model=coulomb or model=d3 only (this run has model=mace)"),
     (["run", "model=lj", "~seed"], "keys that can be removed: grid"),
     (["run", "model=lj", "temperature=100,200"], "add -m (--multirun)"),
     (["run", "model=lj", "--bogus"], "unrecognized arguments: --bogus"),

@@ -198,7 +198,7 @@ def test_readme_starts_with_two_commands_and_ci_runs_the_second():
 
 
 def test_key_table_is_the_schemas():
-    """README's table is made from the dataclasses (engine/config/schema.py); regenerate with
+    """README's table is made from the dataclasses (engine/config/schema.py, choices.py); regenerate with
     python -c "from shardmd.engine.config.help import readme_table; print(readme_table())"."""
     from shardmd.engine.config.help import readme_table
 

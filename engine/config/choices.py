@@ -13,6 +13,7 @@ from shardmd.engine.config.checks import (
     AUTO,
     FLAG,
     Check,
+    _is_num,
     _pairs,
     _per_species,
     _text,
@@ -59,6 +60,31 @@ class Morse:
     r0: float = key(2.866, "equilibrium distance r0, Å", number("give an equilibrium distance > 0 in Å", gt=0))
     cutoff: float = key(6.0, "cutoff, Å (Morse: U is shifted to 0 here)", number("give a Morse cutoff > 0 in Å", gt=0))
     shift: bool = key(True, "shift the pair energy to zero at the cutoff", FLAG)
+
+
+def _element_charges(v) -> bool | str:
+    bad = [k for k, x in v.items() if not _is_num(x)]
+    if bad:
+        return f"model.charges.{bad[0]} is not a finite number; give a charge in e, e.g. model.charges.{bad[0]}=1.0"
+    return len(v) > 0
+
+
+@dataclass
+class Coulomb:
+    """Coulomb electrostatics of fixed charges per element, Ewald or particle-mesh Ewald (docs/coulomb.md); Na+ Cl- by default"""  # noqa: E501 - one line: --help and README's table
+
+    name: str = "coulomb"
+    method: str = key("ewald", "ewald (explicit k sum) or pme (particle-mesh Ewald, torch-pme's mesh)",
+                      one_of("ewald", "pme"))
+    charges: Dict[str, float] = key(help="per-species charge, e (model.charges.Cl=-1.0 adds a species)",
+                                    check=Check(_element_charges,
+                                                "give finite charges per element, e.g. {Na: 1.0, Cl: -1.0}"),
+                                    factory=lambda: {"Na": 1.0, "Cl": -1.0})
+    cutoff: float = key(10.0, "real-space cutoff, Å (the Ewald splitting follows from it and model.accuracy)",
+                        number("give a real-space cutoff > 0 in Å", gt=0))
+    accuracy: float = key(1e-6, "target relative force accuracy: sets the Ewald splitting alpha = "
+                          "sqrt(-ln acc)/cutoff, the k-space cutoff and the PME mesh (docs/coulomb.md)",
+                          Check(lambda v: _is_num(v) and 0 < v < 1, "give an accuracy between 0 and 1, e.g. 1e-6"))
 
 
 @dataclass
@@ -165,7 +191,8 @@ class NPT:
 
 
 #: group -> {choice: dataclass}; a new model or integrator is one more entry here
-MODELS: dict[str, type] = {"lj": LJ, "morse": Morse, "d3": D3, "mace": Mace, "custom": Custom}
+MODELS: dict[str, type] = {"lj": LJ, "morse": Morse, "coulomb": Coulomb, "d3": D3, "mace": Mace,
+                           "custom": Custom}
 #: the choice whose node takes free keys (the factory's arguments): model=py:... and registered names
 OPEN_CHOICES: dict[str, str] = {"model": "custom"}
 INTEGRATORS: dict[str, type] = {"verlet": Verlet, "langevin": Langevin, "nose-hoover": NoseHoover,

@@ -188,13 +188,15 @@ def check_domains(cfg, local: bool) -> None:
     atoms = build_atoms(cfg.system)
     if n > len(atoms):
         raise UserError(f"domains={n} is more than the system's {len(atoms)} atoms; use fewer domains")
-    width = model_cutoff(cfg) + float(cfg.neighbor.skin)
+    cutoff = model_cutoff(cfg)
+    width = cutoff + float(cfg.neighbor.skin)
     try:
         # torch-free (domain/grid_shape.py): this process only launches the ranks
         grid_shape(n, perpendicular_widths_of(atoms.cell.array), list(atoms.pbc), width,
                    shape=None if cfg.grid is None else [int(g) for g in cfg.grid])
-    except DecompositionError as exc:
-        raise UserError(str(exc)) from None
+    except DecompositionError as exc:   # the ghost width is the model's cutoff plus the skin: name the keys
+        raise UserError(f"{exc}; or a shorter model.cutoff (the ghost width is model.cutoff {cutoff:g} Å + "
+                        f"neighbor.skin {float(cfg.neighbor.skin):g} Å)") from None
 
 
 # -- sizes: refused before anything large is allocated --------------------------------------------

@@ -119,6 +119,7 @@ class Simulation:
         self._lazy_energy = False
         self._energy_missing = False
         self._virial_missing_said = False
+        self._model_notes_said: set[str] = set()
         self.writer = None
         self.last_thermo: dict | None = None
         self.started = False
@@ -224,6 +225,10 @@ class Simulation:
             self._virial_missing_said = True
             self.reporter.line("Note: the model gives no virial: no pressure or stress in this run "
                                "(shown as '-' in the thermo table, not written to the trajectory)")
+        for note in getattr(self.model, "notes", None) or ():   # a model's own lines (docs/byo.md), once each
+            if isinstance(note, str) and note and note not in self._model_notes_said:
+                self._model_notes_said.add(note)
+                self.reporter.line(note)
         return measure.of_run(self, names, due)
 
     def atoms(self, unwrapped: bool = False):
