@@ -168,6 +168,14 @@ class Coulomb:
         """(n,) charges in e of atoms with atomic numbers ``numbers`` (n,), from the element table."""
         return self.table.to(numbers.device)[numbers.long()]
 
+    def default_input(self, name: str, numbers):
+        """The per-atom charges (e) the engine passes when neither ``system.charges`` nor the
+        structure's ``initial_charges`` give them: the element table (``model.charges``)."""
+        if name != "charges":
+            return None
+        self.check_species(numbers)
+        return self.charges_of(torch.as_tensor(numbers)).numpy()
+
     def check_species(self, numbers) -> None:
         from ase.data import chemical_symbols
 
@@ -182,10 +190,7 @@ class Coulomb:
     def compute(self, positions, cell, pbc, numbers, nl, charges=None) -> dict[str, torch.Tensor]:
         """positions (n, 3) Å, cell (3, 3) Å (rows), pbc (3,), numbers (n,), nl the neighbour list;
         charges: optional (n,) e replacing the element table."""
-        scope = current_scope()
-        # under decomposition pbc is the rank's local periodicity (split axes are not periodic
-        # locally: their images are ghosts), so the whole system is checked on one domain only
-        if (scope is None or scope.comm is None or scope.comm.size == 1) and not bool(torch.as_tensor(pbc).all()):
+        if not bool(torch.as_tensor(pbc).all()):   # the system's pbc, on every domain
             raise ValueError("model=coulomb needs a cell periodic along x, y and z (Ewald sums); give a "
                              "periodic structure or system.pbc=[true,true,true]")
         dtype = positions.dtype

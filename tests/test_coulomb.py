@@ -49,6 +49,22 @@ def references():
 
 
 # -- one domain ---------------------------------------------------------------------------------
+def test_charges_of_the_structure_replace_the_element_table(references):
+    """An ``initial_charges`` array (the structure file's, here the Atoms object's) is the model's
+    per-atom input and wins over ``model.charges``: a rattled crystal with charges of its own
+    (per atom, not per element) against the numpy Ewald sum of those charges."""
+    atoms = S.rattled(SMALL)
+    q = S.charges_of(atoms) * (1.0 + 0.25 * np.cos(np.arange(len(atoms))))
+    q -= q.mean()                                     # neutral: no background term in the reference
+    atoms.set_initial_charges(q)
+    e_ref, f_ref = S.reference_ewald(atoms.positions, atoms.cell[:], q)
+    atoms.calc = _calc("ewald")
+    assert abs(atoms.get_potential_energy() - e_ref) <= 1e-6 * abs(e_ref)
+    assert _rel(atoms.get_forces(), f_ref) <= 1e-5
+    e_table = references["rattled"][1]
+    assert abs(e_ref - e_table) > 1e-2 * abs(e_table)   # the two charge sets differ in the energy
+
+
 @pytest.mark.parametrize("method", METHODS)
 def test_madelung_energy_of_rock_salt(method):
     atoms = S.nacl(SMALL)

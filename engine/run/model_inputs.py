@@ -8,7 +8,8 @@ supplies only the names a model declares (a model that declares none is called a
 - per-atom ``charges`` (e): ``system.charges`` (a map by element, or one value per atom in the
   file's order) if given, else the structure file's ``initial_charges`` array (ASE's extxyz
   column; a ``charges`` column, which ASE reads as calculator results, also serves); any other
-  per-atom name ``X``: the file's array ``X``;
+  per-atom name ``X``: the file's array ``X``; failing both, the model's ``default_input(name,
+  numbers)`` where it has one (model=coulomb: its ``model.charges`` table), else a one-line error;
 - per-system ``charge`` (total charge, e): ``system.charge``, else the file's ``charge`` info
   entry, else 0; ``spin`` (multiplicity 2S+1): ``system.spin``, else the file's ``spin``, else
   1; any other per-system name ``X``: the file's info entry ``X``.
@@ -74,6 +75,19 @@ def _source(cfg, atoms) -> str:
     return f"system.file={str(f)!r}" if f and atoms is not None else "the starting system"
 
 
+def _model_default(dmodel, name: str, numbers):
+    """``model.default_input(name, numbers)``: the values a model uses for an input it declares
+    when neither the config nor the structure gives them (None: it has none, the input is required)."""
+    fn = getattr(getattr(dmodel, "model", dmodel), "default_input", None)
+    if fn is None:
+        return None
+    try:
+        v = fn(name, np.asarray(numbers))
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    return None if v is None else np.asarray(v, dtype=np.float64)
+
+
 def per_atom_values(cfg, name: str, atoms, numbers, dmodel) -> np.ndarray:
     """(n,) or (n, F) values of the per-atom input ``name`` for atoms of atomic ``numbers``
     ((n,), id order); one-line UserError when neither the config nor the structure gives them."""
@@ -94,6 +108,8 @@ def per_atom_values(cfg, name: str, atoms, numbers, dmodel) -> np.ndarray:
                             f"per atom (in the file's order) or a map by element, e.g. {{Na: 1.0, Cl: -1.0}}")
         return np.asarray(given, dtype=np.float64)
     arr = _file_array(atoms, name)
+    if arr is None:   # the model's own default (model=coulomb: its element table), if it has one
+        arr = _model_default(dmodel, name, numbers)
     if arr is None:
         names = POINT_FILE_ARRAYS.get(name, (name,))
         arrays = names[0] + "".join(f" (or {k})" for k in names[1:])
