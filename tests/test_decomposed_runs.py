@@ -76,12 +76,12 @@ def test_self_launch_equals_mpiexec(tmp_path, one_and_four):
 @pytest.mark.mpi
 @pytest.mark.slow
 def test_hot_gas_migration_stress_on_8_domains(tmp_path):
-    """A hot dilute gas crossing faces and periodic corners for 600 steps (~290 atom
-    migrations; 3,000 steps, ~1,450 migrations, took 8 ranks on 2 cores 3.5 minutes):
+    """A hot dilute gas crossing faces and periodic corners for 300 steps (~145 atom
+    migrations; 600 steps cost 8 ranks on 2 cores ~160 s of CPU, 3,000 steps 3.5 minutes):
     the atom count and id checksum are verified at every rebuild (a mismatch stops the run);
     NVE energy behaves as on one domain."""
     gas = ["model=lj", "system.a=11.0", "system.repeat=[4,4,4]", "temperature=2500", "dt=2.0",
-           "steps=600", "neighbor.skin=1.0", "trajectory.every=0", "thermo.every=60", "quiet=true",
+           "steps=300", "neighbor.skin=1.0", "trajectory.every=0", "thermo.every=30", "quiet=true",
            "model.cutoff=5.0", "threads=1"]
     # side by side: the 8 ranks wait on each other much of the time, the 1-domain run fills it
     p8, p1 = (subprocess.Popen([sys.executable, "-m", "engine", "run", *gas, *extra], cwd=tmp_path, text=True,
@@ -91,7 +91,7 @@ def test_hot_gas_migration_stress_on_8_domains(tmp_path):
     assert p8.returncode == 0 and p1.returncode == 0, errs
     log = (tmp_path / "g8.log").read_text()
     migrations = int(log.split(" atom migrations")[0].split()[-1])
-    assert migrations > 150, log[-500:]
+    assert migrations > 75, log[-500:]
     e8 = np.array([float(line.split()[5]) for line in log.splitlines() if line.strip()[:1].isdigit()])
     log1 = (tmp_path / "g1.log").read_text()
     e1 = np.array([float(line.split()[5]) for line in log1.splitlines() if line.strip()[:1].isdigit()])
