@@ -24,6 +24,7 @@ from .adapters import (
 from .collectives import all_reduce_sum, all_to_all_v
 from .compile_policy import CompilePolicy, GraphPadder
 from .distributed_model import DistributedModel, ModelConfig, NeighborConfig, StorageIdNeighborList
+from .distributed_sum import DistributedSum
 from .graphed_call import GraphedCall
 from .neighbor_kernels import ZERO_SHIFT, packed_neighbor, packed_shift_code, shift_of_code
 from .neighbors import NeighborList
@@ -70,7 +71,8 @@ def trace_and_validate(*args, **kwargs):
 
 
 __all__ = [
-    "AdapterScope", "AllReduceSum", "CompilePolicy", "DistributedModel", "DistributionSpec", "GatherInputs",
+    "AdapterScope", "AllReduceSum", "CompilePolicy", "DistributedModel", "DistributedSum", "DistributionSpec",
+    "GatherInputs",
     "GatherInputsFull", "GraphPadder", "GraphedCall", "GroupConfig", "HaloMeta", "HaloStorage", "JitAdapter",
     "MLIPSpec", "MethodAdapter", "ModelConfig", "NeighborConfig", "OpAdapter", "OutputKind", "PRESETS",
     "PythonAdapter",

@@ -185,7 +185,9 @@ class ShardMDCalculator(Calculator):
         mcfg, shown = _model_config(model, precision, device, checkpoint, model_kwargs)
         dtype = torch.float64 if precision == "float64" else torch.float32
         dev = self.comm.device if self.comm.size > 1 else torch.device(device)
-        built = build_model(mcfg, dtype, dev)
+        from shardmd.engine.config.terms import with_term_defaults
+
+        built = build_model(with_term_defaults(mcfg), dtype, dev)
         record = {"model": mcfg["name"], **{k: v for k, v in shown.items() if k != "name"}}
         if hasattr(built, "identity") and hasattr(built, "path"):   # a model file: where it is and what it holds
             sha = built.identity()

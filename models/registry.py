@@ -67,6 +67,28 @@ def coulomb(*, charges: Mapping, cutoff: float = 10.0, method: str = "ewald", ac
     return Coulomb(charges=charges, cutoff=cutoff, method=method, accuracy=accuracy)
 
 
+def model_sum(*, terms, precision: torch.dtype = torch.float64, device="cpu"):
+    """A sum of models, each term with its own keys, cutoff and spec (shardmd.domain.api's
+    DistributedSum): ``model=sum 'model.terms=[{name: mace}, {name: d3, damping: zero}]'``."""
+    from shardmd.domain.api import DistributedSum
+
+    if not isinstance(terms, (list, tuple)) or not terms:
+        raise ValueError("model=sum needs model.terms, a list of models, e.g. "
+                         "'model.terms=[{name: lj}, {name: coulomb}]'")
+    built = []
+    for k, term in enumerate(terms):
+        if not isinstance(term, Mapping) or not isinstance(term.get("name"), str):
+            raise ValueError(f"model.terms[{k}] is {term!r}, not a model: give each term as "
+                             "{name: <model>, <key>: <value>, ...}, e.g. {name: d3, functional: pbe}")
+        if term["name"] == "sum":
+            raise ValueError(f"model.terms[{k}] is a sum itself: list its terms in this one")
+        try:
+            built.append(build_model(dict(term), precision, device))
+        except ValueError as exc:
+            raise ValueError(f"model.terms[{k}] ({term['name']}): {exc}") from None
+    return DistributedSum(built)
+
+
 def mace(*, checkpoint: str | None = None, dtype: str | None = None, cueq="auto", cuda_graph="auto",
          trust_pickle: bool = False, precision: torch.dtype = torch.float64, device="cpu", head: str | None = None):
     """MACE via mace-torch (the shipped Cu model without ``checkpoint``)."""
@@ -92,7 +114,7 @@ def nequip(*, config: str | None = None, weights: str | None = None, species=("C
 
 #: the shipped families (the entry points of pyproject.toml name these)
 MODELS: dict[str, Callable] = {"lj": lj, "morse": morse, "coulomb": coulomb, "d3": d3, "mace": mace,
-                               "nequip": nequip}
+                               "nequip": nequip, "sum": model_sum}
 
 
 # -- routes --------------------------------------------------------------------------------------

@@ -5,7 +5,7 @@ one more entry in its table; engine/config/schema.py registers them with Hydra.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional
 
 from omegaconf import MISSING
 
@@ -127,6 +127,26 @@ class Mace:
                               "head, else the one named default", _text("give a head name", null=True))
 
 
+def _terms(v) -> bool | str:
+    if not isinstance(v, (list, tuple)):   # an empty list is the factory's to refuse: it names the key
+        return False
+    for k, t in enumerate(v):
+        if not isinstance(t, dict) or not isinstance(t.get("name"), str):
+            return f"model.terms[{k}] is not a model: give each term as {{name: <model>, <key>: <value>}}"
+    return True
+
+
+@dataclass
+class Sum:
+    """a sum of models, each term with its own keys, cutoff and spec: model.terms=[{name: mace}, {name: d3}] (docs/byo.md)"""  # noqa: E501 - one line: --help and README's table
+
+    name: str = "sum"
+    terms: List[Any] = key(help="the terms, each {name: <model>, <key>: <value>, ...} as model=<name> "
+                                "model.<key>=<value> would give it, e.g. [{name: lj}, {name: coulomb, method: pme}]",
+                           check=Check(_terms, "give a list of models, e.g. [{name: mace}, {name: d3, functional: "
+                                               "pbe}]"), factory=list)
+
+
 @dataclass
 class Custom:
     """py:module:factory (a model of yours) or the name an installed package registers, model.<key>=... passed to its factory (docs/byo.md)"""  # noqa: E501 - one line: --help and README's table
@@ -192,7 +212,7 @@ class NPT:
 
 #: group -> {choice: dataclass}; a new model or integrator is one more entry here
 MODELS: dict[str, type] = {"lj": LJ, "morse": Morse, "coulomb": Coulomb, "d3": D3, "mace": Mace,
-                           "custom": Custom}
+                           "sum": Sum, "custom": Custom}
 #: the choice whose node takes free keys (the factory's arguments): model=py:... and registered names
 OPEN_CHOICES: dict[str, str] = {"model": "custom"}
 INTEGRATORS: dict[str, type] = {"verlet": Verlet, "langevin": Langevin, "nose-hoover": NoseHoover,

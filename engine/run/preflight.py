@@ -142,8 +142,10 @@ def model_cutoff(cfg) -> float:
 
     try:
         from shardmd.engine.config import guard as config_guard
+        from shardmd.engine.config.terms import with_term_defaults
 
-        return float(build_model(m, torch.float64, "cpu", allow_imports=config_guard.allowed()).cutoff)
+        return float(build_model(with_term_defaults(m), torch.float64, "cpu",
+                                 allow_imports=config_guard.allowed()).cutoff)
     except (ValueError, KeyError, NotImplementedError) as exc:
         raise UserError(str(exc)) from None
 

@@ -346,7 +346,10 @@ class Simulation:
             r.line(f"Restart from {self.checkpoint_in['shown']} at step {self.state.step}")
         r.summary(measure.notes(self.observable_modules))
         self.neighbors.start(s)
-        self.compute_forces()
+        try:
+            self.compute_forces()
+        except ValueError as exc:   # a model refusing its input at the first call (a sum's mixed precisions)
+            raise UserError(str(exc).splitlines()[0]) from None
         if self.checkpoint_in is None:
             self._report(force_traj=True, force_thermo=True)
         else:

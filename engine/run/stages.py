@@ -18,9 +18,11 @@ import torch
 
 from shardmd.domain.comm import Comm
 from shardmd.domain.distributed_model import DistributedModel
+from shardmd.domain.distributed_sum import DistributedSum
 from shardmd.domain.spec import SPEC_MPNN_HALO
 from shardmd.engine.config import guard as config_guard
 from shardmd.engine.config.compose import to_container
+from shardmd.engine.config.terms import with_term_defaults
 from shardmd.engine.errors import CollectiveError, UserError
 from shardmd.engine.io.checkpoint import api_model_origin
 from shardmd.engine.io.output_lock import refuse_if_in_use
@@ -76,7 +78,8 @@ def the_model(cfg, model, dtype: torch.dtype, device) -> tuple[DistributedModel,
     checked against models/contract.py."""
     if model is None:
         try:
-            model = build_model(to_container(cfg.model), dtype, device, allow_imports=config_guard.allowed())
+            model = build_model(with_term_defaults(to_container(cfg.model)), dtype, device,
+                                allow_imports=config_guard.allowed())
         except (ValueError, KeyError, NotImplementedError) as exc:
             raise UserError(str(exc).strip("'\"")) from None
         origin = model_origin(to_container(cfg.model))
@@ -92,6 +95,8 @@ def the_model(cfg, model, dtype: torch.dtype, device) -> tuple[DistributedModel,
 def wrap_model(model) -> DistributedModel:
     """``DistributedModel`` of a bare model: its own spec or output kinds, else the
     message-passing halo preset (models/contract.py)."""
+    if isinstance(model, DistributedSum):   # model=sum: every term wrapped by its own spec already
+        return model
     if getattr(model, "distribution_spec", None) is None and not getattr(model, "output_kinds", None):
         return DistributedModel(model, spec=SPEC_MPNN_HALO)
     return DistributedModel(model)

@@ -1,0 +1,107 @@
+"""``model=sum``: a sum of models on one decomposition (domain/distributed_sum.py), each term with
+its own keys, cutoff and spec. The independent reference is each term alone (the ASE calculator
+on the same configuration); bad terms are one line through the CLI."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from faultkit import cli, one_line
+
+from shardmd.engine.ase_calculator import ShardMDCalculator
+from shardmd.engine.io.h5md import read_frames
+
+D3 = {"name": "d3", "cutoff": 8.0, "cn_cutoff": 8.0}
+TERMS = "model.terms=[{name: mace}, {name: d3, cutoff: 8.0, cn_cutoff: 8.0}]"
+CU = ["system.element=Cu", "system.lattice=fcc", "system.a=3.59", "system.repeat=[3,3,3]", "temperature=300"]
+
+
+@pytest.mark.slow
+def test_mace_plus_d3_from_the_cli_is_mace_alone_plus_d3_alone_step_for_step(tmp_path, capsys, monkeypatch):
+    """Every frame of a MACE + D3 run (energy, forces) against the shipped MACE model alone plus
+    D3 alone on that frame's positions, to 1e-10 relative."""
+    from ase.build import bulk
+    from ase.io import write
+
+    atoms = bulk("Cu", "fcc", a=3.59, cubic=True).repeat((3, 3, 3))
+    atoms.rattle(0.05, seed=11)   # off the lattice: forces far from zero from step 0
+    write(tmp_path / "cu.extxyz", atoms)
+    code, lines = cli(["run", "model=sum", TERMS, "system.file=cu.extxyz", "temperature=300", "steps=4",
+                       "trajectory.every=1", "thermo.every=1", "quiet=true", "output=s.h5"], tmp_path, capsys,
+                      monkeypatch)
+    assert code == 0, lines
+    frames = read_frames(tmp_path / "s.h5")
+    assert [f.info["step"] for f in frames] == [0, 1, 2, 3, 4]
+    mace, d3 = ShardMDCalculator(model="mace"), ShardMDCalculator(model="d3", cutoff=8.0, cn_cutoff=8.0)
+    for f in frames:
+        e, forces = 0.0, 0.0
+        for calc in (mace, d3):
+            a = f.copy()
+            a.calc = calc
+            e, forces = e + a.get_potential_energy(), forces + a.get_forces()
+        assert abs(f.info["potential_energy"] - e) <= 1e-10 * abs(e), f.info["step"]
+        assert np.abs(f.get_forces() - forces).max() <= 1e-10 * np.abs(forces).max(), f.info["step"]
+
+
+def test_lj_plus_morse_through_the_ase_calculator_is_their_sum():
+    """The Python route (ShardMDCalculator(model="sum", terms=...)): energy, forces and stress
+    of LJ + Morse equal LJ's plus Morse's, each term keeping its own cutoff."""
+    from ase.build import bulk
+
+    atoms = bulk("Cu", "fcc", a=3.6, cubic=True).repeat((3, 3, 3))
+    atoms.rattle(0.05, seed=3)
+    lj = {"epsilon": {"Cu": 0.2}, "sigma": {"Cu": 2.3}, "cutoff": 5.0}
+    total = {}
+    for calc in (ShardMDCalculator(model="sum", terms=[{"name": "lj", **lj}, {"name": "morse", "cutoff": 7.0}]),
+                 ShardMDCalculator(model="lj", **lj), ShardMDCalculator(model="morse", cutoff=7.0)):
+        a = atoms.copy()
+        a.calc = calc
+        total[len(total)] = (a.get_potential_energy(), a.get_forces(), a.get_stress())
+    (e, f, s), parts = total[0], [total[1], total[2]]
+    assert abs(e - (parts[0][0] + parts[1][0])) <= 1e-10 * abs(e)
+    assert np.abs(f - (parts[0][1] + parts[1][1])).max() <= 1e-10 * np.abs(f).max()
+    assert np.abs(s - (parts[0][2] + parts[1][2])).max() <= 1e-10 * np.abs(s).max()
+    assert abs(parts[0][0]) > 1e-3 and abs(parts[1][0]) > 1e-3   # both terms contribute
+
+
+@pytest.mark.parametrize("terms, needle", [
+    ("model.terms=[{name: lj, cutof: 5.0}]", "model.terms[0]: cutof is not a key of model=lj"),
+    ("model.terms=[lj]", "model.terms[0] is not a model"),
+    ("model.terms=[]", "model=sum needs model.terms"),
+    ("model.terms=[{name: nosuchmodel}]", "model.terms[0] (nosuchmodel)"),
+    ("model.terms=[{name: mace, dtype: float32}, {name: morse}]", "give every term the same precision"),
+])
+def test_bad_terms_are_one_line(tmp_path, capsys, monkeypatch, terms, needle):
+    code, lines = cli(["run", "model=sum", terms, *CU, "steps=1", "quiet=true"], tmp_path, capsys, monkeypatch)
+    assert code == 2, lines
+    one_line(lines, needle)
+
+
+# half charges and an LJ wall at the ion distance: a crystal that holds its volume under the barostat
+NACL_TERMS = ("model.terms=[{name: lj, epsilon: {Na: 0.1, Cl: 0.1}, sigma: {Na: 2.7, Cl: 2.7}, cutoff: 6.0}, "
+              "{name: coulomb, cutoff: 6.0, accuracy: 1e-5, charges: {Na: 0.5, Cl: -0.5}}]")
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+def test_npt_of_lj_plus_coulomb_on_4_domains_restarts_bit_exact(tmp_path):
+    """NaCl under NPT with LJ + Ewald on 4 self-launched domains: 20 steps straight, and 10 steps
+    then a restart to 20, give the same bits (positions, velocities, cell) at step 20."""
+    from ase.build import bulk
+    from ase.io import write
+    from conftest import run_engine
+
+    atoms = bulk("NaCl", "rocksalt", a=5.64, cubic=True).repeat((3, 3, 3))
+    atoms.rattle(0.02, seed=5)
+    write(tmp_path / "nacl.extxyz", atoms)
+    base = ["run", "model=sum", NACL_TERMS, "system.file=nacl.extxyz", "domains=4", "integrator=npt",
+            "integrator.pressure=1.0", "integrator.pdamp=200", "temperature=300", "dt=2.0", "trajectory.every=10",
+            "checkpoint.every=10", "thermo.every=0", "quiet=true", "threads=1"]
+    for args in ([*base, "steps=20", "output=a.h5"], [*base, "steps=10", "output=b.h5"],
+                 [*base, "steps=20", "restart=auto", "output=b.h5"]):
+        r = run_engine(args, cwd=tmp_path, timeout=900)
+        assert r.returncode == 0, r.stderr[-2000:]
+    a, b = (read_frames(tmp_path / f)[-1] for f in ("a.h5", "b.h5"))
+    assert a.info["step"] == b.info["step"] == 20
+    assert np.array_equal(a.positions, b.positions) and np.array_equal(a.get_velocities(), b.get_velocities())
+    assert np.array_equal(a.cell.array, b.cell.array)
+    assert not np.allclose(a.cell.array, atoms.cell.array, rtol=0, atol=1e-6)   # the barostat moved the cell
