@@ -7,7 +7,7 @@ The halo and the neighbour list are the widest term's (its cutoff + the skin). E
 gets the list's edges shorter than its own cutoff + the same skin, selected once per list: the
 list's positions at a build are those the selection measures, and no point moves more than
 skin / 2 before the next build, so the selection is as valid as the list (a short-ranged term
-beside a long-ranged one, a learned potential beside D3's 32 Å, does not pay for the long list).
+beside a long-ranged one does not pay for the long list).
 
 An output is summed when every term gives it (``energy`` and ``forces`` must be); one that some
 term lacks (``virial``, ``energies``) is left out of the sum, as the engine treats a model that
