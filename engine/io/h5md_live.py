@@ -104,15 +104,19 @@ def check_settled(reader, error: type[UserError]) -> None:
     after its set-up) end before its last committed frame while a running job holds the file's
     lock: HDF5 gave this open an older view of those fields than of the commit record, so that
     frame would lack them.  Not when the same fields ended at the same steps in the previous
-    attempt as well: a field that a restart with fewer ``trajectory.fields`` stopped writing."""
+    attempt while the committed frames moved on: a field that a restart with fewer
+    ``trajectory.fields`` stopped writing. The same lag at the same last frame is read again:
+    two opens can both get the older view while a loaded writer is between its flushes."""
     steps = reader.steps
     if reader.primary != "box" or not len(steps.get("box", ())):
         return
     last = int(steps["box"][-1])
     lag = tuple((name, int(s[-1]) if len(s) else None) for name, s in steps.items()
                 if name != "box" and (not len(s) or s[-1] < last))
-    if not lag or lag == getattr(reader, "lag", None) or output_in_use(reader.path) is None:
+    previous = getattr(reader, "lag", None)   # (last committed step, lag) of the previous attempt
+    if not lag or (previous is not None and previous[1] == lag and previous[0] < last) \
+            or output_in_use(reader.path) is None:
         return
-    reader.lag = lag
+    reader.lag = (last, lag)
     raise error(f"{reader.path!r}: the frame at step {last} is committed but {lag[0][0]} ends at step {lag[0][1]} "
                 "(read between two of a running job's flushes)")
