@@ -59,13 +59,7 @@ def run(comm, argv):
             np.savez(out / f"{name}.npz", **res)
 
 
-def main():
-    from shardmd.domain.comm import init_comm, shutdown
-
-    comm = init_comm("cpu")
-    run(comm, sys.argv[1:])
-    shutdown(comm)
-
-
 if __name__ == "__main__":
-    main()
+    from launch import main
+
+    main(run)

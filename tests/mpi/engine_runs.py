@@ -5,7 +5,6 @@ Usage: mpiexec -n K python tests/mpi/engine_runs.py key=value ...   (domains is 
 and runs it on ``comm`` (tests/mpi/world.py runs it beside other tests' work in one world);
 a non-zero exit status of the run is an error. Give paths (output=, system.file=) absolute.
 """
-import sys
 
 from shardmd.engine.config.compose import compose_config
 from shardmd.engine.run.simulation import Simulation
@@ -18,13 +17,7 @@ def run(comm, argv):
         raise SystemExit(f"rank {comm.rank}: run {' '.join(argv)} ended with exit status {sim.exit_code}")
 
 
-def main():
-    from shardmd.domain.comm import init_comm, shutdown
-
-    comm = init_comm("cpu")
-    run(comm, sys.argv[1:])
-    shutdown(comm)
-
-
 if __name__ == "__main__":
-    main()
+    from launch import main
+
+    main(run)

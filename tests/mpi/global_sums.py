@@ -24,7 +24,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
 import qeq_model as Q  # noqa: E402
-from md_loop import main, nve  # noqa: E402
+from launch import main  # noqa: E402
+from md_loop import nve  # noqa: E402
 
 from shardmd.domain.api import (  # noqa: E402
     ModelConfig,

@@ -4,7 +4,6 @@ Verlet, the model through DistributedModel), a forced rebuild every 10 steps and
 criterion."""
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass, field
 
 import torch
@@ -61,12 +60,3 @@ def nve(comm, model, atoms, cutoff: float, steps: int, dt: float = 2.0, skin: fl
         if every and step % every == 0:
             run.seen.append(callback(state, dec, run.out))
     return run, dm
-
-
-def main(run) -> None:
-    """``run(comm, sys.argv[1:])`` on the launcher's ranks, then the comm's clean shutdown."""
-    from shardmd.domain.comm import init_comm, shutdown
-
-    comm = init_comm("cpu")
-    run(comm, sys.argv[1:])
-    shutdown(comm)

@@ -8,12 +8,10 @@ tests/test_second_family.py compares them with nequip's own ASE calculator.  ``p
 control, step 0 only, the same model with the bare message-passing preset (no JitAdapters for
 nequip's TorchScript scatter), written to <stem>_plain.npz.
 """
-import sys
 from pathlib import Path
 
 import numpy as np
 
-from shardmd.domain.comm import init_comm, shutdown
 from shardmd.engine.config.compose import compose_config
 from shardmd.engine.run.simulation import Simulation
 
@@ -64,11 +62,7 @@ def run(comm, argv):
                      grid=np.array(sim.domain.grid.shape))
 
 
-def main():
-    comm = init_comm("cpu")
-    run(comm, sys.argv[1:])
-    shutdown(comm)
-
-
 if __name__ == "__main__":
-    main()
+    from launch import main
+
+    main(run)

@@ -351,13 +351,7 @@ def run(comm, argv):
         Path(argv[0]).write_text(json.dumps(res, indent=1))
 
 
-def main():
-    from shardmd.domain.comm import init_comm, shutdown
-
-    comm = init_comm("cpu")
-    run(comm, sys.argv[1:])
-    shutdown(comm)
-
-
 if __name__ == "__main__":
-    main()
+    from launch import main
+
+    main(run)

@@ -20,7 +20,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE.parents[1] / "examples"))
 
-from md_loop import main, nve  # noqa: E402
+from launch import main  # noqa: E402
+from md_loop import nve  # noqa: E402
 
 TEMPERATURE = 900.0
 DT = 2.0
