@@ -24,7 +24,7 @@ from .adapters import (
 from .collectives import all_reduce_sum, all_to_all_v
 from .compile_policy import CompilePolicy, GraphPadder
 from .distributed_model import DistributedModel, ModelConfig, NeighborConfig, StorageIdNeighborList
-from .distributed_sum import DistributedSum
+from .distributed_sum import DistributedSum, same_unit
 from .graphed_call import GraphedCall
 from .neighbor_kernels import ZERO_SHIFT, packed_neighbor, packed_shift_code, shift_of_code
 from .neighbors import NeighborList
@@ -82,7 +82,7 @@ __all__ = [
     "Transform", "TransformError", "all_reduce_sum", "all_to_all_v", "autograd_target", "current_dd_context",
     "current_scope", "defer_dynamo", "dispatch_trace", "grad_leaf", "refresh_halo", "refresh_neighbors",
     "register_handler",
-    "registered_handlers", "scatter_to_owners", "seed_once", "shard_like", "system_sum", "to_local",
+    "registered_handlers", "same_unit", "scatter_to_owners", "seed_once", "shard_like", "system_sum", "to_local",
     "trace_and_validate",
     "unregister_handler",
     # The spatial machinery a model's own kernels build on (a Warp pair kernel reads the packed

@@ -92,7 +92,10 @@ class ModelConfig:
     system_inputs: names of per-system inputs ``compute`` takes as keyword arguments (e.g.
     ``("charge", "spin")``: (n_systems, *F) tensors, the same on every rank), also ``extras``;
     autograd_inputs: inputs the model differentiates itself (``"positions"`` or names of
-    ``point_inputs``): their leaves require grad (see ``grad_leaf``/``autograd_target``)."""
+    ``point_inputs``): their leaves require grad (see ``grad_leaf``/``autograd_target``);
+    units: {output: unit} for outputs the model gives in units other than the caller's
+    contract (unnamed outputs are in the contract's units): a caller refuses what it cannot
+    convert, and a sum refuses terms whose units differ."""
 
     outputs: tuple = ("energy", "forces")
     autograd_outputs: FrozenMap = field(default_factory=FrozenMap)
@@ -101,6 +104,7 @@ class ModelConfig:
     point_inputs: tuple = ()
     autograd_inputs: frozenset = frozenset()
     system_inputs: tuple = ()
+    units: FrozenMap = field(default_factory=FrozenMap)
 
     def __post_init__(self):
         object.__setattr__(self, "outputs", tuple(self.outputs))
@@ -109,6 +113,7 @@ class ModelConfig:
         object.__setattr__(self, "point_inputs", tuple(self.point_inputs))
         object.__setattr__(self, "autograd_inputs", frozenset(self.autograd_inputs))
         object.__setattr__(self, "system_inputs", tuple(self.system_inputs))
+        object.__setattr__(self, "units", FrozenMap({str(k): str(v) for k, v in dict(self.units).items()}))
         both = set(self.point_inputs) & set(self.system_inputs)
         if both:
             raise ValueError(f"inputs {sorted(both)} are declared both per point and per system")

@@ -11,7 +11,10 @@ beside a long-ranged one does not pay for the long list).
 
 An output is summed when every term gives it (``energy`` and ``forces`` must be); one that some
 term lacks (``virial``, ``energies``) is left out of the sum, as the engine treats a model that
-never gives it. Per-point and per-system inputs go to the terms that declare them.
+never gives it. Per-point and per-system inputs go to the terms that declare them. Terms whose
+declared units of one output differ (``ModelConfig.units``, an unnamed output in ``units``'s
+default, the caller's contract) are refused when the sum is made: a sum of eV and kcal/mol is no
+energy.
 """
 from __future__ import annotations
 
@@ -22,6 +25,15 @@ import torch
 from .distributed_model import DistributedModel
 
 REQUIRED = ("energy", "forces")
+
+
+def same_unit(a: str, b: str) -> bool:
+    """Whether two unit strings name one unit ("eV/Angstrom", "eV/A" and "eV/Å" do)."""
+    def norm(unit: str) -> str:
+        for old, new in (("Angstrom", "Å"), ("angstrom", "Å"), ("/A", "/Å"), (" ", "")):
+            unit = unit.replace(old, new)
+        return unit
+    return norm(str(a)) == norm(str(b))
 
 
 class TermsOfSum:
@@ -58,10 +70,12 @@ class DistributedSum:
 
     config = None   # a full list for every term (a half list is one term's wish, not the sum's)
 
-    def __init__(self, terms):
+    def __init__(self, terms, units: Mapping[str, str] | None = None):
+        """units: {output: unit} a term that names none is in (the caller's contract)."""
         if not terms:
             raise ValueError("a sum of models needs at least one term")
         self.terms = [t if isinstance(t, DistributedModel) else DistributedModel(t) for t in terms]
+        self._check_units(dict(units or {}))
         self.model = TermsOfSum(self.terms)
         self._lists: dict[int, tuple] = {}
         self.last_raw: dict | None = None
@@ -69,6 +83,21 @@ class DistributedSum:
     @property
     def cutoff(self) -> float:
         return max(t.cutoff for t in self.terms)
+
+    def _check_units(self, default: dict) -> None:
+        """ValueError (one line) when two terms declare different units for one output."""
+        seen: dict[str, tuple[int, str]] = {}
+        for k, term in enumerate(self.terms):
+            declared = dict(getattr(term.config, "units", None) or {})
+            for key in sorted(set(declared) | set(default)):
+                unit = declared.get(key, default.get(key))
+                if unit is None:
+                    continue
+                first = seen.setdefault(key, (k, unit))
+                if not same_unit(first[1], unit):
+                    raise ValueError(f"term {k + 1} of the sum ({type(term.model).__name__}) gives {key} in {unit}, "
+                                     f"term {first[0] + 1} in {first[1]}: convert one term so every term gives "
+                                     f"{key} in the same unit")
 
     @property
     def point_inputs(self) -> tuple:

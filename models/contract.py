@@ -17,6 +17,9 @@ A model is any object with
   energies   (n,)             eV       no: per-atom energies
   ========== ================ ======== ====================================================
 
+  (a model may state these units in ``ModelConfig.units``; one stating others, e.g.
+  ``{"energy": "kcal/mol"}``, is refused with the conversion to make);
+
   positions (n, 3) Å, cell (3, 3) Å (rows are the cell vectors), pbc (3,) bool, numbers (n,)
   atomic numbers, nl the neighbour list (``nl.edge_index()`` -> (i, j),
   ``nl.shift_vectors(cell)`` -> (n_edges, 3) Å, so ``r_ij = x[j] + shift - x[i]``); cell and
@@ -44,8 +47,12 @@ import math
 from collections.abc import Mapping
 from typing import Any, Protocol, runtime_checkable
 
+from shardmd.domain.api import same_unit
+
 REQUIRED_OUTPUTS = ("energy", "forces")
 OPTIONAL_OUTPUTS = ("virial", "energies")
+#: the units of the table above; a model declaring others (``ModelConfig.units``) is refused
+CONTRACT_UNITS = {"energy": "eV", "forces": "eV/Å", "virial": "eV", "energies": "eV"}
 
 
 @runtime_checkable
@@ -78,6 +85,13 @@ def check_model(model: Any, origin: str) -> Any:
     if not ok:
         raise ValueError(f"{origin} returned a {type(target).__name__} without a usable cutoff "
                          f"({cutoff!r}): give it an attribute cutoff, the interaction range in Å (> 0)")
+    units = getattr(getattr(target, "model_config", None), "units", None) or {}
+    for key, unit in units.items():
+        want = CONTRACT_UNITS.get(key)
+        if want is not None and not same_unit(unit, want):
+            raise ValueError(f"{origin} gives {key} in {unit}, the engine (and every other model or term) in "
+                             f"{want}: convert {key} to {want} in its compute and declare {key}: {want!r} "
+                             "in ModelConfig.units (or leave it out)")
     return model
 
 
@@ -85,4 +99,4 @@ def has_virial(outputs: Mapping[str, Any]) -> bool:
     return outputs.get("virial") is not None
 
 
-__all__ = ["OPTIONAL_OUTPUTS", "REQUIRED_OUTPUTS", "Model", "check_model", "has_virial"]
+__all__ = ["CONTRACT_UNITS", "OPTIONAL_OUTPUTS", "REQUIRED_OUTPUTS", "Model", "check_model", "has_virial"]

@@ -86,7 +86,9 @@ def model_sum(*, terms, precision: torch.dtype = torch.float64, device="cpu"):
             built.append(build_model(dict(term), precision, device))
         except ValueError as exc:
             raise ValueError(f"model.terms[{k}] ({term['name']}): {exc}") from None
-    return DistributedSum(built)
+    from .contract import CONTRACT_UNITS
+
+    return DistributedSum(built, units=CONTRACT_UNITS)
 
 
 def mace(*, checkpoint: str | None = None, dtype: str | None = None, cueq="auto", cuda_graph="auto",

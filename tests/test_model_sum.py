@@ -105,3 +105,60 @@ def test_npt_of_lj_plus_coulomb_on_4_domains_restarts_bit_exact(tmp_path):
     assert np.array_equal(a.positions, b.positions) and np.array_equal(a.get_velocities(), b.get_velocities())
     assert np.array_equal(a.cell.array, b.cell.array)
     assert not np.allclose(a.cell.array, atoms.cell.array, rtol=0, atol=1e-6)   # the barostat moved the cell
+
+
+# a model stating its units (ModelConfig.units): Morse in kcal/mol, or in the engine's own units
+UNITS_MODEL = '''
+from shardmd.domain.api import ModelConfig, NeighborConfig
+from shardmd.models.morse import Morse
+
+
+def make(energy="kcal/mol", forces="kcal/mol/Å"):
+    m = Morse(D=0.34, a=1.36, r0=2.6, cutoff=6.0)
+    m.model_config = ModelConfig(outputs=("energy", "energies", "forces", "virial"),
+                                 neighbors=NeighborConfig(6.0), units={"energy": energy, "forces": forces})
+    return m
+'''
+
+
+@pytest.mark.parametrize("terms, needle", [
+    ("model.terms=[{name: morse}, {name: 'py:unitsmodel:make'}]", "gives energy in kcal/mol, the engine"),
+    ("model.terms=[{name: 'py:unitsmodel:make', energy: eV, forces: eV/Angstrom}, {name: morse}]", None),
+])
+def test_a_term_in_other_units_is_one_line(tmp_path, capsys, monkeypatch, terms, needle):
+    """kcal/mol beside eV is refused naming the term, the unit and the conversion; a term that
+    states the engine's units (in another spelling) runs."""
+    (tmp_path / "unitsmodel.py").write_text(UNITS_MODEL)
+    code, lines = cli(["run", "model=sum", terms, *CU, "steps=1", "quiet=true", "output=u.h5"], tmp_path, capsys,
+                      monkeypatch)
+    if needle is None:
+        assert code == 0, lines
+        return
+    assert code == 2, lines
+    line = one_line(lines, needle)
+    assert "model.terms[1]" in line and "convert energy to eV" in line, line
+
+
+def test_a_single_model_in_other_units_is_one_line(tmp_path, capsys, monkeypatch):
+    (tmp_path / "unitsmodel.py").write_text(UNITS_MODEL)
+    code, lines = cli(["run", "model=py:unitsmodel:make", *CU, "steps=1", "quiet=true"], tmp_path, capsys, monkeypatch)
+    assert code == 2, lines
+    one_line(lines, "gives energy in kcal/mol")
+
+
+def test_terms_of_a_sum_in_different_units_are_refused_by_the_domain_api():
+    """Without the engine (domain/distributed_sum.py): two terms naming different units for one
+    output, and the caller's default for a term that names none."""
+    from shardmd.domain.api import DistributedSum, ModelConfig, NeighborConfig
+    from shardmd.models.morse import Morse
+
+    def morse(units):
+        m = Morse(D=0.34, a=1.36, r0=2.6, cutoff=6.0)
+        m.model_config = ModelConfig(outputs=("energy", "forces"), neighbors=NeighborConfig(6.0), units=units)
+        return m
+
+    with pytest.raises(ValueError, match=r"term 2 of the sum \(Morse\) gives energy in kcal/mol, term 1 in eV"):
+        DistributedSum([morse({"energy": "eV"}), morse({"energy": "kcal/mol"})])
+    with pytest.raises(ValueError, match="term 2 of the sum"):
+        DistributedSum([Morse(0.34, 1.36, 2.6, 6.0), morse({"energy": "Ha"})], units={"energy": "eV"})
+    DistributedSum([Morse(0.34, 1.36, 2.6, 6.0), morse({"forces": "eV/Angstrom"})], units={"forces": "eV/Å"})

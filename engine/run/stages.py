@@ -81,7 +81,8 @@ def the_model(cfg, model, dtype: torch.dtype, device) -> tuple[DistributedModel,
             model = build_model(with_term_defaults(to_container(cfg.model)), dtype, device,
                                 allow_imports=config_guard.allowed())
         except (ValueError, KeyError, NotImplementedError) as exc:
-            raise UserError(str(exc).strip("'\"")) from None
+            # a KeyError's str() is its repr: its message is args[0]
+            raise UserError(exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)) from None
         origin = model_origin(to_container(cfg.model))
     else:
         try:
