@@ -120,7 +120,10 @@ def nvalchemi(atoms, method, params, charges, cutoff, device, reps):
 
 def torch_sim(atoms, method, charges, cutoff, accuracy, device, reps, own_cutoff=False):
     """torch-sim's EwaldModel / PMEModel: energy, forces and stress (its model computes all three)."""
-    import torch_sim as ts
+    try:
+        import torch_sim as ts
+    except (ImportError, SyntaxError):   # torch-sim 0.6 installs on Python >= 3.12 only
+        return torch_sim_calls(atoms, method, charges, cutoff, accuracy, device, reps, own_cutoff)
     from nvalchemiops.torch.interactions.electrostatics import estimate_ewald_parameters
     from torch_sim.models.electrostatics import EwaldModel, PMEModel
     from torch_sim.neighbors import torchsim_nl
@@ -153,6 +156,47 @@ def torch_sim(atoms, method, charges, cutoff, accuracy, device, reps, own_cutoff
     note = (f"r_c {cutoff:.1f} Å, alpha {float(est.alpha.max()):.3f}/Å, {pairs / len(atoms):.0f} pairs/atom; "
             f"its list {t_nl * 1e3:.0f} ms more a call")
     return t, e, f, note
+
+
+def torch_sim_calls(atoms, method, charges, cutoff, accuracy, device, reps, own_cutoff=False):
+    """What torch-sim 0.6.2's EwaldModel / PMEModel.forward compute, where torch-sim does not
+    install (Python < 3.12): the same nvalchemi-toolkit-ops calls with the same arguments
+    (cutoff and accuracy only, PME's B-splines of order 4, forces and virial from its kernels) and
+    its sort of the list into CSR rows on every call; the list: ASE's pairs within the cutoff (the
+    pairs of torch-sim's own list), built once."""
+    from nvalchemiops.torch.interactions.electrostatics import (
+        estimate_ewald_parameters,
+        ewald_summation,
+        particle_mesh_ewald,
+    )
+
+    cell0 = torch.tensor(atoms.cell[:], dtype=torch.float64, device=device)
+    est = estimate_ewald_parameters(torch.tensor(atoms.positions, device=device), cell0, accuracy=accuracy)
+    if own_cutoff:
+        cutoff = float(est.real_space_cutoff.max())
+    pairs = len(atoms) ** 2 * 4 * math.pi / 3 * cutoff ** 3 / atoms.get_volume()
+    if pairs > 5e7:
+        raise MemoryError(f"not run: {pairs / 1e6:.0f} M pairs within its r_c {cutoff:.1f} Å")
+    i, j, s, cell, q, x = _setup(atoms, charges, device, cutoff)
+    n = len(atoms)
+    batch = torch.zeros(n, dtype=torch.int32, device=device)
+
+    def call():
+        order = torch.argsort(i, stable=True)   # transforms.build_csr_neighbor_list, in every forward
+        ptr = torch.zeros(n + 1, dtype=torch.int32, device=device)
+        ptr[1:] = torch.bincount(i, minlength=n).cumsum(0).to(torch.int32)
+        kw = dict(neighbor_list=torch.stack([i[order], j[order]]).to(torch.int32), neighbor_ptr=ptr,
+                  neighbor_shifts=s[order].to(torch.int32), compute_forces=True, compute_virial=True,
+                  accuracy=accuracy)
+        if method == "ewald":
+            out = ewald_summation(positions=x, charges=q, cell=cell[None], batch_idx=batch, **kw)
+        else:
+            out = particle_mesh_ewald(positions=x, charges=q, cell=cell[None], batch_idx=None, spline_order=4, **kw)
+        return K_E * out[0].sum(), K_E * out[1]
+
+    t, e, f = _result(*timed(call, reps, device))
+    return t, e, f, (f"r_c {cutoff:.1f} Å, alpha {float(est.alpha.max()):.3f}/Å; its calls to nvalchemi-toolkit-ops "
+                     f"(torch-sim needs Python >= 3.12)")
 
 
 def reference(positions, cell, charges, alpha=0.3, tol=1e-11, device="cpu", rows=1024):
