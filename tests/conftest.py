@@ -88,10 +88,22 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
-def _world_modules() -> set[str]:
-    """Test files that use the shared MPI worlds or validate batches (they name the fixture)."""
-    return {p.name for p in (ROOT / "tests").glob("test_*.py")
-            if any(f"{name}(" in p.read_text() for name in ("mpi_world", "validated"))}
+WORLD_FIXTURES = frozenset({"mpi_world", "validated"})
+
+
+def _world_tests() -> dict[str, set[str]]:
+    """{test file name: its test functions taking a shared-world fixture (``mpi_world``,
+    ``validated``) as an argument}, read from the files' syntax trees."""
+    import ast
+
+    out = {}
+    for p in (ROOT / "tests").glob("test_*.py"):
+        text = p.read_text()
+        if not any(f"{name}(" in text for name in WORLD_FIXTURES):
+            continue
+        out[p.name] = {f.name for f in ast.walk(ast.parse(text)) if isinstance(f, ast.FunctionDef)
+                       and f.name.startswith("test") and WORLD_FIXTURES & {a.arg for a in f.args.args}}
+    return out
 
 
 try:
@@ -101,19 +113,22 @@ except ImportError:   # without pytest-xdist, tests run in one process (`-p no:x
 else:
     class _ModuleScheduling(LoadScopeScheduling):
         """Work units for the workers (pyproject addopts ``-n 4``): a test module runs on
-        one worker (its module fixtures are made once), and the modules that use the shared
+        one worker (its module fixtures are made once), but the tests that read the shared
         MPI worlds or validate batches run on one worker together: a worker launches each
         k-rank world with the tasks of all selected tests, so two workers asking for it would
-        run every task twice.  (xdist's ``--dist loadgroup`` marks do not take effect under
-        pytest 9, hence a scheduler keyed by file.)"""
+        run every task twice. Only those tests: the rest of their modules stays a unit of its
+        own, so the worlds' chain (the suite's longest) carries nothing else.  (xdist's
+        ``--dist loadgroup`` marks do not take effect under pytest 9, hence a scheduler keyed
+        by file and function.)"""
 
         def __init__(self, config, log=None):
             super().__init__(config, log)
-            self._worlds = _world_modules()
+            self._worlds = _world_tests()
 
         def _split_scope(self, nodeid: str) -> str:
-            path = nodeid.split("::", 1)[0]
-            return "mpi-worlds" if Path(path).name in self._worlds else path
+            path, _, rest = nodeid.partition("::")
+            function = rest.split("::")[-1].split("[", 1)[0]
+            return "mpi-worlds" if function in self._worlds.get(Path(path).name, ()) else path
 
     def pytest_xdist_make_scheduler(config, log):
         return _ModuleScheduling(config, log)

@@ -1,7 +1,6 @@
 """Domain decomposition through the engine's own launches (self-launched ranks, mpiexec,
-failures on one rank): N domains follow 1 domain. Separate from test_decomposed.py (the shared
-MPI worlds) so that pytest-xdist can run these on another worker: a module that uses the worlds
-runs on the worlds' worker with all the others that do (tests/conftest.py)."""
+failures on one rank): N domains follow 1 domain. The hot-gas stress runs on the shared 8-rank
+world (tests/conftest.py's ``mpi_world``), the rest through launches of their own."""
 import subprocess
 import sys
 import time
@@ -9,9 +8,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import mpiexec_cmd, run_in_process
+from conftest import WorldTask, mpiexec_cmd, run_in_process
 
+from shardmd.engine.config.compose import compose_config
 from shardmd.engine.io.h5md import read_frames
+from shardmd.engine.run.simulation import Simulation
 
 HERE = Path(__file__).resolve().parent
 
@@ -73,28 +74,32 @@ def test_self_launch_equals_mpiexec(tmp_path, one_and_four):
         assert np.array_equal(fa.get_velocities(), fb.get_velocities())
 
 
+GAS = ["model=lj", "system.a=11.0", "system.repeat=[4,4,4]", "temperature=2500", "dt=2.0", "steps=300",
+       "neighbor.skin=1.0", "trajectory.every=0", "thermo.every=30", "quiet=true", "model.cutoff=5.0"]
+
+
+def world_tasks(item):
+    if item.originalname == "test_hot_gas_migration_stress_on_8_domains":
+        return [WorldTask(8, "hot_gas8", "engine_runs", [*GAS, "grid=[2,2,2]", "output={out}/g8.h5"])]
+    return []
+
+
+def _energies(log: str) -> np.ndarray:
+    return np.array([float(line.split()[5]) for line in log.splitlines() if line.strip()[:1].isdigit()])
+
+
 @pytest.mark.mpi
 @pytest.mark.slow
-def test_hot_gas_migration_stress_on_8_domains(tmp_path):
-    """A hot dilute gas crossing faces and periodic corners for 300 steps (~145 atom
-    migrations; 600 steps cost 8 ranks on 2 cores ~160 s of CPU, 3,000 steps 3.5 minutes):
-    the atom count and id checksum are verified at every rebuild (a mismatch stops the run);
-    NVE energy behaves as on one domain."""
-    gas = ["model=lj", "system.a=11.0", "system.repeat=[4,4,4]", "temperature=2500", "dt=2.0",
-           "steps=300", "neighbor.skin=1.0", "trajectory.every=0", "thermo.every=30", "quiet=true",
-           "model.cutoff=5.0", "threads=1"]
-    # side by side: the 8 ranks wait on each other much of the time, the 1-domain run fills it
-    p8, p1 = (subprocess.Popen([sys.executable, "-m", "engine", "run", *gas, *extra], cwd=tmp_path, text=True,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-              for extra in (["domains=8", "grid=[2,2,2]", "output=g8.h5"], ["output=g1.h5"]))
-    errs = [p.communicate(timeout=900)[1] for p in (p8, p1)]
-    assert p8.returncode == 0 and p1.returncode == 0, errs
-    log = (tmp_path / "g8.log").read_text()
+def test_hot_gas_migration_stress_on_8_domains(mpi_world, tmp_path):
+    """A hot dilute gas crossing faces and periodic corners for 300 steps on 8 domains (~145 atom
+    migrations; 3,000 steps cost 3.5 minutes): the atom count and id checksum are verified at
+    every rebuild (a mismatch stops the run); NVE energy behaves as on one domain."""
+    log = (mpi_world(8, "hot_gas8") / "g8.log").read_text()
     migrations = int(log.split(" atom migrations")[0].split()[-1])
     assert migrations > 75, log[-500:]
-    e8 = np.array([float(line.split()[5]) for line in log.splitlines() if line.strip()[:1].isdigit()])
-    log1 = (tmp_path / "g1.log").read_text()
-    e1 = np.array([float(line.split()[5]) for line in log1.splitlines() if line.strip()[:1].isdigit()])
+    sim = Simulation(compose_config([*GAS, f"output={tmp_path / 'g1.h5'}"]))
+    sim.run()
+    e8, e1 = _energies(log), _energies((tmp_path / "g1.log").read_text())
     assert len(e8) == len(e1) == 11
     # before chaos separates them, the two runs are the same trajectory
     assert np.allclose(e8[:2], e1[:2], rtol=1e-9, atol=0)

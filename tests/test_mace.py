@@ -70,8 +70,8 @@ def _reference(model, numbers, positions, cell):
 
 
 # "::cueq": the same model converted by mace-torch to cuEquivariance (its torch fallback on CPU)
-# (no 8-domain case here: 64 s of an 8-rank world on two cores. MACE on eight
-# domains against one is test_readme's verbatim `+model=mace +domains=8`, to 1e-10 Å.)
+# (no 8-domain case here: 64 s of an 8-rank world on two cores. MACE on eight domains
+# against mace-torch's calculator is test_readme's verbatim `+model=mace +domains=8`.)
 # one axis split (k=2), two axes (k=4); a split in three is LJ's and the message-passing
 # examples' (tests/test_decomposed.py, tests/test_shard_mpi.py): MACE's own 3-rank world cost ~90 s
 CASES = {2: ["ortho.extxyz:1x1x2", "tri.extxyz", "tri.extxyz::cueq"], 4: ["ortho.extxyz:2x2x1", "tri.extxyz"]}

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import WorldTask
 from faultkit import cli, one_line
 
 from shardmd.engine.ase_calculator import ShardMDCalculator
@@ -81,30 +82,50 @@ NACL_TERMS = ("model.terms=[{name: lj, epsilon: {Na: 0.1, Cl: 0.1}, sigma: {Na: 
               "{name: coulomb, cutoff: 6.0, accuracy: 1e-5, charges: {Na: 0.5, Cl: -0.5}}]")
 
 
-@pytest.mark.mpi
-@pytest.mark.slow
-def test_npt_of_lj_plus_coulomb_on_4_domains_restarts_bit_exact(tmp_path):
-    """NaCl under NPT with LJ + Ewald on 4 self-launched domains: 20 steps straight, and 10 steps
-    then a restart to 20, give the same bits (positions, velocities, cell) at step 20."""
+def _nacl_atoms():
     from ase.build import bulk
-    from ase.io import write
-    from conftest import run_engine
 
     atoms = bulk("NaCl", "rocksalt", a=5.64, cubic=True).repeat((3, 3, 3))
     atoms.rattle(0.02, seed=5)
-    write(tmp_path / "nacl.extxyz", atoms)
-    base = ["run", "model=sum", NACL_TERMS, "system.file=nacl.extxyz", "domains=4", "integrator=npt",
-            "integrator.pressure=1.0", "integrator.pdamp=200", "temperature=300", "dt=2.0", "trajectory.every=10",
-            "checkpoint.every=10", "thermo.every=0", "quiet=true", "threads=1"]
-    for args in ([*base, "steps=20", "output=a.h5"], [*base, "steps=10", "output=b.h5"],
-                 [*base, "steps=20", "restart=auto", "output=b.h5"]):
-        r = run_engine(args, cwd=tmp_path, timeout=900)
-        assert r.returncode == 0, r.stderr[-2000:]
-    a, b = (read_frames(tmp_path / f)[-1] for f in ("a.h5", "b.h5"))
+    return atoms
+
+
+def _nacl_file(factory) -> str:
+    """``system.file=`` of the rattled NaCl crystal, written once for the world's tasks."""
+    if "path" not in _NACL:
+        _NACL["path"] = factory.mktemp("nacl") / "nacl.extxyz"
+        _nacl_atoms().write(_NACL["path"])
+    return f"system.file={_NACL['path']}"
+
+
+_NACL: dict = {}
+NPT_SUM = ["model=sum", NACL_TERMS, _nacl_file, "integrator=npt", "integrator.pressure=1.0", "integrator.pdamp=200",
+           "temperature=300", "dt=2.0", "trajectory.every=10", "checkpoint.every=10", "thermo.every=0", "quiet=true"]
+
+
+def world_tasks(item):
+    """The NPT runs join the shared 4-rank world (tests/mpi/engine_runs.py: the CLI's run on the
+    world's ranks, one launch for every 4-rank test)."""
+    if item.originalname != "test_npt_of_lj_plus_coulomb_on_4_domains_restarts_bit_exact":
+        return []
+    return [WorldTask(4, "sum_npt_a", "engine_runs", [*NPT_SUM, "steps=20", "output={out}/a.h5"]),
+            WorldTask(4, "sum_npt_b", "engine_runs", [*NPT_SUM, "steps=10", "output={out}/b.h5"]),
+            WorldTask(4, "sum_npt_b20", "engine_runs", [*NPT_SUM, "steps=20", "restart=auto",
+                                                         "output={out}/../sum_npt_b/b.h5"])]
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+def test_npt_of_lj_plus_coulomb_on_4_domains_restarts_bit_exact(mpi_world):
+    """NaCl under NPT with LJ + Ewald on 4 domains (real ranks): 20 steps straight, and 10 steps
+    then a restart to 20, give the same bits (positions, velocities, cell) at step 20."""
+    a_dir, b_dir = mpi_world(4, "sum_npt_a"), mpi_world(4, "sum_npt_b")
+    mpi_world(4, "sum_npt_b20")
+    a, b = read_frames(a_dir / "a.h5")[-1], read_frames(b_dir / "b.h5")[-1]
     assert a.info["step"] == b.info["step"] == 20
     assert np.array_equal(a.positions, b.positions) and np.array_equal(a.get_velocities(), b.get_velocities())
     assert np.array_equal(a.cell.array, b.cell.array)
-    assert not np.allclose(a.cell.array, atoms.cell.array, rtol=0, atol=1e-6)   # the barostat moved the cell
+    assert not np.allclose(a.cell.array, _nacl_atoms().cell.array, rtol=0, atol=1e-6)   # the barostat moved it
 
 
 # a model stating its units (ModelConfig.units): Morse in kcal/mol, or in the engine's own units
