@@ -162,13 +162,14 @@ def torch_sim_calls(atoms, method, charges, cutoff, accuracy, device, reps, own_
     """What torch-sim 0.6.2's EwaldModel / PMEModel.forward compute, where torch-sim does not
     install (Python < 3.12): the same nvalchemi-toolkit-ops calls with the same arguments
     (cutoff and accuracy only, PME's B-splines of order 4, forces and virial from its kernels) and
-    its sort of the list into CSR rows on every call; the list: ASE's pairs within the cutoff (the
-    pairs of torch-sim's own list), built once."""
+    its sort of the list into CSR rows on every call; the list: its torchsim_nl's (nvalchemi's
+    all-pairs list), built once."""
     from nvalchemiops.torch.interactions.electrostatics import (
         estimate_ewald_parameters,
         ewald_summation,
         particle_mesh_ewald,
     )
+    from nvalchemiops.torch.neighbors.batch_naive import batch_naive_neighbor_list
 
     cell0 = torch.tensor(atoms.cell[:], dtype=torch.float64, device=device)
     est = estimate_ewald_parameters(torch.tensor(atoms.positions, device=device), cell0, accuracy=accuracy)
@@ -177,9 +178,14 @@ def torch_sim_calls(atoms, method, charges, cutoff, accuracy, device, reps, own_
     pairs = len(atoms) ** 2 * 4 * math.pi / 3 * cutoff ** 3 / atoms.get_volume()
     if pairs > 5e7:
         raise MemoryError(f"not run: {pairs / 1e6:.0f} M pairs within its r_c {cutoff:.1f} Å")
-    i, j, s, cell, q, x = _setup(atoms, charges, device, cutoff)
     n = len(atoms)
     batch = torch.zeros(n, dtype=torch.int32, device=device)
+    x, cell = torch.tensor(atoms.positions, device=device), cell0
+    q = torch.tensor([charges[a] for a in atoms.get_chemical_symbols()], dtype=torch.float64, device=device)
+    nl, _, s = batch_naive_neighbor_list(positions=x, cutoff=cutoff, batch_idx=batch, cell=cell[None],
+                                         pbc=torch.ones(1, 3, dtype=torch.bool, device=device),
+                                         return_neighbor_list=True)
+    (i, j), s = nl.long(), s.to(torch.float64)   # as torchsim_nl hands them to the model
 
     def call():
         order = torch.argsort(i, stable=True)   # transforms.build_csr_neighbor_list, in every forward
