@@ -10,7 +10,7 @@ from ase.constraints import FixAtoms
 from ase.filters import FrechetCellFilter
 from ase.io import read, write
 from ase.optimize import FIRE as AseFIRE
-from conftest import run_engine, run_in_process
+from conftest import WorldTask, run_engine, run_in_process
 
 from shardmd.engine.ase_calculator import ShardMDCalculator
 from shardmd.engine.config.compose import compose_config
@@ -116,29 +116,60 @@ def test_minimize_cli_writes_structure_and_trajectory(tmp_path, capfd, monkeypat
     assert f"FIRE converged: {n_ref} steps" in (tmp_path / "relax.log").read_text()
 
 
-@pytest.mark.mpi
-@pytest.mark.slow
-def test_minimize_cli_four_domains_mace_equals_ase(tmp_path):
-    """The issue's acceptance on 4 domains: a rattled Cu(100) slab (75 atoms, bottom layer fixed:
-    a 2x2 grid) with the shipped MACE model, `python -m engine minimize domains=4`, against ASE's
-    FIRE on one process: energy within 1e-6 eV, the fixed atoms exactly in place."""
+def _slab():
+    """A rattled Cu(100) slab, 75 atoms, bottom layer fixed (a 2x2 grid on 4 domains)."""
     a = fcc100("Cu", size=(5, 5, 3), vacuum=4.0, a=3.61)
     a.rattle(0.1, seed=3)
     a.info.clear()
     a.set_constraint(FixAtoms(mask=a.get_tags() >= 3))
-    write(tmp_path / "slab.extxyz", a)
+    return a
+
+
+_FILES: dict = {}
+
+
+def _file(name, make):
+    """``system.file=`` of ``make()`` written once (for the shared worlds' tasks)."""
+    def arg(factory) -> str:
+        if name not in _FILES:
+            _FILES[name] = factory.mktemp("minimize") / name
+            write(_FILES[name], make())
+        return f"system.file={_FILES[name]}"
+    return arg
+
+
+def world_tasks(item):
+    """The relaxations on k domains join the shared k-rank worlds (tests/mpi/engine_runs.py:
+    ``python -m engine minimize`` on the world's ranks; the 4-rank world has imported MACE)."""
+    if item.originalname == "test_minimize_cli_four_domains_mace_equals_ase":
+        return [WorldTask(4, "min_mace4", "engine_runs", [
+            "minimize", "model=mace", _file("slab.extxyz", _slab), "minimize.fmax=0.01", "minimize.steps=300",
+            "output={out}/relax.h5", "quiet=true"])]
+    if item.originalname == "test_minimize_cli_cell_on_k_domains_equals_ase":
+        k = item.callspec.params["k"]
+        return [WorldTask(k, f"min_cell{k}", "engine_runs", [
+            "minimize", "model=lj", _file("ar.extxyz", lambda: _strained_argon(4)), "minimize.cell=true",
+            "minimize.fmax=1e-4", "minimize.steps=1000", "output={out}/relax.h5", "quiet=true"])]
+    return []
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+def test_minimize_cli_four_domains_mace_equals_ase(mpi_world):
+    """The issue's acceptance on 4 domains: a rattled Cu(100) slab (75 atoms, bottom layer fixed:
+    a 2x2 grid) with the shipped MACE model, `minimize` on 4 real ranks, against ASE's FIRE on
+    one process: energy within 1e-6 eV, the fixed atoms exactly in place."""
+    a = _slab()
     e_ref, n_ref, ref = _ase_fire(a, "mace", 0.01)
-    r = run_engine(["minimize", "model=mace", "system.file=slab.extxyz", "domains=4", "minimize.fmax=0.01",
-                    "minimize.steps=300", "output=relax.h5", "quiet=true"], cwd=tmp_path, timeout=900)
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert "domains 4 (grid 2x2x1)" in (tmp_path / "relax.log").read_text() or "domains 4" in (
-        tmp_path / "relax.log").read_text()
-    out = read(tmp_path / "relax.extxyz")
+    out_dir = mpi_world(4, "min_mace4")
+    log = (out_dir / "relax.log").read_text()
+    assert "domains 4" in log
+    out = read(out_dir / "relax.extxyz")
     print(f"MACE slab, 4 domains: ours {out.get_potential_energy():.12f} eV, ASE {e_ref:.12f} eV in {n_ref} steps")
     assert abs(out.get_potential_energy() - e_ref) <= 1e-6
-    assert f"FIRE converged: {n_ref} steps" in (tmp_path / "relax.log").read_text()
+    assert f"FIRE converged: {n_ref} steps" in log
     fixed = a.get_tags() >= 3
-    with h5py.File(tmp_path / "relax.h5") as f:
+    with h5py.File(out_dir / "relax.h5") as f:
         pos = f["particles/all/position/value"][()]
     assert np.abs(pos[-1][fixed] - pos[0][fixed]).max() == 0.0 and np.abs(pos[-1] - pos[0]).max() > 0.05
     assert _same_positions(out, ref, 1e-6)   # extxyz keeps 8 decimals
@@ -245,23 +276,18 @@ def test_fire_cell_equals_ase_frechet_filter(pressure, fixed, calc, tmp_path):
 
 
 @pytest.mark.mpi
-@pytest.mark.slow   # 20-30 s each: the full suite's (the fast tier keeps the 1-domain cases)
+@pytest.mark.slow   # the full suite's (the fast tier keeps the 1-domain cases)
 @pytest.mark.parametrize("k", [2, 4])
-def test_minimize_cli_cell_on_k_domains_equals_ase(k, tmp_path):
-    """`python -m engine minimize minimize.cell=true domains=k` (256 argon atoms strained by 1-3 %):
-    ASE's FIRE on FrechetCellFilter with ASE's LJ on one process as the reference, energy <= 1e-6
-    eV and cell <= 1e-4 Å (the H5MD's last frame)."""
-    a = _strained_argon(4)
-    write(tmp_path / "ar.extxyz", a)
-    e_ref, n_ref, ref = _ase_cell_fire(a, _ase_lj(), 1e-4, 0.0)
-    r = run_engine(["minimize", "model=lj", "system.file=ar.extxyz", f"domains={k}", "minimize.cell=true",
-                    "minimize.fmax=1e-4", "minimize.steps=1000", "output=relax.h5", "quiet=true"],
-                   cwd=tmp_path, timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
-    log = (tmp_path / "relax.log").read_text()
+def test_minimize_cli_cell_on_k_domains_equals_ase(k, mpi_world):
+    """`minimize minimize.cell=true` on k real ranks (256 argon atoms strained by 1-3 %): ASE's
+    FIRE on FrechetCellFilter with ASE's LJ on one process as the reference, energy <= 1e-6 eV
+    and cell <= 1e-4 Å (the H5MD's last frame)."""
+    e_ref, n_ref, ref = _ase_cell_fire(_strained_argon(4), _ase_lj(), 1e-4, 0.0)
+    out_dir = mpi_world(k, f"min_cell{k}")
+    log = (out_dir / "relax.log").read_text()
     assert f"domains {k}" in log and f"FIRE converged: {n_ref} steps" in log
-    out = read(tmp_path / "relax.extxyz")
-    with h5py.File(tmp_path / "relax.h5") as f:
+    out = read(out_dir / "relax.extxyz")
+    with h5py.File(out_dir / "relax.h5") as f:
         cell = f["particles/all/box/edges/value"][-1]
     print(f"cell FIRE, {k} domains: ours {out.get_potential_energy():.12f} eV, ASE {e_ref:.12f} eV in {n_ref} steps; "
           f"cell {np.abs(cell - ref.cell.array).max():.2e} Å")

@@ -30,6 +30,6 @@ def convert(path: str, out: str) -> str:
         frames = list(iter_structures(path))
     if not frames:
         raise UserError(f"{path!r} holds no frames")
-    _write_atomically(out, lambda tmp: write(tmp, frames, format=fmt), f"{fmt!r}")
+    _write_atomically(out, lambda tmp: write(tmp, frames, format=fmt, parallel=False), f"{fmt!r}")
     what = "the checkpoint's structure" if kind == "checkpoint" else f"{len(frames)} frames"
     return f"wrote {what} to {out}"

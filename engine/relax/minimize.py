@@ -317,7 +317,7 @@ class FIRE:
                 atoms.set_constraint(FixAtoms(indices=np.searchsorted(np.sort(full["ids"]), fixed.numpy())))
             try:
                 Path(path).parent.mkdir(parents=True, exist_ok=True)
-                write(str(path), atoms)
+                write(str(path), atoms, parallel=False)   # rank 0 alone (ASE's default broadcasts over MPI)
             except Exception as exc:  # noqa: BLE001 - any writer failure becomes one line
                 from shardmd.engine.errors import OutputError
 

@@ -91,7 +91,9 @@ def read_structure(path: str, index: int = -1):
     if _is_hdf5(p):   # our trajectories and checkpoints: read here, with our checks and messages
         return _checked(path, read_own_file(str(p), int(index)))
     try:
-        atoms = read(str(p), index=index)
+        # parallel=False: only rank 0 reads, and ASE's default would broadcast over MPI's world
+        # (ase.parallel.world becomes MPI when mpi4py was imported first: the Python API under mpiexec)
+        atoms = read(str(p), index=index, parallel=False)
     except Exception as exc:  # noqa: BLE001 - any failure becomes one line
         unknown = unknown_element(exc)
         if unknown is not None:
