@@ -3,9 +3,7 @@ mace-torch's own resolver (``mace.calculators.foundations_models``) to the file 
 loaded by our safe loader; ``model.head=`` picks a head of a multi-head model.  No network
 here: a random 3-species MACE is saved under the file name mace-torch caches each model as,
 in a temporary ``XDG_CACHE_HOME``; the reference is mace-torch's MACECalculator on that file
-with the same ``head=`` (float64, 1e-10 relative), on 1 domain and on 4 (mpiexec)."""
-import os
-import subprocess
+with the same ``head=`` (float64, 1e-10 relative), on 1 domain and on 4 (the shared 4-rank world)."""
 import sys
 import warnings
 from pathlib import Path
@@ -14,20 +12,29 @@ import numpy as np
 import pytest
 from ase.build import bulk
 from ase.io import write
-from conftest import mpiexec_cmd, run_in_process
+from conftest import WorldTask, run_in_process
 
 from shardmd.models.mace_random import make_random_mace
 
-HERE = Path(__file__).resolve().parent
 #: mace-torch 0.3's cache names (written out here, not derived by our code: an independent check)
 MH1 = "macemh1model"                                     # mh-1: .../mace_mh_1/mace-mh-1.model
 SMALL = "20231210mace128L0_energy_epoch249model"         # small: .../2023-12-10-mace-128-L0_energy_epoch-249.model
 OFF_SMALL = "MACE-OFF23_small.model"                     # mace_off small: the URL's base name
 
 
+_CACHE: dict = {}
+
+
 @pytest.fixture(scope="module")
 def cache(tmp_path_factory):
-    """XDG_CACHE_HOME with mh-1 (heads pbe, r2scan; Al, Ni, Cu), small and off-small (one head)."""
+    return _cache_root(tmp_path_factory)
+
+
+def _cache_root(tmp_path_factory) -> Path:
+    """XDG_CACHE_HOME with mh-1 (heads pbe, r2scan; Al, Ni, Cu), small and off-small (one head),
+    made once per process (the module's tests and the 4-rank world's task)."""
+    if "root" in _CACHE:
+        return _CACHE["root"]
     root = tmp_path_factory.mktemp("xdg")
     d = root / "mace"
     d.mkdir()
@@ -40,6 +47,7 @@ def cache(tmp_path_factory):
     atoms.numbers[rng.random(len(atoms)) < 0.3] = 28
     atoms.numbers[rng.random(len(atoms)) < 0.2] = 13
     write(root / "alnicu.extxyz", atoms)
+    _CACHE["root"] = root
     return root
 
 
@@ -167,16 +175,18 @@ def test_head_is_part_of_the_model_identity(tmp_path, monkeypatch):
     assert ShardMDCalculator(model="mace", checkpoint=str(path)).todict()["head"] == "Default"
 
 
+def world_tasks(item):
+    """The 4-domain run joins the shared 4-rank world (which has imported MACE already)."""
+    if item.originalname != "test_named_multihead_model_on_four_domains_equals_mace_calculator":
+        return []
+    return [WorldTask(4, "foundation4", "mace_foundation_cases",
+                      ["{out}/four.npz", lambda f: str(_cache_root(f)), "mh-1", "r2scan", "10"])]
+
+
 @pytest.mark.mpi
 @pytest.mark.slow
-def test_named_multihead_model_on_four_domains_equals_mace_calculator(xdg, tmp_path):
-    out = tmp_path / "four.npz"
-    env = dict(os.environ, XDG_CACHE_HOME=str(xdg), OMP_NUM_THREADS="1")
-    r = subprocess.run(mpiexec_cmd(4, [str(HERE / "mpi" / "mace_foundation_cases.py"), str(out),
-                                       str(xdg / "alnicu.extxyz"), "mh-1", "r2scan", "10"]),
-                       capture_output=True, text=True, timeout=600, env=env)
-    assert r.returncode == 0, r.stderr[-3000:]
-    res = np.load(out)
+def test_named_multihead_model_on_four_domains_equals_mace_calculator(xdg, mpi_world):
+    res = np.load(mpi_world(4, "foundation4") / "four.npz")
     assert np.prod(res["grid"]) == 4
     for tag in ("0", "1"):
         e, f = _calculator(xdg / "mace" / MH1, res["numbers"], res["pos" + tag], res["cell"], "r2scan")

@@ -1,21 +1,23 @@
-"""Run under ``mpiexec -n K``: the engine with a MACE foundation model given by name (and a
-head), on K domains, at step 0 and after STEPS hot Langevin steps.
+"""The engine with a MACE foundation model given by name (and a head), on K domains, at step 0
+and after STEPS hot Langevin steps.
 
-Usage: mpiexec -n K python tests/mpi/mace_foundation_cases.py OUT.npz SYSTEM.extxyz NAME HEAD STEPS
-(``XDG_CACHE_HOME`` points at the mace-torch cache holding NAME's file).  Rank 0 writes the
-gathered positions, forces and energy of both snapshots."""
-import sys
+Usage: mpiexec -n K python tests/mpi/mace_foundation_cases.py OUT.npz XDG NAME HEAD STEPS
+(``XDG`` is the ``XDG_CACHE_HOME`` whose ``mace/`` holds NAME's file, beside the structure
+``alnicu.extxyz``; tests/mpi/world.py runs ``run(comm, argv)`` beside other tests' work).
+Rank 0 writes the gathered positions, forces and energy of both snapshots."""
+import os
+from pathlib import Path
 
 import numpy as np
 
-from shardmd.domain.comm import init_comm, shutdown
 from shardmd.engine.config.compose import compose_config
 from shardmd.engine.run.simulation import Simulation
 
 
-def main():
-    out, system, name, head, steps = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5])
-    comm = init_comm("cpu")
+def run(comm, argv):
+    out, xdg, name, head, steps = argv[0], argv[1], argv[2], argv[3], int(argv[4])
+    os.environ["XDG_CACHE_HOME"] = xdg          # where mace-torch's resolver looks, on every rank
+    system = Path(xdg) / "alnicu.extxyz"
     sim = Simulation(compose_config(["model=mace", f"model.checkpoint={name}", f"model.head={head}",
                                      f"system.file={system}", "precision=float64", f"domains={comm.size}",
                                      f"steps={steps}", "dt=2.0", "temperature=900", "integrator=langevin",
@@ -31,8 +33,9 @@ def main():
         np.savez(out, pos0=a["positions"], f0=a["forces"], e0=ea, pos1=b["positions"], f1=b["forces"], e1=eb,
                  numbers=a["numbers"], cell=sim.state.cell.double().numpy(), grid=np.array(sim.domain.grid.shape),
                  migrated=sim.summary["migrated"])
-    shutdown(comm)
 
 
 if __name__ == "__main__":
-    main()
+    from launch import main
+
+    main(run)
