@@ -38,10 +38,11 @@ Under domain decomposition (docs/distributed.md): the real-space sum is a pair t
 engine's receiver-owned list (ghost atoms in the halo, as models/morse.py).  The reciprocal
 part needs every charge: Ewald's S(k) and PME's charge mesh are sums over atoms, so each rank
 sums its owned atoms (``to_local``) and ``all_reduce_sum`` adds the ranks' parts; every rank then
-evaluates the potential at its own (owned and ghost) atoms.  The all-reduce's backward sums the
-cotangents over ranks, so autograd forces and the virial are exact on any number of domains.
-Per-rank cost: Ewald O(n_owned n_k) work and 2 n_k numbers all-reduced; PME O(n_owned p^3)
-spreading, one FFT of the whole mesh on every rank and the mesh (n_mesh numbers) all-reduced.
+evaluates the potential at its owned atoms only (a ghost's per-atom energy is its owner's).
+The all-reduce's backward sums the cotangents over ranks, so autograd forces and the virial
+are exact on any number of domains. Per-rank cost: Ewald O(n_owned n_k) work and 2 n_k numbers
+all-reduced; PME O(n_owned p^3) spreading and interpolation, one FFT of the whole mesh on every
+rank and the mesh (n_mesh numbers) all-reduced.
 """
 from __future__ import annotations
 
@@ -247,34 +248,38 @@ class Coulomb:
         return grid @ recip
 
     def _ewald(self, positions, cell, q, volume) -> torch.Tensor:
-        """(n,) reciprocal energy per atom / K: q_i (4 pi / V) sum_k G(k) (cos_i C_k + sin_i S_k)."""
+        """(n,) reciprocal energy per atom / K: q_i (4 pi / V) sum_k G(k) (cos_i C_k + sin_i S_k)
+        at the owned rows, zero at ghost rows (their per-atom energies are their owners')."""
         kv = self.kvectors(cell)
         own_q = _owned(q)
-        n_own = own_q.shape[0]   # owned rows come first ([owned | ghost]): one cos/sin pass serves both
+        n_own = own_q.shape[0]   # owned rows come first ([owned | ghost]): S(k) and the potential need only them
+        x = positions[:n_own]
         out = []
         for s in range(0, kv.shape[0], K_BLOCK):
             kb = kv[s:s + K_BLOCK]
             k2 = (kb * kb).sum(1)
             g = torch.exp(-k2 / (4 * self.alpha ** 2)) / k2
-            phase = positions @ kb.T
+            phase = x @ kb.T
             cos, sin = torch.cos(phase), torch.sin(phase)
-            cs = _global_sum(torch.stack([own_q @ cos[:n_own], own_q @ sin[:n_own]]))   # (2, block)
+            cs = _global_sum(torch.stack([own_q @ cos, own_q @ sin]))   # (2, block)
             out.append(cos @ (g * cs[0]) + sin @ (g * cs[1]))
-        return q * (4 * math.pi / volume) * torch.stack(out).sum(0)
+        own = own_q * (4 * math.pi / volume) * torch.stack(out).sum(0)
+        return torch.cat([own, own.new_zeros(q.shape[0] - n_own)])
 
     # -- PME: torch-pme's mesh interpolation and k-space filter, the mesh all-reduced ----------------
     def _pme(self, positions, cell, q, volume) -> torch.Tensor:
-        """(n,) reciprocal energy per atom / K: q_i phi_i / 2 with phi from the mesh."""
+        """(n,) reciprocal energy per atom / K: q_i phi_i / 2 with phi from the mesh, at the owned
+        rows (zero at ghost rows, as in :meth:`_ewald`)."""
         mi, kf = self._mesh_parts(positions)
         ns = mesh_shape(cell.detach(), self.params["mesh_spacing"])
         mi.update(cell, ns)
         kf.update(cell, ns)
-        mi.compute_weights(_owned(positions))
-        rho = _global_sum(mi.points_to_mesh(_owned(q)[:, None]))
+        own_q = _owned(q)
+        mi.compute_weights(_owned(positions))       # one set of weights: spreading and interpolation
+        rho = _global_sum(mi.points_to_mesh(own_q[:, None]))
         potential = kf.forward(rho)
-        mi.compute_weights(positions)
-        phi = mi.mesh_to_points(potential)[:, 0] / volume
-        return 0.5 * q * phi
+        own = 0.5 * own_q * mi.mesh_to_points(potential)[:, 0] / volume
+        return torch.cat([own, own.new_zeros(q.shape[0] - own.shape[0])])
 
     def _mesh_parts(self, positions):
         key = (positions.dtype, positions.device)
