@@ -44,3 +44,34 @@ def test_a_run_takes_omp_num_threads(tmp_path, capfd, monkeypatch):
         assert torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("env, expected, why", [
+    ({"SLURM_CPUS_PER_TASK": "3"}, 3, "SLURM_CPUS_PER_TASK"),
+    ({"OMP_NUM_THREADS": "2", "SLURM_CPUS_PER_TASK": "3"}, 2, "OMP_NUM_THREADS"),   # OpenMP's own variable first
+    ({"SLURM_CPUS_PER_TASK": "0"}, None, "the cores this process may use"),
+])
+def test_slurm_cpus_per_task_after_omp_num_threads(env, expected, why):
+    from shardmd.engine.launch.parallel import thread_choice
+
+    assert thread_choice(1, env) == (expected or len(os.sched_getaffinity(0)), why)
+    assert thread_choice(4, env) == (1, "one per rank of 4")
+
+
+def test_the_log_says_how_many_threads_and_why(tmp_path, capfd, monkeypatch):
+    import torch
+    from conftest import run_in_process
+
+    before = torch.get_num_threads()
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    try:
+        code, err = run_in_process(["run", "model=lj", "system.repeat=[2,2,2]", "steps=1", "quiet=true"], tmp_path,
+                                   capfd, monkeypatch)
+        assert code == 0, err
+        assert "threads 1 (OMP_NUM_THREADS)" in (tmp_path / "run.log").read_text()
+        code, err = run_in_process(["run", "model=lj", "system.repeat=[2,2,2]", "steps=1", "quiet=true", "threads=2",
+                                    "output=b.h5"], tmp_path, capfd, monkeypatch)
+        assert code == 0, err
+        assert "threads 2 (threads=2)" in (tmp_path / "b.log").read_text()
+    finally:
+        torch.set_num_threads(before)

@@ -43,21 +43,33 @@ _WARNED: set[str] = set()
 
 
 def default_threads(ranks: int, env=os.environ) -> int:
-    """torch threads per rank for ``threads=0``: 1 under MPI (ranks share the node's cores);
-    one rank: ``OMP_NUM_THREADS`` when set (the variable every OpenMP code honours), else the
-    cores this process may run on (a SLURM or taskset CPU set, not the whole node)."""
-    if ranks > 1:
-        return 1
+    """torch threads per rank for ``threads=0`` (:func:`thread_choice`'s count)."""
+    return thread_choice(ranks, env)[0]
+
+
+def _positive(value: str) -> int | None:
     try:
-        n = int(env.get("OMP_NUM_THREADS", "").split(",")[0])
-        if n > 0:
-            return n
+        n = int(str(value).split(",")[0])
     except ValueError:
-        pass
+        return None
+    return n if n > 0 else None
+
+
+def thread_choice(ranks: int, env=os.environ) -> tuple[int, str]:
+    """(torch threads per rank for ``threads=0``, why): 1 under MPI (ranks share the node's
+    cores); one rank: ``OMP_NUM_THREADS`` when set (the variable every OpenMP code honours),
+    else ``SLURM_CPUS_PER_TASK`` (a job's cores, also where SLURM binds none), else the cores
+    this process may run on (a taskset or cgroup CPU set, not the whole node)."""
+    if ranks > 1:
+        return 1, f"one per rank of {ranks}"
+    for name in ("OMP_NUM_THREADS", "SLURM_CPUS_PER_TASK"):
+        n = _positive(env.get(name, ""))
+        if n is not None:
+            return n, name
     try:
-        return max(len(os.sched_getaffinity(0)), 1)
+        return max(len(os.sched_getaffinity(0)), 1), "the cores this process may use"
     except (AttributeError, OSError):   # no affinity call here (macOS)
-        return max(os.cpu_count() or 1, 1)
+        return max(os.cpu_count() or 1, 1), "the machine's cores"
 
 
 def env_rank() -> int:

@@ -341,7 +341,8 @@ class Simulation:
         r.line(f"ShardMD: {self.n_global} atoms, model {self.run_record.origin_line()}, "
                f"integrator {self.integrator.name}, "
                f"dt {shown('dt', self.integrator.dt)} fs, {shown('precision', self.cfg.precision)} on {self.device}, "
-               f"domains {self.comm.size} (grid {'x'.join(map(str, self.domain.grid.shape))})")
+               f"domains {self.comm.size} (grid {'x'.join(map(str, self.domain.grid.shape))})"
+               f"{stages.threads_line(self.cfg, self.comm, self.device)}")
         if restored:
             r.line(f"Restart from {self.checkpoint_in['shown']} at step {self.state.step}")
         r.summary(measure.notes(self.observable_modules))

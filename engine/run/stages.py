@@ -26,7 +26,7 @@ from shardmd.engine.config.terms import with_term_defaults
 from shardmd.engine.errors import CollectiveError, UserError
 from shardmd.engine.io.checkpoint import api_model_origin
 from shardmd.engine.io.output_lock import refuse_if_in_use
-from shardmd.engine.launch.parallel import default_threads
+from shardmd.engine.launch.parallel import default_threads, thread_choice
 from shardmd.engine.run import health, model_inputs
 from shardmd.engine.run import restart as restart_mod
 from shardmd.engine.run.preflight import check_builder, check_outputs, check_size, local_ranks
@@ -71,6 +71,16 @@ def device_of(cfg, comm: Comm) -> torch.device:
         raise UserError(f"device={cfg.device}: CUDA is not available on this machine; use device=cpu")
     torch.set_num_threads(int(cfg.threads) or default_threads(comm.size))
     return device
+
+
+def threads_line(cfg, comm: Comm, device) -> str:
+    """The log's words for the torch threads a rank took: ``threads N (why)``; "" on a GPU."""
+    if device.type != "cpu":
+        return ""
+    if int(cfg.threads):
+        return f", threads {int(cfg.threads)} (threads={int(cfg.threads)})"
+    n, why = thread_choice(comm.size)
+    return f", threads {n} ({why})"
 
 
 def the_model(cfg, model, dtype: torch.dtype, device) -> tuple[DistributedModel, dict]:
