@@ -105,6 +105,11 @@ def test_mdanalysis_reads_default_output(run_dir, tmp_path):
         # writes them together with each frame, so the rows belong to the same steps
         assert r["obs_step"][k] == STEPS[k]
         assert ts.data["potential_energy"] == pytest.approx(r["epot"][k], rel=1e-12)
+        # the frame interval, trajectory.every x dt in ps (without the ``dt`` observable MDAnalysis
+        # says 1.0 ps whatever it is, and a diffusion coefficient from it is off by that factor)
+        assert ts.dt == pytest.approx((r["time"][0][1] - r["time"][0][0]) / 1000.0, rel=1e-12)
+    assert reader.dt == pytest.approx(r["time"][0][-1] / 1000.0 / (len(STEPS) - 1), rel=1e-12) and reader.dt != 1.0
+    assert reader.totaltime == pytest.approx((r["time"][0][-1] - r["time"][0][0]) / 1000.0, rel=1e-12)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         # with a topology (names, elements) the trajectory is the second file; an .h5md

@@ -94,4 +94,9 @@ DECLARATIONS = [
     dict(name="stress", compute=_stress, unit="eV/Å^3", h5md_unit="eV Angstrom-3", reduce="derived",
          depends=("kinetic_tensor", "volume"), when=("trajectory",), shape=(3, 3), plot="", order=7,
          description="-(sum m v (x) v + W) / V (ASE's sign: positive = tensile)"),
+    # H5MD has no place for the frame interval; MDAnalysis's H5MD reader takes its ``dt`` from an
+    # observable of this name (else it assumes 1 ps: a diffusion coefficient 1/dt off)
+    dict(name="dt", compute=lambda view: view.frame_interval / 1000.0, unit="ps", reduce="derived",
+         when=("trajectory",), plot="", order=8,
+         description="time between trajectory frames, trajectory.every x dt (MDAnalysis's dt)"),
 ]

@@ -16,8 +16,9 @@ numbers, ids       (n,) int    atomic numbers, global atom ids (0-based, the inp
 System-wide (the same on every rank): ``cell`` (3, 3) Å (rows are the lattice vectors),
 ``pbc`` (3,) bool, ``volume`` Å^3, ``potential_energy`` eV (the system's: use it with
 ``reduce="none"``, never summed), ``virial`` (3, 3) eV or None (a model without one),
-``step``, ``time`` fs, ``dof`` (the integrator's degrees of freedom), ``n_atoms`` (the
-system's), ``rank`` and ``n_ranks``; ``values``: the reduced values of the observables
+``step``, ``time`` fs, ``frame_interval`` fs (the time between trajectory frames,
+trajectory.every x dt; 0 without frames), ``dof`` (the integrator's degrees of freedom),
+``n_atoms`` (the system's), ``rank`` and ``n_ranks``; ``values``: the reduced values of the observables
 computed before this one (a ``derived`` observable reads its ``depends`` there).
 ``tensor(name)`` gives an array as the run's own torch tensor (no copy, on the run's device:
 for GPU runs; never modify it).
@@ -38,16 +39,18 @@ class StateView:
     """Read-only view of one rank's state at one step (see the module docstring)."""
 
     __slots__ = ("_tensors", "_arrays", "_values", "potential_energy", "step", "time", "dof", "n_atoms", "rank",
-                 "n_ranks")
+                 "n_ranks", "frame_interval")
 
     def __init__(self, tensors: Mapping[str, Any], *, potential_energy: float, step: int, time: float, dof: int,
-                 n_atoms: int, rank: int = 0, n_ranks: int = 1, values: Mapping[str, Any] | None = None):
+                 n_atoms: int, rank: int = 0, n_ranks: int = 1, values: Mapping[str, Any] | None = None,
+                 frame_interval: float = 0.0):
         self._tensors = dict(tensors)
         self._arrays: dict[str, np.ndarray] = {}
         self._values = values if values is not None else {}
         self.potential_energy = float(potential_energy)
         self.step, self.time, self.dof = int(step), float(time), int(dof)
         self.n_atoms, self.rank, self.n_ranks = int(n_atoms), int(rank), int(n_ranks)
+        self.frame_interval = float(frame_interval)
 
     def tensor(self, name: str):
         """The run's own tensor of ``name`` (a per-atom array, ``cell``, ``pbc`` or ``virial``); do not modify."""

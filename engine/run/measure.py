@@ -73,14 +73,17 @@ def _finite(o: Observable, a, step: int) -> None:
                               "(docs/observables.md)")
 
 
-def measure(comm: Comm, state, results: dict, dof: int, n_atoms: int, todo: list[Observable]) -> dict:
+def measure(comm: Comm, state, results: dict, dof: int, n_atoms: int, todo: list[Observable],
+            frame_interval: float = 0.0) -> dict:
     """The values of ``todo`` (from :func:`select`) at the state's step: ``{name: value}``,
-    None for an absent one (a pressure without a virial). Collective: every rank calls it."""
+    None for an absent one (a pressure without a virial). Collective: every rank calls it.
+    frame_interval: fs between trajectory frames (the view's ``frame_interval``)."""
     tensors = {k: getattr(state, k) for k in PER_ATOM}
     tensors.update(cell=state.cell, pbc=state.pbc, virial=results.get("virial"))
     values: dict = {}
     view = StateView(tensors, potential_energy=float(results["energy"]), step=state.step, time=state.time,
-                     dof=dof, n_atoms=n_atoms, rank=comm.rank, n_ranks=comm.size, values=values)
+                     dof=dof, n_atoms=n_atoms, rank=comm.rank, n_ranks=comm.size, values=values,
+                     frame_interval=frame_interval)
     device = state.positions.device
     parts: dict[str, list[tuple[Observable, torch.Tensor]]] = {"sum": [], "max": [], "min": []}
     failed: dict[str, str] = {}
@@ -129,8 +132,9 @@ def of_run(sim, names=None, due=("thermo", "trajectory")) -> dict:
     """:func:`measure` of a Simulation's current step: the observables with a ``when`` (and
     those ``names`` asks for), without the on-demand ones computed only as dependencies."""
     todo = select(set(due), names)
+    every = int(sim.cfg.trajectory.every)
     obs = measure(sim.comm, sim.state, sim.results, sim.integrator.degrees_of_freedom(sim.n_global), sim.n_global,
-                  todo)
+                  todo, frame_interval=every * float(sim.integrator.dt) if every > 0 else 0.0)
     return {o.name: obs[o.name] for o in todo if o.when or (names is not None and o.name in names)}
 
 
