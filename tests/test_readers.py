@@ -18,6 +18,7 @@ import faultkit
 import h5py
 import numpy as np
 import pytest
+from ase.calculators.lj import LennardJones
 from faultkit import cli
 
 from shardmd.engine.cli.main import main
@@ -130,7 +131,7 @@ def test_mdanalysis_reads_default_output(run_dir, tmp_path):
 
 
 def test_ase_reads_default_output(run_dir):
-    """ase.io.read(..., ":") through the entry point: ASE units, energies and forces."""
+    """ase.io.read(..., ":") through the entry point: ASE units, energies, forces and stress."""
     from ase.io.formats import filetype
 
     path = run_dir / "run.h5"
@@ -148,6 +149,15 @@ def test_ase_reads_default_output(run_dir):
         assert np.array_equal(a.arrays["image"], r["image"][0][k])
         assert a.get_potential_energy() == r["epot"][k]
         assert a.info["time_fs"] == r["time"][0][k]
+        # the stress as a calculator's result: the model's part against ASE's own LennardJones
+        # (the engine's argon defaults), and with ASE's kinetic term the stored observable
+        ref = a.copy()
+        ref.calc = LennardJones(epsilon=0.0104, sigma=3.4, rc=8.5, smooth=False)
+        want = ref.get_stress()
+        np.testing.assert_allclose(a.get_stress(), want, rtol=0, atol=1e-12 * np.abs(want).max())
+        with h5py.File(path) as f:
+            stored = f["observables/stress/value"][k]
+        np.testing.assert_allclose(a.get_stress(include_ideal_gas=True, voigt=False), stored, rtol=0, atol=1e-15)
     last = ase.io.read(str(path))
     assert last.info["step"] == STEPS[-1] and np.array_equal(last.positions, frames[-1].positions)
     assert ase.io.read(str(path), 1).info["step"] == STEPS[1]

@@ -62,6 +62,7 @@ from shardmd.engine.io.h5md_units import (  # noqa: F401  (unit strings: re-expo
     TIME_UNIT,
     UnknownUnitError,
     element_factor,
+    model_stress,
     to_engine,
     unit_of,
 )
@@ -344,18 +345,20 @@ class _Reader:
             atoms.arrays["id"] = self.ids.copy()
         atoms.info["step"] = step
         atoms.info["time_fs"] = float(self.frame_times[i])
-        energy = None
+        results: dict = {}
         for name, (osteps, _, ovals) in self.observables.items():
             j = int(np.searchsorted(osteps, step))
             if j < len(osteps) and osteps[j] == step:
                 v = ovals[j]
+                if name == "stress" and np.shape(v) == (3, 3) and "velocity" in arrays:   # not also in info:
+                    results["stress"] = model_stress(atoms, np.asarray(v, dtype=np.float64))   # extxyz refuses both
+                    continue
                 atoms.info[name] = float(v) if np.ndim(v) == 0 else np.array(v)
                 if name == "potential_energy":
-                    energy = float(v)
-        forces, energies = arrays.get("force"), arrays.get("energy")
-        if energy is not None or forces is not None or energies is not None:
-            per_atom = {} if energies is None else {"energies": energies}
-            atoms.calc = SinglePointCalculator(atoms, energy=energy, forces=forces, **per_atom)
+                    results["energy"] = float(v)
+        results.update({k: arrays[f] for k, f in (("forces", "force"), ("energies", "energy")) if f in arrays})
+        if results:
+            atoms.calc = SinglePointCalculator(atoms, **results)
         return atoms
 
     def frame(self, i: int):
@@ -395,15 +398,14 @@ def read_frames(path, index: int | slice | Sequence[int] = slice(None)) -> list:
     """Read frames of an H5MD trajectory as a list of ``ase.Atoms``.
 
     ``index``: a slice (default: all frames), an int (a one-element list is returned) or a
-    sequence of ints; negative indices count from the end.  Each Atoms carries: ``cell``
-    (3, 3) Å with lattice vectors as rows, ``pbc`` from the box boundary, ``numbers``,
-    ``masses`` (amu, as stored), wrapped ``positions`` (Å) as stored, image flags in
-    ``atoms.arrays["image"]`` (int32, (n, 3)) and global ids in ``atoms.arrays["id"]``,
-    velocities converted to ASE units (``v_A_per_fs / ase.units.fs``), and, when stored
-    at that step, forces (eV/Å), per-atom energies (eV, field ``energy``:
-    ``atoms.get_potential_energies()``) and the ``potential_energy`` observable (eV) through a
-    ``SinglePointCalculator``.  ``atoms.info`` holds ``step`` (int), ``time_fs`` (float)
-    and every observable recorded at the same step under its own name.
+    sequence of ints; negative indices count from the end.  Each Atoms carries: ``cell`` (3, 3) Å
+    (rows), ``pbc``, ``numbers``, ``masses`` (amu), wrapped ``positions`` (Å), image flags in
+    ``atoms.arrays["image"]`` (int32, (n, 3)), global ids in ``atoms.arrays["id"]``, velocities
+    in ASE units (``v_A_per_fs / ase.units.fs``), and, when stored at that step, forces (eV/Å),
+    per-atom energies (eV, field ``energy``), the ``potential_energy`` observable (eV) and, with
+    velocities, the model's stress (eV/Å³; ``get_stress(include_ideal_gas=True)`` is the stored
+    ``stress``) as a ``SinglePointCalculator``'s results.  ``atoms.info`` holds ``step`` (int),
+    ``time_fs`` (float) and every other observable recorded at the same step under its own name.
     Frames interrupted by a crash are left out (see the module docstring).
     """
     r = _Reader(path)

@@ -112,3 +112,13 @@ def write_units_module(h5md: h5py.Group) -> None:
     g = h5md.require_group("modules").require_group("units")
     g.attrs["version"] = np.array(UNITS_MODULE_VERSION, dtype=np.int32)
     g.attrs["system"] = np.bytes_(UNIT_SYSTEM)
+
+
+def model_stress(atoms, stress: np.ndarray) -> np.ndarray:
+    """(6,) Voigt stress (eV/Å³, ASE's sign: positive = tensile) of the model alone, as an ASE
+    calculator gives it, from the trajectory's ``stress`` (the system's, -(sum m v (x) v + W) / V)
+    and the frame's velocities: the kinetic part (ASE's own ``include_ideal_gas`` term) is added
+    back, so ``atoms.get_stress(include_ideal_gas=True)`` equals the stored value."""
+    p = atoms.get_momenta()
+    full = stress + (p.T @ (p / atoms.get_masses()[:, None])) / atoms.get_volume()
+    return full[[0, 1, 2, 1, 0, 0], [0, 1, 2, 2, 2, 1]]
