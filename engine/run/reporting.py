@@ -1,6 +1,7 @@
 """What people see: a LAMMPS-style thermo table, a progress line, a log file, a timing summary."""
 from __future__ import annotations
 
+import math
 import sys
 import time
 from pathlib import Path
@@ -21,6 +22,38 @@ def _fmt_duration(s: float) -> str:
     h, rem = divmod(s, 3600)
     m, sec = divmod(rem, 60)
     return f"{h:d}:{m:02d}:{sec:02d}" if h else f"{m:d}:{sec:02d}"
+
+
+class Eta:
+    """The remaining time of a run (s) from a smoothed step rate.
+
+    Rates are measured from the first update on, never from the run's start: the first step
+    carries one-off work (the model's first call, kernel compiles, the first neighbour build),
+    which made the first estimate of a 2-minute run ~600x too long. Each later update moves the
+    rate towards the rate since the previous one, an exponential moving average with time
+    constant ``tau`` s, so a machine that gets busier or quieter moves the estimate within ~tau.
+    """
+
+    def __init__(self, tau: float = 20.0):
+        self.tau = tau
+        self._last: tuple[float, int] | None = None
+        self.rate: float | None = None   # steps/s
+
+    def update(self, now: float, step: int) -> None:
+        """now: a monotonic clock (s); step: the steps done."""
+        if self._last is None:
+            self._last = (now, step)
+            return
+        t, s = self._last
+        if now <= t or step <= s:
+            return
+        r = (step - s) / (now - t)
+        self.rate = r if self.rate is None else self.rate + (1.0 - math.exp(-(now - t) / self.tau)) * (r - self.rate)
+        self._last = (now, step)
+
+    def remaining(self, step: int, last_step: int) -> float | None:
+        """Seconds to ``last_step``; None before a rate is known."""
+        return (last_step - step) / self.rate if self.rate else None
 
 
 class Reporter:
@@ -50,6 +83,7 @@ class Reporter:
         self._t0 = None
         self._step0 = 0
         self._last_progress = 0.0
+        self._eta = Eta()
         self._live = bool(getattr(self.err, "isatty", lambda: False)())
 
     def line(self, text: str = "") -> None:
@@ -91,6 +125,7 @@ class Reporter:
     def start(self, step: int) -> None:
         self._t0 = time.perf_counter()
         self._step0 = step
+        self._eta = Eta()
 
     def rates(self, step: int, dt_fs: float, n_atoms: int, elapsed: float | None = None) -> dict[str, float]:
         if elapsed is None:
@@ -109,13 +144,15 @@ class Reporter:
         if not force and now - self._last_progress < interval:
             return
         self._last_progress = now
+        self._eta.update(now, step)
         r = self.rates(step, dt_fs, n_atoms)
+        sps = self._eta.rate or r["steps_per_s"]
         total = max(last_step - self._step0, 1)
         frac = (step - self._step0) / total
-        eta = (last_step - step) / r["steps_per_s"] if r["steps_per_s"] > 0 else float("inf")
+        eta = self._eta.remaining(step, last_step)
         bar = "#" * int(20 * frac) + "-" * (20 - int(20 * frac))
-        text = (f"[{bar}] step {step}/{last_step} {100 * frac:5.1f}%  {r['steps_per_s']:.2f} steps/s  "
-                f"{r['ns_per_day']:.3f} ns/day  ETA {_fmt_duration(eta) if eta != float('inf') else '?'}")
+        text = (f"[{bar}] step {step}/{last_step} {100 * frac:5.1f}%  {sps:.2f} steps/s  "
+                f"{sps * dt_fs * 1e-6 * 86400:.3f} ns/day  ETA {'?' if eta is None else _fmt_duration(eta)}")
         if self._live:
             self.err.write("\r" + text + "\033[K")
         else:
