@@ -65,3 +65,24 @@ def test_no_eta_before_a_rate_is_known():
     assert eta.remaining(1, 100) is None
     eta.update(11.0, 11)
     assert eta.remaining(11, 100) == pytest.approx(8.9)   # 89 steps at 10 steps/s
+
+
+@pytest.mark.parametrize("domains", [1, 2])
+def test_time_split_adds_up_to_the_loop(tmp_path, capfd, monkeypatch, domains):
+    """The log's time split: disjoint parts plus the untimed rest, 100 % of the loop's wall time
+    (each part rounded to 0.1 %), on one domain and on two self-launched ranks."""
+    import re
+
+    from conftest import run_engine, run_in_process
+
+    args = ["run", "model=lj", "system.repeat=[4,4,4]", "steps=60", "quiet=true", f"domains={domains}", "threads=1"]
+    if domains == 1:
+        code, err = run_in_process(args, tmp_path, capfd, monkeypatch)
+        assert code == 0, err
+    else:
+        r = run_engine(args, cwd=tmp_path, timeout=600)
+        assert r.returncode == 0, r.stderr[-2000:]
+    line = next(ln for ln in (tmp_path / "run.log").read_text().splitlines() if ln.startswith("Time split:"))
+    shares = [float(x) for x in re.findall(r"\(([0-9.]+)%\)", line)]
+    assert "other" in line and len(shares) >= 5, line
+    assert abs(sum(shares) - 100.0) <= 0.05 * len(shares) + 1e-9, line

@@ -419,6 +419,7 @@ class Simulation:
                 if self._ckpt_every and s.step % self._ckpt_every == 0 and s.step < last:
                     self.checkpoint()
             wall = time.perf_counter() - t_run  # the loop's rate excludes the final output
+            timed = {**self.timers, **self.domain.timers}   # and so does its time split
             self._lazy_energy = False
             if not stopping:
                 self.checkpoint()
@@ -427,14 +428,14 @@ class Simulation:
                 with self._output_step():
                     self._write(obs)
             r.progress_update(s.step, last, self.integrator.dt, self.n_global, force=True)
-            self._summary(wall, self.nl.n_builds - builds0)
+            self._summary(wall, self.nl.n_builds - builds0, timed)
             return self.last_thermo or self.observables()
         finally:
             self._lazy_energy = False
             self.close()
 
-    def _summary(self, wall: float, builds: int) -> None:
-        lines, self.summary = loop_summary(self, wall, builds)
+    def _summary(self, wall: float, builds: int, timed: dict) -> None:
+        lines, self.summary = loop_summary(self, wall, builds, timed)
         self.reporter.summary(lines)
 
     def checkpoint(self):
