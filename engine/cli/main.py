@@ -20,7 +20,7 @@ usage: python -m engine run [key=value ...] [-m] [--cfg job] [--config-path DIR 
        python -m engine minimize [key=value ...]  FIRE relaxation (minimize.fmax, minimize.steps; docs/minimize.md)
        python -m engine info FILE.h5          what a trajectory or checkpoint holds
        python -m engine plot FILE.h5 OUT.png  energies, energy drift per atom, temperature, pressure vs time
-       python -m engine convert RUN.h5 OUT    frames to extxyz, .traj or any ASE format
+       python -m engine convert RUN.h5 OUT [frames=A:B:C]   frames to LAMMPS dump/data, XTC, DCD, extxyz, ...
        python -m engine --help | --version
 
 Run molecular dynamics.  Keys may be written with or without a leading '+'
@@ -103,11 +103,12 @@ def main(argv: list[str] | None = None) -> int:
         if cmd in ("run", "minimize"):
             return _run(args, command=cmd)
         if cmd == "convert":
-            if len(args) != 2:
-                raise UserError("usage: python -m engine convert RUN.h5 OUT.extxyz|OUT.traj|any ASE format")
+            if len(args) not in (2, 3) or (len(args) == 3 and not args[2].startswith("frames=")):
+                raise UserError("usage: python -m engine convert RUN.h5 OUT [frames=START:STOP:STEP] (OUT: "
+                                ".lammpstrj, .data, .xtc, .dcd, .extxyz, .traj or another format ASE writes)")
             from shardmd.engine.io.convert import convert
 
-            return _print_out(convert(args[0], args[1]))
+            return _print_out(convert(args[0], args[1], args[2] if len(args) == 3 else None))
         if cmd in ("info", "plot"):
             from shardmd.engine.io import inspect_files
 
