@@ -116,6 +116,10 @@ class Trajectory:
     fields: List[str] = key(help="per-atom fields in each frame",
                             check=Check(_fields, "give a list of position, image, velocity, force"),
                             factory=lambda: list(TRAJECTORY_FIELDS))
+    precision: Optional[str] = key(None, "stored precision of positions, velocities, forces and the box: float32 "
+                                   "or float64; null: the run's precision", one_of(None, "float32", "float64"))
+    compression: str = key("none", "per-atom fields compressed in the file: gzip (smallest), lzf (fastest) or none",
+                           one_of("none", "gzip", "lzf"))
 
 
 def _modules(v) -> bool | str:

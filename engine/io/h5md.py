@@ -103,7 +103,8 @@ class H5MDWriter(FrameRows):
     masses: (n,) float masses in amu.
     ids: (n,) int64 unique global atom ids, in the order every frame's arrays use.
     pbc: 3 bools (or one bool for all axes): periodic along each cell vector.
-    dtype: float dtype ("float32" or "float64") of positions, velocities, forces, box edges.
+    dtype: float dtype ("float32" or "float64") of positions, velocities, forces, box edges;
+    compression: gzip, lzf or None for those values (a file appended to keeps its own).
     config: nested dict of the run configuration as stored (engine/run/record.py: interpolations
         as written), stored under ``/parameters``
         (JSON in ``config_json`` plus nested groups/attributes).  With ``mode="a"`` a given
@@ -147,7 +148,7 @@ class H5MDWriter(FrameRows):
                  fields: Iterable[str] = ("position", "image", "velocity", "force"),
                  observables: bool = True, author: str = "ShardMD user",
                  creator: str = "ShardMD", creator_version: str = "0.1.0",
-                 mode: str = "w") -> None:
+                 mode: str = "w", compression: str | None = None) -> None:
         self.path = os.fspath(path)
         self._f: h5py.File | None = None
         self._failed: OutputError | None = None
@@ -164,6 +165,9 @@ class H5MDWriter(FrameRows):
         self.dtype = np.dtype(dtype)
         if self.dtype not in (np.dtype(np.float32), np.dtype(np.float64)):
             raise ValueError(f"dtype must be float32 or float64, not {self.dtype}")
+        if compression not in (None, "none", "gzip", "lzf"):
+            raise ValueError(f"compression must be gzip, lzf or none, not {compression!r}")
+        self.compression = None if compression in (None, "none") else compression
         self.fields = tuple(FIELD_ALIASES.get(f, f) for f in fields)
         unknown = set(self.fields) - set(FIELDS)
         if unknown or len(set(self.fields)) != len(self.fields):
@@ -331,7 +335,7 @@ class H5MDWriter(FrameRows):
         box.attrs["dimension"] = np.int32(3)
         box.attrs["boundary"] = np.array(["periodic" if b else "none" for b in self.pbc],
                                          dtype=h5py.string_dtype())
-        _create_element(box, "edges", (3, 3), self.dtype, LENGTH_UNIT, (ROW_CHUNK, 3, 3))
+        _create_element(box, "edges", (3, 3), self.dtype, LENGTH_UNIT, (ROW_CHUNK, 3, 3), self.compression)
         for name in self.fields:
             self._create_field(name)
         if self.observables_enabled:
@@ -344,7 +348,7 @@ class H5MDWriter(FrameRows):
         dt = np.dtype(np.int32) if name == "image" else self.dtype
         shape = field_shape(name, self.n_atoms)
         _create_element(self._f[PARTICLES], name, shape, dt, FIELD_UNITS[name],
-                        _atom_chunks(self.n_atoms, dt.itemsize, width=3 if len(shape) == 2 else 1))
+                        _atom_chunks(self.n_atoms, dt.itemsize, width=3 if len(shape) == 2 else 1), self.compression)
 
     def _reopen(self, config) -> None:
         f = self._f

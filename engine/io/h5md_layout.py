@@ -90,8 +90,9 @@ def _write_config(f: h5py.File, config: Mapping) -> None:
 
 
 def _create_element(parent: h5py.Group, name: str, shape: tuple[int, ...], dtype,
-                    unit: str | None, chunks: tuple[int, ...]) -> h5py.Group:
-    """Create an H5MD time-dependent element {step, time, value} with zero rows."""
+                    unit: str | None, chunks: tuple[int, ...], compression: str | None = None) -> h5py.Group:
+    """Create an H5MD time-dependent element {step, time, value} with zero rows; ``compression``
+    (gzip, lzf) filters the values (byte-shuffled first: neighbouring floats share exponents)."""
     g = parent.create_group(name)
     g.create_dataset("step", shape=(0,), maxshape=(None,), dtype=np.int64,
                      chunks=(ROW_CHUNK,), fillvalue=STEP_FILL)
@@ -99,8 +100,8 @@ def _create_element(parent: h5py.Group, name: str, shape: tuple[int, ...], dtype
                          chunks=(ROW_CHUNK,), fillvalue=np.nan)
     t.attrs["unit"] = TIME_UNIT
     dt = np.dtype(dtype)
-    v = g.create_dataset("value", shape=(0, *shape), maxshape=(None, *shape), dtype=dt,
-                         chunks=chunks, fillvalue=np.nan if dt.kind == "f" else 0)
+    v = g.create_dataset("value", shape=(0, *shape), maxshape=(None, *shape), dtype=dt, chunks=chunks,
+                         fillvalue=np.nan if dt.kind == "f" else 0, compression=compression, shuffle=bool(compression))
     if unit is not None:
         v.attrs["unit"] = unit
     return g

@@ -171,7 +171,7 @@ class FrameRows:
                 if name not in self._obs:
                     unit = (units or {}).get(name) or observable_unit(name)
                     g = _create_element(f.require_group("observables"), name, a.shape, np.float64, unit,
-                                        (ROW_CHUNK, *a.shape))
+                                        (ROW_CHUNK, *a.shape), getattr(self, "compression", None))
                     self._obs[name] = g
                     self._obs_sets[name] = {ds: g[ds] for ds in ("step", "time", "value")}
                     self._obs_chunking[name] = [_new_chunk_row(d) for d in self._obs_sets[name].values()]

@@ -262,10 +262,10 @@ class Simulation:
                 warnings.simplefilter("ignore", TrajectoryRebuilt)
                 self.writer = H5MDWriter(
                     self.output_path, species=static["numbers"], masses=static["masses"].astype("float64"),
-                    ids=static["ids"], pbc=self.state.pbc.cpu().numpy(), dtype=self.cfg.precision,
-                    config=self.record(), fields=tuple(self.cfg.trajectory.fields),
-                    creator="ShardMD", creator_version=__version__, mode="a" if self.checkpoint_in else "w",
-                )
+                    ids=static["ids"], pbc=self.state.pbc.cpu().numpy(),
+                    dtype=self.cfg.trajectory.precision or self.cfg.precision, config=self.record(),
+                    fields=tuple(self.cfg.trajectory.fields), compression=self.cfg.trajectory.compression,
+                    creator="ShardMD", creator_version=__version__, mode="a" if self.checkpoint_in else "w")
         except ValueError as exc:   # a restart onto an output of another system
             raise UserError(f"output {str(self.output_path)!r} does not belong to this run ({exc}); give the "
                             "run's own output= or start fresh with another output=") from None
