@@ -350,8 +350,9 @@ class _Reader:
             j = int(np.searchsorted(osteps, step))
             if j < len(osteps) and osteps[j] == step:
                 v = ovals[j]
-                if name == "stress" and np.shape(v) == (3, 3) and "velocity" in arrays:   # not also in info:
-                    results["stress"] = model_stress(atoms, np.asarray(v, dtype=np.float64))   # extxyz refuses both
+                if name == "stress" and np.shape(v) == (3, 3) and "velocity" in arrays and atoms.cell.rank == 3:
+                    # a calculator result, not also in info (extxyz refuses both); an open cluster has no volume
+                    results["stress"] = model_stress(atoms, np.asarray(v, dtype=np.float64))
                     continue
                 atoms.info[name] = float(v) if np.ndim(v) == 0 else np.array(v)
                 if name == "potential_energy":
