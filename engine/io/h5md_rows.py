@@ -44,6 +44,9 @@ from shardmd.engine.io.safe_io import (
 class FrameRows:
     """Appending frames and observables to an open trajectory (mixed into H5MDWriter)."""
 
+    #: the values' filter (gzip, lzf) of elements created here; H5MDWriter sets its own
+    compression: str | None = None
+
     def _space_needed(self, rows_and_chunking) -> int:
         """Bytes a write of row ``rows[name]`` of each element may allocate in the file."""
         need = self.SPACE_MARGIN
@@ -171,7 +174,7 @@ class FrameRows:
                 if name not in self._obs:
                     unit = (units or {}).get(name) or observable_unit(name)
                     g = _create_element(f.require_group("observables"), name, a.shape, np.float64, unit,
-                                        (ROW_CHUNK, *a.shape), getattr(self, "compression", None))
+                                        (ROW_CHUNK, *a.shape), self.compression)
                     self._obs[name] = g
                     self._obs_sets[name] = {ds: g[ds] for ds in ("step", "time", "value")}
                     self._obs_chunking[name] = [_new_chunk_row(d) for d in self._obs_sets[name].values()]

@@ -119,6 +119,7 @@ def model_stress(atoms, stress: np.ndarray) -> np.ndarray:
     calculator gives it, from the trajectory's ``stress`` (the system's, -(sum m v (x) v + W) / V)
     and the frame's velocities: the kinetic part (ASE's own ``include_ideal_gas`` term) is added
     back, so ``atoms.get_stress(include_ideal_gas=True)`` equals the stored value."""
+    from ase.stress import full_3x3_to_voigt_6_stress
+
     p = atoms.get_momenta()
-    full = stress + (p.T @ (p / atoms.get_masses()[:, None])) / atoms.get_volume()
-    return full[[0, 1, 2, 1, 0, 0], [0, 1, 2, 2, 2, 1]]
+    return full_3x3_to_voigt_6_stress(stress + (p.T @ (p / atoms.get_masses()[:, None])) / atoms.get_volume())

@@ -17,6 +17,10 @@ def _width(fmt: str) -> int:
     return len(fmt.format(0) if "d" in fmt else fmt.format(0.0))
 
 
+def _ns_per_day(steps_per_s: float, dt_fs: float) -> float:
+    return steps_per_s * dt_fs * 1e-6 * 86400
+
+
 def _fmt_duration(s: float) -> str:
     s = max(0, int(round(s)))
     h, rem = divmod(s, 3600)
@@ -133,7 +137,7 @@ class Reporter:
         elapsed = max(elapsed, 1e-9)
         done = step - self._step0
         sps = done / elapsed
-        return {"elapsed_s": elapsed, "steps_per_s": sps, "ns_per_day": sps * dt_fs * 1e-6 * 86400,
+        return {"elapsed_s": elapsed, "steps_per_s": sps, "ns_per_day": _ns_per_day(sps, dt_fs),
                 "atom_steps_per_s": sps * n_atoms}
 
     def progress_update(self, step: int, last_step: int, dt_fs: float, n_atoms: int, force=False) -> None:
@@ -145,14 +149,13 @@ class Reporter:
             return
         self._last_progress = now
         self._eta.update(now, step)
-        r = self.rates(step, dt_fs, n_atoms)
-        sps = self._eta.rate or r["steps_per_s"]
+        sps = self._eta.rate or self.rates(step, dt_fs, n_atoms)["steps_per_s"]   # the average until a rate is known
         total = max(last_step - self._step0, 1)
         frac = (step - self._step0) / total
         eta = self._eta.remaining(step, last_step)
         bar = "#" * int(20 * frac) + "-" * (20 - int(20 * frac))
         text = (f"[{bar}] step {step}/{last_step} {100 * frac:5.1f}%  {sps:.2f} steps/s  "
-                f"{sps * dt_fs * 1e-6 * 86400:.3f} ns/day  ETA {'?' if eta is None else _fmt_duration(eta)}")
+                f"{_ns_per_day(sps, dt_fs):.3f} ns/day  ETA {'?' if eta is None else _fmt_duration(eta)}")
         if self._live:
             self.err.write("\r" + text + "\033[K")
         else:
