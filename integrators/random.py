@@ -18,6 +18,16 @@ _M0, _M1 = 0xD2511F53, 0xCD9E8D57
 _W0, _W1 = 0x9E3779B9, 0xBB67AE85
 _MASK = 0xFFFFFFFF
 
+def frame_seed(seed: int, frame: int) -> int:
+    """The seed of the structure at index ``frame`` of an input (each system of a many-system
+    run, or one run of ``system.index=frame``): ``seed`` itself for frame 0 and for a negative
+    index (the last-frame default), else ``seed`` moved by ``frame`` times the 64-bit golden
+    ratio (mod 2^63), so every frame draws its own numbers, never dependent on its batch."""
+    if frame <= 0:
+        return int(seed)
+    return (int(seed) + int(frame) * 0x9E3779B97F4A7C15) % (1 << 63)
+
+
 #: streams: independent noise for each use at a step
 STREAM_LANGEVIN = 1
 STREAM_INIT_VELOCITY = 2

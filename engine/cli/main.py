@@ -467,7 +467,11 @@ def _run_ranks(cfg, command: str = "run") -> int:
         start(comm, float(cfg.health.rank_silence))
     code = 0
     try:
-        if command == "minimize":
+        if cfg.system.get("frames") is not None:   # many systems: engine/batch/
+            from shardmd.engine.batch.run import batch_run
+
+            code = batch_run(cfg, comm, command)
+        elif command == "minimize":
             from shardmd.engine.relax.minimize import minimize_run
 
             code = minimize_run(cfg, comm=comm)

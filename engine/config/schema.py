@@ -55,6 +55,18 @@ class Checkpoint:
     keep: int = key(3, "newest checkpoints kept in <output>.ckpt/", whole(1))
 
 
+def _frames(v) -> bool:
+    if v is None:
+        return True
+    from shardmd.engine.batch.frames import parse_frames
+
+    try:
+        parse_frames(v)
+    except ValueError:
+        return False
+    return True
+
+
 @dataclass
 class System:
     file: Optional[str] = key(None, "any ASE-readable structure (extxyz, cif, POSCAR, ...); overrides the "
@@ -83,6 +95,18 @@ class System:
     spin: Optional[float] = key(None, "spin multiplicity 2S+1 for a model that takes one; null: the file's spin "
                                 "(info), else 1", Check(lambda v: v is None or (_is_num(v) and v >= 1),
                                                         "give a spin multiplicity >= 1 (1: singlet)"))
+    frames: Optional[str] = key(None, "many systems in one run: every selected frame of system.file is its own "
+                                "system (all, or START:STOP:STEP; docs/batch.md); null: one system, system.index",
+                                Check(_frames, "give all or START:STOP:STEP, e.g. 0:100"))
+    skip_bad: bool = key(False, "with system.frames: leave out a frame that cannot run (unknown element, atoms "
+                         "closer than health.min_distance, NaN), listed in the summary, instead of refusing "
+                         "the run", FLAG)
+
+
+@dataclass
+class Batch:
+    size: int = key(64, "with system.frames: most systems evaluated together; the next frame takes the place of "
+                    "one that finished (docs/batch.md)", whole(1))
 
 
 @dataclass
@@ -217,6 +241,7 @@ class ShardMD:
     restart: Restart = field(default_factory=Restart)
     checkpoint: Checkpoint = field(default_factory=Checkpoint)
     system: System = field(default_factory=System)
+    batch: Batch = field(default_factory=Batch)
     neighbor: Neighbor = field(default_factory=Neighbor)
     health: Health = field(default_factory=Health)
     trajectory: Trajectory = field(default_factory=Trajectory)

@@ -40,6 +40,16 @@ def sum_fn(comm=None) -> Callable[[torch.Tensor], torch.Tensor]:
     return lambda t: comm.all_reduce(t, "sum")
 
 
+def run_seed(cfg) -> int:
+    """``seed`` for the structure this run holds: frame ``system.index`` of ``system.file`` draws
+    with :func:`shardmd.integrators.random.frame_seed` (as the same frame does in a many-system
+    run, engine/batch/), anything else with ``seed`` itself."""
+    from shardmd.integrators.random import frame_seed
+
+    index = int(cfg.system.index) if cfg.system.get("file") else 0
+    return frame_seed(int(cfg.seed), index)
+
+
 def make_integrator(cfg: DictConfig, comm=None):
     """cfg: the composed run configuration; comm: the job's Comm (None: the process group in
     place, or one rank); returns an integrator of integrators/."""
@@ -50,7 +60,7 @@ def make_integrator(cfg: DictConfig, comm=None):
             return INTEGRATORS["verlet"](dt=dt)
         if icfg.name == "langevin":
             return INTEGRATORS["langevin"](dt=dt, temperature=temperature, friction=float(icfg.friction),
-                                           seed=int(cfg.seed))
+                                           seed=run_seed(cfg))
         if icfg.name == "nose-hoover":
             integrator = INTEGRATORS["nose-hoover"](dt=dt, temperature=temperature, tdamp=float(icfg.tdamp),
                                                      chain=int(icfg.chain), sum_fn=sum_fn(comm))
@@ -61,7 +71,7 @@ def make_integrator(cfg: DictConfig, comm=None):
                 pchain=int(icfg.pchain), sum_fn=sum_fn(comm))
         elif icfg.name == "csvr":
             integrator = INTEGRATORS["csvr"](dt=dt, temperature=temperature, tau=float(icfg.tau),
-                                             seed=int(cfg.seed), sum_fn=sum_fn(comm))
+                                             seed=run_seed(cfg), sum_fn=sum_fn(comm))
         else:
             raise UserError(f"integrator={icfg.name!r} is not available; choose one of: {', '.join(INTEGRATORS)}")
     except ValueError as exc:

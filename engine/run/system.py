@@ -70,6 +70,7 @@ def set_velocities(cfg, state: State, has_v: bool, dof_of, zero_momentum: bool, 
     """``state`` with velocities per ``system.velocities`` (in place); fixed atoms (the input's
     FixAtoms and ``fix.ids``: engine/run/constraints.py) get 0.0 and their dof are not counted."""
     from shardmd.engine.run.constraints import fixed_dof, resolve_fixed
+    from shardmd.engine.run.integrator_setup import run_seed
 
     mode = cfg.system.velocities
     if mode == "file" and not has_v:
@@ -89,7 +90,7 @@ def set_velocities(cfg, state: State, has_v: bool, dof_of, zero_momentum: bool, 
                           f"integrator={cfg.integrator.name} (3N - 3 = 0: the total momentum is held): it starts "
                           "at rest and its temperature reads 0 K; use integrator=langevin to give it a "
                           "temperature", OneLineWarning, stacklevel=2)
-        state.velocities = thermal_velocities(state, float(cfg.temperature), int(cfg.seed), dof,
+        state.velocities = thermal_velocities(state, float(cfg.temperature), run_seed(cfg), dof,
                                               zero_momentum and not fixed.numel(), fixed=fixed
                                               ).to(state.positions.device)
     return state

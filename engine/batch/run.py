@@ -1,0 +1,146 @@
+"""Run many independent systems (``system.frames``): MD (``python -m engine run``) or relaxation
+(``python -m engine minimize``) of every selected frame of ``system.file``.
+
+Each system is an ordinary one-rank :class:`~shardmd.engine.run.simulation.Simulation` of the
+run's configuration with ``system.index`` set to its frame, sharing the model built once: so
+a system's trajectory is the one ``system.index=i`` gives alone (the same code, and random
+numbers keyed by the frame: :func:`shardmd.integrators.random.frame_seed`), every integrator
+works, and each system's file, checkpoints and bit-exact restart are a normal run's. Under
+several ranks (``domains=N`` or mpirun) rank r takes every N-th system; no halo joins them, so
+the files do not depend on the rank count. docs/batch.md says what is not batched yet.
+
+Outputs for ``output=X.h5``: ``X.<i>.h5`` per system (i its frame index, zero-padded to the
+width of the file's last index), ``X.<i>.extxyz`` per relaxed system, ``X.summary.csv``, and
+``X.systems/`` (the record of finished systems that ``restart=auto`` continues from).
+"""
+from __future__ import annotations
+
+import copy
+import sys
+import time
+
+import torch
+from omegaconf import open_dict
+
+from shardmd.domain.comm import Comm
+from shardmd.engine.batch import journal
+from shardmd.engine.batch.frames import frame_count, load_frames
+from shardmd.engine.errors import UserError
+from shardmd.engine.run import stages
+from shardmd.engine.run.reporting import Reporter
+from shardmd.engine.run.state import State
+
+
+def system_config(cfg, index: int, width: int, command: str):
+    """The configuration of frame ``index`` run alone (what ``system.index=index`` gives)."""
+    c = copy.deepcopy(cfg)
+    with open_dict(c):
+        c.system.index = index
+        c.system.frames = None
+        c.domains = 1
+        c.output = journal.system_output(str(cfg.output), index, width)
+        if command == "minimize":
+            c.minimize.structure = None   # beside its own output: X.<i>.extxyz
+    return c
+
+
+def _silent() -> Reporter:
+    return Reporter(None, quiet=True, progress=False, enabled=False)
+
+
+def _one(cfg_i, atoms, dmodel, command: str, resume: bool) -> tuple[journal.Row, int]:
+    """Run one system: (its row of the summary, its exit status); an error of this system is
+    its row's note, and the other systems run on."""
+    from shardmd.engine.relax.minimize import FIRE, minimize_cfg, structure_path
+    from shardmd.engine.run.simulation import Simulation
+
+    k, n = int(cfg_i.system.index), len(atoms)
+    try:
+        if command == "minimize":
+            cfg_i = minimize_cfg(cfg_i)
+            state = State.from_atoms(atoms, dtype=stages.DTYPES[cfg_i.precision])
+            sim = Simulation(cfg_i, state=state, model=dmodel, reporter=_silent(), comm=Comm())
+            m = cfg_i.minimize
+            res = FIRE(sim, cell=bool(m.cell), pressure=float(m.pressure), dt=float(m.dt),
+                       maxstep=float(m.maxstep), dtmax=float(m.dtmax)).run(
+                fmax=float(m.fmax), steps=int(m.steps), structure=structure_path(cfg_i))
+            return journal.Row(k, n, "ok", energy_eV=float(res["energy"]), volume_A3=_volume(sim),
+                               steps=int(res["steps"]), converged=bool(res["converged"]),
+                               fmax_eV_per_A=float(res["fmax"]), output=str(cfg_i.output)), 0
+        # a system that was running when the run stopped continues from its own checkpoint
+        state = None if resume else State.from_atoms(atoms, dtype=stages.DTYPES[cfg_i.precision])
+        sim = Simulation(cfg_i, state=state, model=dmodel, reporter=_silent(), comm=Comm())
+        try:
+            obs = sim.run()
+        finally:
+            sim.close()
+        code = sim.exit_code
+        if code:
+            return journal.Row(k, n, "stopped", steps=int(sim.state.step), output=str(cfg_i.output),
+                               note=f"stopped at step {sim.state.step}"), code
+        return journal.Row(k, n, "ok", energy_eV=float(obs["potential_energy"]), volume_A3=_volume(sim),
+                           steps=int(sim.state.step), output=str(cfg_i.output)), 0
+    except UserError as exc:
+        return journal.Row(k, n, "failed", output=str(cfg_i.output),
+                           note=f"exit status {exc.exit_code}: {exc.one_line()}"), exc.exit_code
+
+
+def _volume(sim) -> float | str:
+    return float(sim.state.volume()) if bool(sim.state.pbc.all()) else ""
+
+
+def batch_run(cfg, comm: Comm | None, command: str = "run") -> int:
+    """Every selected frame as its own system; this rank's share; the summary on rank 0.
+    Exit status 0 when every system ran (a relaxation that did not converge counts as ran),
+    else the first failed system's."""
+    comm = comm or Comm()
+    path = str(cfg.system.file)
+    if cfg.restart.file not in (None, "auto"):
+        raise UserError(f"restart={cfg.restart.file}: a many-system run continues with restart=auto (each system "
+                        "from its own checkpoint); drop the path")
+    resume = cfg.restart.file == "auto"
+    # done: relaxed (converged or not), or ran to ``steps`` (a larger ``steps`` continues them)
+    done = {k: r for k, r in (journal.finished(str(cfg.output)) if resume else {}).items()
+            if r.status == "ok" and (command == "minimize" or int(r.steps) >= int(cfg.steps))}
+    if not resume and not cfg.overwrite and journal.folder(str(cfg.output)).exists():
+        raise UserError(f"{str(journal.folder(str(cfg.output)))!r} holds the record of an earlier many-system run "
+                        "with this output; continue it with restart=auto, or add overwrite=true to start again")
+    dtype = stages.DTYPES[cfg.precision]
+    device = stages.device_of(cfg, comm)
+    dmodel, _ = stages.the_model(cfg, None, dtype, device)
+    good, bad = load_frames(path, cfg.system.frames, dmodel.model, float(cfg.health.min_distance),
+                            bool(cfg.system.skip_bad))
+    width = len(str(max(frame_count(path) - 1, 0)))
+    if cfg.overwrite and not resume and comm.is_root:
+        for p in journal.folder(str(cfg.output)).glob("done.*.csv"):
+            p.unlink()
+    comm.barrier()
+    log = Reporter(cfg.output.rsplit(".", 1)[0] + ".log" if comm.is_root else None, quiet=cfg.quiet,
+                   progress=False, enabled=comm.is_root, log_mode="a" if resume else "w")
+    mine = [(k, a) for j, (k, a) in enumerate(good) if j % comm.size == comm.rank]
+    todo = [(k, a) for k, a in mine if k not in done]
+    log.line(f"{command}: {len(good)} systems of {path!r} ({len(bad)} bad frame(s) left out), "
+             f"{len(done)} done before, {comm.size} rank(s); outputs {journal.system_output(str(cfg.output), 0, width)}"
+             f" ... and {journal.summary_path(str(cfg.output))}")
+    record = journal.Journal(str(cfg.output), comm.rank)
+    t0, code = time.perf_counter(), 0
+    for j, (k, atoms) in enumerate(todo):
+        row, status = _one(system_config(cfg, k, width, command), atoms, dmodel, command, resume)
+        record.add(row)
+        code = code or status
+        log.line(f"system {k}: {row.status}" + (f", energy {row.energy_eV:.8g} eV" if row.status == "ok" else
+                                                 f" ({row.note})")
+                 + f"; rank {comm.rank}: {j + 1} done, {len(todo) - j - 1} left, "
+                 f"{time.perf_counter() - t0:.1f} s")
+    comm.barrier()   # every rank's record is complete (the ranks share the output folder, as for the files)
+    if comm.is_root:
+        every = journal.finished(str(cfg.output))
+        for b in bad:
+            every.setdefault(b.index, journal.Row(b.index, 0, "skipped", note=b.reason))
+        summary = journal.write_summary(str(cfg.output), list(every.values()))
+        ok = sum(r.status == "ok" for r in every.values())
+        log.line(f"{ok} of {len(every)} systems ran; summary {str(summary)!r}")
+    log.close()
+    code = max(comm.all_reduce(torch.tensor([code])).tolist()) if comm.size > 1 else code
+    sys.stdout.flush()
+    return int(code)
