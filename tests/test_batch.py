@@ -1,0 +1,178 @@
+"""Many systems in one run (system.frames; engine/batch/): each system equals the same frame run
+alone, for every integrator and FIRE, whatever else is in the batch; outputs read by MDAnalysis
+and ASE; bad frames named by index or left out; the record that restart=auto continues."""
+from __future__ import annotations
+
+import csv
+
+import h5py
+import numpy as np
+import pytest
+from ase.build import bulk
+from ase.io import read, write
+
+from conftest import cli_in_process
+
+KR = ["model.epsilon.Kr=0.014", "model.sigma.Kr=3.65"]
+
+
+def frames(n: int = 4, seed: int = 0):
+    """Rattled fcc Ar cells of 32 and 48 atoms, every other one with a quarter Kr."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for k in range(n):
+        a = bulk("Ar", "fcc", a=5.26, cubic=True).repeat((2, 2, 2 + k % 2))
+        a.positions += rng.normal(0.0, 0.05, a.positions.shape)
+        if k % 2:
+            a.numbers[::4] = 36
+        out.append(a)
+    return out
+
+
+@pytest.fixture
+def many(tmp_path):
+    path = tmp_path / "many.extxyz"
+    write(path, frames())
+    return path
+
+
+def run(args, cwd, capfd, monkeypatch, command="run"):
+    r = cli_in_process([command, "model=lj", *KR, "quiet=true", *args], cwd, capfd, monkeypatch)
+    assert r.returncode == 0, r.stderr
+    return r
+
+
+def final(path, field="position"):
+    with h5py.File(path) as f:
+        x = f[f"particles/all/{field}/value"][-1]
+        if field == "position":   # unwrapped: the image flags and the box of that frame
+            x = x + f["particles/all/image/value"][-1] @ f["particles/all/box/edges/value"][-1]
+        return x
+
+
+def summary(path):
+    with open(path) as fh:
+        return list(csv.DictReader(fh))
+
+
+@pytest.mark.parametrize("integrator", ["verlet", "langevin", "nose-hoover", "csvr", "npt"])
+def test_each_system_equals_its_frame_alone(integrator, many, tmp_path, capfd, monkeypatch):
+    common = [f"system.file={many}", "steps=200", "trajectory.every=100", f"integrator={integrator}",
+              "temperature=60"]
+    run([*common, "system.frames=all", "output=b.h5"], tmp_path, capfd, monkeypatch)
+    run([*common, "system.frames=1:4:2", "output=c.h5"], tmp_path, capfd, monkeypatch)   # another batch
+    for k in (1, 3):
+        run([*common, f"system.index={k}", f"output=a{k}.h5"], tmp_path, capfd, monkeypatch)
+        alone = final(tmp_path / f"a{k}.h5")
+        for batch in ("b", "c"):
+            x = final(tmp_path / f"{batch}.{k}.h5")
+            assert np.abs(x - alone).max() <= 1e-10, (integrator, batch, k)
+    # two frames of one batch differ (no system copies another's numbers)
+    assert final(tmp_path / "b.1.h5").shape != final(tmp_path / "b.0.h5").shape
+    rows = summary(tmp_path / "b.summary.csv")
+    assert [int(r["system"]) for r in rows] == [0, 1, 2, 3]
+    assert [int(r["atoms"]) for r in rows] == [32, 48, 32, 48]
+    assert all(r["status"] == "ok" and int(r["steps"]) == 200 for r in rows)
+
+
+def test_random_numbers_are_keyed_by_the_frame(tmp_path, capfd, monkeypatch):
+    """Two identical frames under Langevin draw different noise (keyed by frame index)."""
+    a = frames(1)[0]
+    write(tmp_path / "twins.extxyz", [a, a])
+    run([f"system.file={tmp_path / 'twins.extxyz'}", "system.frames=all", "integrator=langevin", "steps=20",
+         "trajectory.every=20", "output=t.h5"], tmp_path, capfd, monkeypatch)
+    assert np.abs(final(tmp_path / "t.0.h5") - final(tmp_path / "t.1.h5")).max() > 1e-3
+
+
+def test_fire_queue_equals_each_relaxation_alone(many, tmp_path, capfd, monkeypatch):
+    common = [f"system.file={many}", "minimize.fmax=0.01", "trajectory.every=0"]
+    run([*common, "system.frames=all", "output=r.h5"], tmp_path, capfd, monkeypatch, "minimize")
+    run([*common, "system.index=2", "output=s2.h5"], tmp_path, capfd, monkeypatch, "minimize")
+    alone, batch = read(tmp_path / "s2.extxyz"), read(tmp_path / "r.2.extxyz")
+    assert np.abs(alone.positions - batch.positions).max() <= 1e-10
+    rows = summary(tmp_path / "r.summary.csv")
+    assert all(r["converged"] == "True" and float(r["fmax_eV_per_A"]) < 0.01 for r in rows)
+    assert float(rows[2]["energy_eV"]) == pytest.approx(alone.get_potential_energy(), abs=1e-10)
+
+
+def test_outputs_open_in_mdanalysis_and_ase(many, tmp_path, capfd, monkeypatch):
+    import MDAnalysis as mda
+
+    run([f"system.file={many}", "system.frames=0:2", "steps=20", "trajectory.every=10", "output=m.h5"],
+        tmp_path, capfd, monkeypatch)
+    for k, n in ((0, 32), (1, 48)):
+        u = mda.Universe(str(tmp_path / f"m.{k}.h5"), format="H5MD", topology_format="MINIMAL", n_atoms=n)
+        assert len(u.atoms) == n and len(u.trajectory) == 3
+        images = read(tmp_path / f"m.{k}.h5", index=":")
+        assert len(images) == 3 and len(images[-1]) == n
+
+
+def test_a_larger_steps_continues_the_batch_bit_exact(many, tmp_path, capfd, monkeypatch):
+    common = [f"system.file={many}", "system.frames=all", "trajectory.every=50", "checkpoint.every=50",
+              "integrator=langevin"]
+    run([*common, "steps=200", "output=u.h5"], tmp_path, capfd, monkeypatch)
+    run([*common, "steps=100", "output=v.h5"], tmp_path, capfd, monkeypatch)
+    run([*common, "steps=200", "output=v.h5", "restart=auto"], tmp_path, capfd, monkeypatch)
+    for k in range(4):
+        for field in ("position", "velocity"):
+            assert np.array_equal(final(tmp_path / f"u.{k}.h5", field), final(tmp_path / f"v.{k}.h5", field))
+    assert [int(r["steps"]) for r in summary(tmp_path / "v.summary.csv")] == [200] * 4
+
+
+def _bad_file(tmp_path):
+    """Frames 0 and 3 fine; 1 an unknown element; 2 two atoms 0.1 Å apart; 4 a NaN position."""
+    good = frames(5)
+    close = good[2].copy()
+    close.positions[1] = close.positions[0] + [0.1, 0.0, 0.0]
+    nan = good[4].copy()
+    nan.positions[3, 1] = np.nan
+    parts = []
+    for k, a in enumerate([good[0], good[1], close, good[3], nan]):
+        p = tmp_path / f"f{k}.extxyz"
+        write(p, a)
+        text = p.read_text()
+        parts.append(text.replace("\nKr ", "\nQq ") if k == 1 else text)
+    path = tmp_path / "bad.extxyz"
+    path.write_text("".join(parts))
+    return path
+
+
+def test_bad_frames_are_named_by_index(tmp_path, capfd, monkeypatch):
+    path = _bad_file(tmp_path)
+    r = cli_in_process(["run", "model=lj", *KR, f"system.file={path}", "system.frames=all", "steps=5"],
+                       tmp_path, capfd, monkeypatch)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "frame 1: unknown element 'Qq'" in r.stderr and "system.skip_bad=true" in r.stderr
+    assert not list(tmp_path.glob("run.*.h5"))   # refused before anything ran
+    r = cli_in_process(["run", "model=lj", *KR, f"system.file={path}", "system.frames=2:3", "steps=5"],
+                       tmp_path, capfd, monkeypatch)
+    assert r.returncode == 2 and "frame 2: atoms 0 and 1 are 0.100 Å apart" in r.stderr, r.stderr
+
+
+def test_skip_bad_leaves_them_out_and_lists_them(tmp_path, capfd, monkeypatch):
+    path = _bad_file(tmp_path)
+    run([f"system.file={path}", "system.frames=all", "system.skip_bad=true", "steps=10", "output=k.h5"],
+        tmp_path, capfd, monkeypatch)
+    rows = {int(r["system"]): r for r in summary(tmp_path / "k.summary.csv")}
+    assert [rows[k]["status"] for k in range(5)] == ["ok", "skipped", "skipped", "ok", "skipped"]
+    assert "unknown element" in rows[1]["note"] and "apart" in rows[2]["note"] and "not finite" in rows[4]["note"]
+    assert sorted(p.name for p in tmp_path.glob("k.*.h5")) == ["k.0.h5", "k.3.h5"]
+
+
+@pytest.mark.parametrize("frames_value, words", [
+    ("5:9", "holds 5 frame(s)"), ("3:1", "selects no frame"), ("1:2:0", "give all or START:STOP:STEP"),
+    ("every", "give all or START:STOP:STEP")])
+def test_bad_selections_are_one_line(frames_value, words, many, tmp_path, capfd, monkeypatch):
+    path = tmp_path / "five.extxyz"
+    write(path, frames(5))
+    r = cli_in_process(["run", "model=lj", *KR, f"system.file={path}", f"system.frames={frames_value}"],
+                       tmp_path, capfd, monkeypatch)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and words in r.stderr, r.stderr
+
+
+def test_an_earlier_record_is_not_overwritten_silently(many, tmp_path, capfd, monkeypatch):
+    common = [f"system.file={many}", "system.frames=0:1", "steps=5", "output=w.h5"]
+    run(common, tmp_path, capfd, monkeypatch)
+    r = cli_in_process(["run", "model=lj", *KR, *common], tmp_path, capfd, monkeypatch)
+    assert r.returncode == 2 and "restart=auto" in r.stderr and "overwrite=true" in r.stderr, r.stderr
+    run([*common, "overwrite=true"], tmp_path, capfd, monkeypatch)
