@@ -31,10 +31,14 @@ from shardmd.engine.run.reporting import Reporter
 from shardmd.engine.run.state import State
 
 
-def system_config(cfg, index: int, width: int, command: str):
-    """The configuration of frame ``index`` run alone (what ``system.index=index`` gives)."""
+def system_config(cfg, index: int, width: int, command: str, resume: bool = False):
+    """The configuration of frame ``index`` run alone (what ``system.index=index`` gives);
+    ``resume``: a relaxation that was running when the run stopped starts again over its own
+    outputs."""
     c = copy.deepcopy(cfg)
     with open_dict(c):
+        if resume and command == "minimize":
+            c.restart.file, c.overwrite = None, True
         c.system.index = index
         c.system.frames = None
         c.domains = 1
@@ -125,13 +129,12 @@ def batch_run(cfg, comm: Comm | None, command: str = "run") -> int:
     record = journal.Journal(str(cfg.output), comm.rank)
     t0, code = time.perf_counter(), 0
     for j, (k, atoms) in enumerate(todo):
-        row, status = _one(system_config(cfg, k, width, command), atoms, dmodel, command, resume)
+        row, status = _one(system_config(cfg, k, width, command, resume), atoms, dmodel, command, resume)
         record.add(row)
         code = code or status
-        log.line(f"system {k}: {row.status}" + (f", energy {row.energy_eV:.8g} eV" if row.status == "ok" else
-                                                 f" ({row.note})")
-                 + f"; rank {comm.rank}: {j + 1} done, {len(todo) - j - 1} left, "
-                 f"{time.perf_counter() - t0:.1f} s")
+        log.line(f"[{len(done) + j + 1} done, {len(todo) - j - 1} left on rank {comm.rank}, "
+                 f"{time.perf_counter() - t0:.1f} s] system {k}: {row.status}"
+                 + (f", {row.steps} steps, energy {row.energy_eV:.10g} eV" if row.status == "ok" else f" ({row.note})"))
     comm.barrier()   # every rank's record is complete (the ranks share the output folder, as for the files)
     if comm.is_root:
         every = journal.finished(str(cfg.output))
