@@ -12,24 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from shardmd.engine.config.checks import parse_frames
 from shardmd.engine.errors import UserError
-
-
-def parse_frames(spec) -> slice:
-    """``all`` -> every frame; ``START:STOP[:STEP]`` (Python's slice, parts optional, STEP > 0)."""
-    text = str(spec).strip()
-    if text == "all":
-        return slice(None)
-    parts = text.split(":")
-    if len(parts) not in (2, 3):
-        raise ValueError(f"system.frames={spec!r}: give all or START:STOP:STEP")
-    try:
-        start, stop, step = ([int(p) if p.strip() else None for p in parts] + [None])[:3]
-    except ValueError:
-        raise ValueError(f"system.frames={spec!r}: give all or START:STOP:STEP with whole numbers") from None
-    if step is not None and step <= 0:
-        raise ValueError(f"system.frames={spec!r}: STEP must be > 0")
-    return slice(start, stop, step)
 
 
 @dataclass(frozen=True)

@@ -93,6 +93,22 @@ def _volume(sim) -> float | str:
     return float(sim.state.volume()) if bool(sim.state.pbc.all()) else ""
 
 
+def run_command(cfg, comm: Comm | None, command: str = "run") -> int:
+    """``python -m engine run|minimize`` on this rank: many systems (``system.frames``), a
+    relaxation, or a run; its exit status."""
+    if cfg.system.get("frames") is not None:
+        return batch_run(cfg, comm, command)
+    if command == "minimize":
+        from shardmd.engine.relax.minimize import minimize_run
+
+        return minimize_run(cfg, comm=comm)
+    from shardmd.engine.run.simulation import Simulation
+
+    sim = Simulation(cfg, comm=comm)
+    sim.run()
+    return sim.exit_code
+
+
 def batch_run(cfg, comm: Comm | None, command: str = "run") -> int:
     """Every selected frame as its own system; this rank's share; the summary on rank 0.
     Exit status 0 when every system ran (a relaxation that did not converge counts as ran),

@@ -454,8 +454,8 @@ def _run_ranks(cfg, command: str = "run") -> int:
     import traceback
 
     from shardmd.domain.comm import init_comm, shutdown
+    from shardmd.engine.batch.run import run_command
     from shardmd.engine.errors import UserError
-    from shardmd.engine.run.simulation import Simulation
 
     if os.environ.get("SHARDMD_SELF_LAUNCHED"):
         from shardmd.engine.launch.parallel import watch_parent
@@ -468,18 +468,7 @@ def _run_ranks(cfg, command: str = "run") -> int:
         start(comm, float(cfg.health.rank_silence))
     code = 0
     try:
-        if cfg.system.get("frames") is not None:   # many systems: engine/batch/
-            from shardmd.engine.batch.run import batch_run
-
-            code = batch_run(cfg, comm, command)
-        elif command == "minimize":
-            from shardmd.engine.relax.minimize import minimize_run
-
-            code = minimize_run(cfg, comm=comm)
-        else:
-            sim = Simulation(cfg, comm=comm)
-            sim.run()
-            code = sim.exit_code
+        code = run_command(cfg, comm, command)
     except UserError as exc:
         if comm is None or comm.size == 1:
             raise

@@ -34,6 +34,7 @@ from shardmd.engine.config.checks import (
     key,
     number,
     one_of,
+    parse_frames,
     whole,
 )
 from shardmd.engine.config.choices import INTEGRATORS, MODELS, OPEN_CHOICES  # noqa: F401
@@ -58,8 +59,6 @@ class Checkpoint:
 def _frames(v) -> bool:
     if v is None:
         return True
-    from shardmd.engine.batch.frames import parse_frames
-
     try:
         parse_frames(v)
     except ValueError:
