@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 from ase.build import bulk
 from ase.io import read, write
-
 from conftest import cli_in_process
 
 KR = ["model.epsilon.Kr=0.014", "model.sigma.Kr=3.65"]

@@ -14,7 +14,6 @@ import numpy as np
 import pytest
 from ase.build import bulk
 from ase.io import read, write
-
 from conftest import run_engine
 
 
