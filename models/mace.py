@@ -322,6 +322,13 @@ class MaceModel:
             self._filter.observe(out["capacity_fill"])
         return out
 
+    def compute_batch(self, items) -> list[dict[str, torch.Tensor]]:
+        """One call over independent whole systems: items (positions, cell, pbc, numbers, nl),
+        per item what :meth:`compute` gives alone (models/mace_batch.py)."""
+        from shardmd.models.mace_batch import compute_batch
+
+        return compute_batch(self, items)
+
     def _evaluate_fitting(self, positions, cell, numbers, nl, ctx) -> dict[str, torch.Tensor]:
         """:meth:`_evaluate`; if it runs out of device memory with the radial MLPs' activations
         kept, once more with them recomputed, which stays on for later calls. One domain only:

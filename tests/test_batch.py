@@ -175,3 +175,46 @@ def test_an_earlier_record_is_not_overwritten_silently(many, tmp_path, capfd, mo
     r = cli_in_process(["run", "model=lj", *KR, *common], tmp_path, capfd, monkeypatch)
     assert r.returncode == 2 and "restart=auto" in r.stderr and "overwrite=true" in r.stderr, r.stderr
     run([*common, "overwrite=true"], tmp_path, capfd, monkeypatch)
+
+
+def cu_frames(n: int = 4):
+    """Rattled fcc Cu cells of 32 and 48 atoms (a sheared one among them) for the shipped MACE model."""
+    rng = np.random.default_rng(2)
+    out = []
+    for k in range(n):
+        a = bulk("Cu", "fcc", a=3.61, cubic=True).repeat((2, 2, 2 + k % 2))
+        a.positions += rng.normal(0.0, 0.04, a.positions.shape)
+        if k % 3 == 2:
+            a.cell[0, 1] = 0.2
+        out.append(a)
+    return out
+
+
+def mace(args, cwd, capfd, monkeypatch):
+    r = cli_in_process(["run", "model=mace", "quiet=true", *args], cwd, capfd, monkeypatch)
+    assert r.returncode == 0, r.stderr
+    return r
+
+
+@pytest.mark.parametrize("integrator", ["verlet", "langevin", "npt"])
+def test_one_mace_call_for_many_systems_equals_each_alone(integrator, tmp_path, capfd, monkeypatch):
+    """batch.size=3 over 4 frames: three systems per model call, the fourth takes a finished one's place."""
+    write(tmp_path / "cu.extxyz", cu_frames())
+    common = ["system.file=cu.extxyz", "steps=30", "trajectory.every=10", f"integrator={integrator}"]
+    mace([*common, "system.frames=all", "batch.size=3", "output=b.h5"], tmp_path, capfd, monkeypatch)
+    for k in (2, 3):
+        mace([*common, f"system.index={k}", f"output=a{k}.h5"], tmp_path, capfd, monkeypatch)
+        assert np.abs(final(tmp_path / f"b.{k}.h5") - final(tmp_path / f"a{k}.h5")).max() <= 1e-10
+    assert [r["status"] for r in summary(tmp_path / "b.summary.csv")] == ["ok"] * 4
+
+
+def test_a_system_that_blows_up_leaves_the_others_running(tmp_path, capfd, monkeypatch):
+    frames_ = cu_frames(3)
+    frames_[1].set_velocities(np.full((len(frames_[1]), 3), 20.0))   # ~2 Å/fs: past health.max_step at once
+    write(tmp_path / "cu.extxyz", frames_)
+    r = cli_in_process(["run", "model=mace", "quiet=true", "system.file=cu.extxyz", "system.frames=all", "steps=10",
+                        "trajectory.every=5", "output=h.h5"], tmp_path, capfd, monkeypatch)
+    assert r.returncode == 3, r.stderr
+    rows = summary(tmp_path / "h.summary.csv")
+    assert [x["status"] for x in rows] == ["ok", "failed", "ok"]
+    assert "exit status 3" in rows[1]["note"] and int(rows[0]["steps"]) == int(rows[2]["steps"]) == 10

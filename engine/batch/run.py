@@ -43,6 +43,8 @@ def system_config(cfg, index: int, width: int, command: str, resume: bool = Fals
         c.system.frames = None
         c.domains = 1
         c.output = journal.system_output(str(cfg.output), index, width)
+        # stepped with others (engine/batch/lockstep.py): no rollback may replay one system alone
+        c.neighbor.deferred, c.neighbor.pipelined = False, False
         if command == "minimize":
             c.minimize.structure = None   # beside its own output: X.<i>.extxyz
     return c
@@ -87,6 +89,31 @@ def _one(cfg_i, atoms, dmodel, command: str, resume: bool) -> tuple[journal.Row,
     except UserError as exc:
         return journal.Row(k, n, "failed", output=str(cfg_i.output),
                            note=f"exit status {exc.exit_code}: {exc.one_line()}"), exc.exit_code
+
+
+def _together(cfg, todo, width: int, dmodel, resume: bool, finished) -> None:
+    """MD of ``todo`` with up to ``batch.size`` systems per model call (engine/batch/lockstep.py)."""
+    from shardmd.engine.batch.lockstep import run_together
+    from shardmd.engine.run.simulation import Simulation
+
+    outputs = {}
+
+    def start(k, atoms):
+        cfg_i = system_config(cfg, k, width, "run", resume)
+        outputs[k] = str(cfg_i.output)
+        state = None if resume else State.from_atoms(atoms, dtype=stages.DTYPES[cfg_i.precision])
+        return Simulation(cfg_i, state=state, model=dmodel, reporter=_silent(), comm=Comm())
+
+    def on_end(k, sim, obs):
+        finished(journal.Row(k, sim.n_global, "ok", energy_eV=float(obs["potential_energy"]), volume_A3=_volume(sim),
+                             steps=int(sim.state.step), output=outputs[k]), 0)
+
+    def on_error(k, sim, exc):
+        atoms = sim.n_global if sim is not None else next(len(a) for j, a in todo if j == k)
+        finished(journal.Row(k, atoms, "failed", output=outputs.get(k, ""),
+                             note=f"exit status {exc.exit_code}: {exc.one_line()}"), exc.exit_code)
+
+    run_together(iter(todo), start, int(cfg.batch.size), dmodel.model, on_end, on_error)
 
 
 def _volume(sim) -> float | str:
@@ -143,14 +170,21 @@ def batch_run(cfg, comm: Comm | None, command: str = "run") -> int:
              f"{len(done)} done before, {comm.size} rank(s); outputs {journal.system_output(str(cfg.output), 0, width)}"
              f" ... and {journal.summary_path(str(cfg.output))}")
     record = journal.Journal(str(cfg.output), comm.rank)
-    t0, code = time.perf_counter(), 0
-    for j, (k, atoms) in enumerate(todo):
-        row, status = _one(system_config(cfg, k, width, command, resume), atoms, dmodel, command, resume)
+    t0, codes = time.perf_counter(), []
+
+    def finished(row: journal.Row, status: int) -> None:
         record.add(row)
-        code = code or status
-        log.line(f"[{len(done) + j + 1} done, {len(todo) - j - 1} left on rank {comm.rank}, "
-                 f"{time.perf_counter() - t0:.1f} s] system {k}: {row.status}"
+        codes.append(status)
+        log.line(f"[{len(done) + len(codes)} done, {len(todo) - len(codes)} left on rank {comm.rank}, "
+                 f"{time.perf_counter() - t0:.1f} s] system {row.system}: {row.status}"
                  + (f", {row.steps} steps, energy {row.energy_eV:.10g} eV" if row.status == "ok" else f" ({row.note})"))
+
+    together = command == "run" and hasattr(dmodel.model, "compute_batch") and int(cfg.batch.size) > 1
+    if together:
+        _together(cfg, todo, width, dmodel, resume, finished)
+    for k, atoms in ([] if together else todo):
+        finished(*_one(system_config(cfg, k, width, command, resume), atoms, dmodel, command, resume))
+    code = next((c for c in codes if c), 0)
     comm.barrier()   # every rank's record is complete (the ranks share the output folder, as for the files)
     if comm.is_root:
         every = journal.finished(str(cfg.output))

@@ -103,6 +103,13 @@ class System:
 
 
 @dataclass
+class Batch:
+    size: int = key(64, "with system.frames and a model that evaluates many systems in one call (mace): the most "
+                    "systems stepped together; a finished one's place goes to the next frame (docs/batch.md)",
+                    whole(1))
+
+
+@dataclass
 class Neighbor:
     skin: float = key(1.0, "Å added to the model cutoff for the Verlet list", number("give a skin >= 0 in Å", ge=0))
     every: int = key(1, "check the skin criterion every N steps", whole(1))
@@ -234,6 +241,7 @@ class ShardMD:
     restart: Restart = field(default_factory=Restart)
     checkpoint: Checkpoint = field(default_factory=Checkpoint)
     system: System = field(default_factory=System)
+    batch: Batch = field(default_factory=Batch)
     neighbor: Neighbor = field(default_factory=Neighbor)
     health: Health = field(default_factory=Health)
     trajectory: Trajectory = field(default_factory=Trajectory)

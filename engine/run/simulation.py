@@ -359,6 +359,14 @@ class Simulation:
     def step(self) -> bool:
         """Drift, neighbour list, forces, kick. False when the list's check rolled the state
         back to an earlier step (its forces recomputed): the loop replays from there."""
+        upd = self.drift()
+        self._finish_step(upd.kick)
+        return upd.outcome is not Outcome.ROLLED_BACK
+
+    def drift(self):
+        """A step up to its forces: first half, step count, neighbour list (engine/run/rebuild.py's
+        update: refreshed, rebuilt or rolled back). Many-system runs call it, then the forces of
+        all systems at once (engine/batch/lockstep.py), then :meth:`_finish_step`."""
         s = self.state
         t = time.perf_counter()
         if self._barostat:
@@ -369,9 +377,7 @@ class Simulation:
         self.timers["integrate"] += time.perf_counter() - t
         s.step += 1
         s.time += self.integrator.dt
-        upd = self.neighbors.update(s, self._output_due(s.step), self.stop.requested)
-        self._finish_step(upd.kick)
-        return upd.outcome is not Outcome.ROLLED_BACK
+        return self.neighbors.update(s, self._output_due(s.step), self.stop.requested)
 
     def _finish_step(self, kick: bool = True) -> None:
         """This step's forces, then the integrator's second half."""

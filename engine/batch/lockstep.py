@@ -1,0 +1,140 @@
+"""Many MD systems stepped together, with one model call per step for all of them.
+
+For a model with ``compute_batch`` (MACE: models/mace_batch.py) up to ``batch.size`` systems are
+in flight. Each step, every system drifts (its first half and neighbour list:
+``Simulation.drift``), the model is called once on all of them, and each system takes its
+outputs and finishes its step as a run alone would (second half, thermo, frame, checkpoint).
+A system that reaches ``steps`` leaves and the next frame takes its place.
+
+Each system is still a one-rank ``Simulation``: the model's outputs for it are handed to it
+through :class:`_Handed`, the model it calls, which gives the batched call's outputs when they
+are there and calls the model itself otherwise (its first forces, a checkpoint's health check).
+The skin check reads every step (``neighbor.deferred=false``): a rollback of one system would
+replay steps the others have taken.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+
+class _Handed:
+    """A system's model: the batched call's outputs once (``ready``), else the model's own call."""
+
+    def __init__(self, dmodel):
+        self._inner = dmodel
+        self.ready = None
+
+    def compute(self, *args, **kwargs):
+        out, self.ready = self.ready, None
+        return out if out is not None else self._inner.compute(*args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+
+class Member:
+    """One system in flight: its ``Simulation`` set up and its loop state (a run's ``run()``,
+    taken apart at the model call)."""
+
+    def __init__(self, index: int, sim):
+        self.index, self.sim = index, sim
+        sim.dmodel = self.handed = _Handed(sim.dmodel)
+        sim.stop.install()
+        sim.setup()
+        sim.started = True
+        self.last = int(sim.cfg.steps)
+        sim._last_step, sim._step0 = self.last, sim.state.step
+        sim.timers.clear()
+        sim.reporter.start(sim.state.step)
+        self.update = None
+
+    @property
+    def done(self) -> bool:
+        return self.sim.state.step >= self.last
+
+    def drift(self) -> None:
+        self.update = self.sim.drift()
+
+    def item(self):
+        """(positions, cell, pbc, numbers, nl) of this system for the batched call."""
+        d, s = self.sim.domain, self.sim.state
+        return d.padded_positions, s.cell, s.pbc, d.padded_numbers, d.nl.current
+
+    def finish(self, out) -> None:
+        """The step's forces from ``out``, the second half, and what a run does after a step."""
+        sim, s = self.sim, self.sim.state
+        self.handed.ready = out
+        sim._finish_step(self.update.kick)
+        sim._report(force_thermo=s.step == self.last)
+        every = sim._ckpt_every
+        if every and s.step % every == 0 and s.step < self.last:
+            sim.checkpoint()
+
+    def end(self) -> dict:
+        """The end of the run: checkpoint, the last frame, closed files; its final observables."""
+        sim, s = self.sim, self.sim.state
+        try:
+            sim.checkpoint()
+            if sim.writer is not None and s.step % sim._traj_every != 0:
+                obs = sim._checked_observables({"trajectory"})
+                with sim._output_step():
+                    sim._write(obs)
+            return sim.last_thermo or sim.observables()
+        finally:
+            sim.close()
+
+
+def run_together(todo: Iterator, start: Callable, size: int, model, on_end: Callable, on_error: Callable) -> None:
+    """Step the systems of ``todo`` (an iterator of (index, what ``start`` needs)) with at most
+    ``size`` in flight. ``start(index, item)`` -> a set-up ``Simulation``; ``on_end(index, sim,
+    obs)`` when a system reached its end; ``on_error(index, sim, exc)`` for a system that failed
+    (a UserError of its own): it leaves, the others go on."""
+    from shardmd.engine.errors import UserError
+
+    flying: list[Member] = []
+    source = iter(todo)
+
+    def refill() -> None:
+        for index, item in source:
+            try:
+                member = Member(index, start(index, item))
+            except UserError as exc:
+                on_error(index, None, exc)
+                continue
+            if member.done:
+                _leave(member)
+                continue
+            flying.append(member)
+            if len(flying) >= size:
+                return
+
+    def _leave(member: Member) -> None:
+        try:
+            on_end(member.index, member.sim, member.end())
+        except UserError as exc:
+            on_error(member.index, member.sim, exc)
+
+    refill()
+    while flying:
+        alive = []
+        for m in flying:
+            try:
+                m.drift()
+                alive.append(m)
+            except UserError as exc:
+                m.sim.close()
+                on_error(m.index, m.sim, exc)
+        outs = model.compute_batch([m.item() for m in alive]) if alive else []
+        flying = []
+        for m, out in zip(alive, outs):
+            try:
+                m.finish(out)
+            except UserError as exc:
+                m.sim.close()
+                on_error(m.index, m.sim, exc)
+                continue
+            if m.done:
+                _leave(m)
+            else:
+                flying.append(m)
+        refill()
