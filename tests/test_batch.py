@@ -218,3 +218,33 @@ def test_a_system_that_blows_up_leaves_the_others_running(tmp_path, capfd, monke
     rows = summary(tmp_path / "h.summary.csv")
     assert [x["status"] for x in rows] == ["ok", "failed", "ok"]
     assert "exit status 3" in rows[1]["note"] and int(rows[0]["steps"]) == int(rows[2]["steps"]) == 10
+
+
+def test_python_api_relaxes_and_runs_lists_of_atoms(tmp_path, monkeypatch):
+    from ase.optimize import FIRE
+
+    from shardmd.engine.ase_calculator import ShardMDCalculator
+    from shardmd.engine.batch.api import relax_many, run_many
+    from shardmd.engine.errors import UserError
+
+    monkeypatch.chdir(tmp_path)
+    given = frames(3)
+    relaxed = relax_many(given, "model=lj", *KR, "minimize.fmax=0.01", "trajectory.every=0", "output=r/r.h5",
+                         "quiet=true")
+    assert [a.info["shardmd"]["status"] for a in relaxed] == ["ok"] * 3
+    # the same relaxation by ASE's own FIRE through our calculator (the engine's FIRE is ASE's, step for step)
+    ref = given[1].copy()
+    ref.calc = ShardMDCalculator(model="lj", epsilon={"Ar": 0.0104, "Kr": 0.014}, sigma={"Ar": 3.4, "Kr": 3.65})
+    FIRE(ref, logfile=None).run(fmax=0.01)
+    from ase.geometry import find_mic
+
+    shift, _ = find_mic(relaxed[1].positions - ref.positions, ref.cell, ref.pbc)   # ours are wrapped
+    assert np.abs(shift).max() < 1e-8
+    assert relaxed[1].get_potential_energy() == pytest.approx(ref.get_potential_energy(), abs=1e-8)
+    assert given[1].positions is not relaxed[1].positions   # the input is left as it was
+    final_ = run_many(given[:2], "model=lj", *KR, "steps=20", "trajectory.every=10", "output=m/m.h5", "quiet=true")
+    assert [len(a) for a in final_] == [32, 48] and np.abs(final_[0].get_velocities()).max() > 0
+    with pytest.raises(UserError, match="list of ase.Atoms"):
+        relax_many([], "model=lj")
+    with pytest.raises(UserError, match="trajectory.every > 0"):
+        run_many(given, "model=lj", "trajectory.every=0")

@@ -132,21 +132,26 @@ def frame_problem(atoms, model, min_distance: float) -> str | None:
 
 
 def load_frames(path: str, frames, model, min_distance: float, skip_bad: bool):
-    """([(index, atoms)], [BadFrame]): every selected frame that can run, in input order.
+    """([(index, atoms)], [BadFrame]): every selected frame of ``path`` that can run, in input
+    order (:func:`checked`)."""
+    return checked(read_frames(path, selected(path, frames)), f"system.file={path!r}", model, min_distance, skip_bad)
 
-    A frame that cannot run is a one-line UserError naming its index and the fix, unless
-    ``skip_bad``; then it is left out and returned among the bad ones."""
+
+def checked(pairs, what: str, model, min_distance: float, skip_bad: bool):
+    """([(index, atoms)], [BadFrame]) of ``pairs`` (index, atoms or the reason it could not be
+    read). A structure that cannot run is a one-line UserError naming its index and the fix,
+    unless ``skip_bad``; then it is left out and returned among the bad ones."""
     good, bad = [], []
-    for k, atoms in read_frames(path, selected(path, frames)):
+    for k, atoms in pairs:
         why = atoms if isinstance(atoms, str) else frame_problem(atoms, model, min_distance)
         if why is None:
             good.append((k, atoms))
             continue
         if not skip_bad:
-            raise UserError(f"system.file={path!r} frame {k}: {why}; fix or remove that frame, or set "
+            raise UserError(f"{what} frame {k}: {why}; fix or remove that frame, or set "
                             "system.skip_bad=true to leave it out (listed in the summary)")
         bad.append(BadFrame(k, why))
     if not good:
-        raise UserError(f"system.file={path!r}: no selected frame can run ({len(bad)} left out; the first, "
+        raise UserError(f"{what}: no selected frame can run ({len(bad)} left out; the first, "
                         f"frame {bad[0].index}: {bad[0].reason})")
     return good, bad

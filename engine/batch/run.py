@@ -24,11 +24,12 @@ from omegaconf import open_dict
 
 from shardmd.domain.comm import Comm
 from shardmd.engine.batch import journal
-from shardmd.engine.batch.frames import frame_count, load_frames
+from shardmd.engine.batch.frames import checked, frame_count, load_frames
 from shardmd.engine.errors import UserError
 from shardmd.engine.run import stages
 from shardmd.engine.run.reporting import Reporter
 from shardmd.engine.run.state import State
+from shardmd.integrators.random import frame_seed
 
 
 def system_config(cfg, index: int, width: int, command: str, resume: bool = False):
@@ -37,6 +38,8 @@ def system_config(cfg, index: int, width: int, command: str, resume: bool = Fals
     outputs."""
     c = copy.deepcopy(cfg)
     with open_dict(c):
+        if not c.system.get("file"):   # structures given in Python: the frame keys the seed here
+            c.seed = frame_seed(int(cfg.seed), index)
         if resume and command == "minimize":
             c.restart.file, c.overwrite = None, True
         c.system.index = index
@@ -136,12 +139,13 @@ def run_command(cfg, comm: Comm | None, command: str = "run") -> int:
     return sim.exit_code
 
 
-def batch_run(cfg, comm: Comm | None, command: str = "run") -> int:
-    """Every selected frame as its own system; this rank's share; the summary on rank 0.
-    Exit status 0 when every system ran (a relaxation that did not converge counts as ran),
+def batch_run(cfg, comm: Comm | None, command: str = "run", structures=None) -> int:
+    """Every selected frame of ``system.file`` (or every ``ase.Atoms`` of ``structures``, the
+    Python API: engine/batch/api.py) as its own system; this rank's share; the summary on rank
+    0. Exit status 0 when every system ran (a relaxation that did not converge counts as ran),
     else the first failed system's."""
     comm = comm or Comm()
-    path = str(cfg.system.file)
+    path = str(cfg.system.file) if structures is None else "the structures given"
     if cfg.restart.file not in (None, "auto"):
         raise UserError(f"restart={cfg.restart.file}: a many-system run continues with restart=auto (each system "
                         "from its own checkpoint); drop the path")
@@ -155,9 +159,12 @@ def batch_run(cfg, comm: Comm | None, command: str = "run") -> int:
     dtype = stages.DTYPES[cfg.precision]
     device = stages.device_of(cfg, comm)
     dmodel, _ = stages.the_model(cfg, None, dtype, device)
-    good, bad = load_frames(path, cfg.system.frames, dmodel.model, float(cfg.health.min_distance),
-                            bool(cfg.system.skip_bad))
-    width = len(str(max(frame_count(path) - 1, 0)))
+    checks = (dmodel.model, float(cfg.health.min_distance), bool(cfg.system.skip_bad))
+    if structures is None:
+        good, bad = load_frames(path, cfg.system.frames, *checks)
+    else:
+        good, bad = checked(enumerate(structures), "structures", *checks)
+    width = len(str(max((frame_count(path) if structures is None else len(structures)) - 1, 0)))
     if cfg.overwrite and not resume and comm.is_root:
         for p in journal.folder(str(cfg.output)).glob("done.*.csv"):
             p.unlink()
