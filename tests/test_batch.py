@@ -248,3 +248,15 @@ def test_python_api_relaxes_and_runs_lists_of_atoms(tmp_path, monkeypatch):
         relax_many([], "model=lj")
     with pytest.raises(UserError, match="trajectory.every > 0"):
         run_many(given, "model=lj", "trajectory.every=0")
+
+
+def test_systems_stepped_together_restart_bit_exact(tmp_path, capfd, monkeypatch):
+    write(tmp_path / "cu.extxyz", cu_frames(3))
+    common = ["system.file=cu.extxyz", "system.frames=all", "batch.size=3", "integrator=langevin",
+              "trajectory.every=10", "checkpoint.every=10"]
+    mace([*common, "steps=20", "output=u.h5"], tmp_path, capfd, monkeypatch)
+    mace([*common, "steps=10", "output=v.h5"], tmp_path, capfd, monkeypatch)
+    mace([*common, "steps=20", "output=v.h5", "restart=auto"], tmp_path, capfd, monkeypatch)
+    for k in range(3):
+        for field in ("position", "velocity"):
+            assert np.array_equal(final(tmp_path / f"u.{k}.h5", field), final(tmp_path / f"v.{k}.h5", field))
