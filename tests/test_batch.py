@@ -260,3 +260,21 @@ def test_systems_stepped_together_restart_bit_exact(tmp_path, capfd, monkeypatch
     for k in range(3):
         for field in ("position", "velocity"):
             assert np.array_equal(final(tmp_path / f"u.{k}.h5", field), final(tmp_path / f"v.{k}.h5", field))
+
+
+def test_several_files_by_pattern(tmp_path, capfd, monkeypatch):
+    """system.files: a pattern's matches in order, every frame of each; structure i draws with frame_seed(seed, i)."""
+    from shardmd.integrators.random import frame_seed
+
+    (tmp_path / "in").mkdir()
+    f = frames(3)
+    write(tmp_path / "in" / "a.extxyz", f[:2])
+    write(tmp_path / "in" / "b.cif", f[2])
+    common = ["integrator=langevin", "steps=30", "trajectory.every=30"]
+    run([*common, "system.files=[in/*.extxyz,in/*.cif]", "output=f.h5"], tmp_path, capfd, monkeypatch)
+    assert [int(r["atoms"]) for r in summary(tmp_path / "f.summary.csv")] == [32, 48, 32]
+    run([*common, "system.file=in/b.cif", f"seed={frame_seed(12345, 2)}", "output=alone.h5"], tmp_path, capfd,
+        monkeypatch)
+    assert np.abs(final(tmp_path / "f.2.h5") - final(tmp_path / "alone.h5")).max() <= 1e-10
+    r = cli_in_process(["run", "model=lj", "system.files=[in/*.xyz]"], tmp_path, capfd, monkeypatch)
+    assert r.returncode == 2 and "'in/*.xyz' matches no file" in r.stderr, r.stderr

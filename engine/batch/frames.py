@@ -16,6 +16,41 @@ from shardmd.engine.config.checks import parse_frames
 from shardmd.engine.errors import UserError
 
 
+def many_systems(cfg) -> bool:
+    """Whether the run holds many systems (``system.frames`` or ``system.files``)."""
+    return cfg.system.get("frames") is not None or bool(cfg.system.get("files"))
+
+
+def read_files(patterns) -> list:
+    """Every frame of every file the paths or glob patterns name (each pattern's matches
+    sorted), in order: a list of ``ase.Atoms``, or for a file ASE cannot read, the one-line
+    reason in its place. A pattern that matches nothing is a one-line UserError."""
+    import glob
+
+    from ase.io import read
+
+    from shardmd.engine.io.safe_io import input_file_problem
+    from shardmd.engine.run.structure import unknown_element
+
+    out = []
+    for pattern in patterns:
+        paths = sorted(glob.glob(str(pattern))) if glob.has_magic(str(pattern)) else [str(pattern)]
+        if not paths:
+            raise UserError(f"system.files: {pattern!r} matches no file; give existing paths or patterns")
+        for path in paths:
+            bad = input_file_problem(path)
+            if bad:
+                raise UserError(f"system.files: {path!r}: {bad}; give structure files ASE can read")
+            try:
+                out.extend(read(path, index=":", parallel=False))
+            except Exception as exc:  # noqa: BLE001 - the file's failure is one line in its frame's place
+                unknown = unknown_element(exc)
+                first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                out.append(f"{path}: " + (f"unknown element {unknown!r}" if unknown is not None
+                                          else f"ASE cannot read it ({first})"))
+    return out
+
+
 @dataclass(frozen=True)
 class BadFrame:
     """A frame left out: its index in the file and why (one line)."""

@@ -24,7 +24,8 @@ from omegaconf import open_dict
 
 from shardmd.domain.comm import Comm
 from shardmd.engine.batch import journal
-from shardmd.engine.batch.frames import checked, frame_count, load_frames
+from shardmd.engine.batch.frames import checked, frame_count, load_frames, many_systems, read_files
+from shardmd.engine.config.checks import parse_frames
 from shardmd.engine.errors import UserError
 from shardmd.engine.run import stages
 from shardmd.engine.run.reporting import Reporter
@@ -34,23 +35,31 @@ from shardmd.integrators.random import frame_seed
 
 def system_config(cfg, index: int, width: int, command: str, resume: bool = False):
     """The configuration of frame ``index`` run alone (what ``system.index=index`` gives);
-    ``resume``: a relaxation that was running when the run stopped starts again over its own
-    outputs."""
+    ``resume``: a system that was running when the run stopped continues from its own newest
+    checkpoint, or (a relaxation, or one without a checkpoint) starts again over its own outputs."""
     c = copy.deepcopy(cfg)
+    output = journal.system_output(str(cfg.output), index, width)
     with open_dict(c):
-        if not c.system.get("file"):   # structures given in Python: the frame keys the seed here
+        if not c.system.get("file"):   # structures given in Python or system.files: the index keys the seed here
             c.seed = frame_seed(int(cfg.seed), index)
-        if resume and command == "minimize":
-            c.restart.file, c.overwrite = None, True
+        if resume and (command == "minimize" or not _has_checkpoint(output)):
+            c.restart.file, c.overwrite = None, True   # it starts again, over its own outputs
         c.system.index = index
-        c.system.frames = None
+        c.system.frames, c.system.files = None, []
         c.domains = 1
-        c.output = journal.system_output(str(cfg.output), index, width)
+        c.output = output
         # stepped with others (engine/batch/lockstep.py): no rollback may replay one system alone
         c.neighbor.deferred, c.neighbor.pipelined = False, False
         if command == "minimize":
             c.minimize.structure = None   # beside its own output: X.<i>.extxyz
     return c
+
+
+def _has_checkpoint(output: str) -> bool:
+    from shardmd.engine.io.checkpoint import checkpoint_dir, newest_valid
+
+    folder = checkpoint_dir(output)
+    return folder.is_dir() and newest_valid(folder) is not None
 
 
 def _silent() -> Reporter:
@@ -77,7 +86,7 @@ def _one(cfg_i, atoms, dmodel, command: str, resume: bool) -> tuple[journal.Row,
                                steps=int(res["steps"]), converged=bool(res["converged"]),
                                fmax_eV_per_A=float(res["fmax"]), output=str(cfg_i.output)), 0
         # a system that was running when the run stopped continues from its own checkpoint
-        state = None if resume else State.from_atoms(atoms, dtype=stages.DTYPES[cfg_i.precision])
+        state = None if cfg_i.restart.file else State.from_atoms(atoms, dtype=stages.DTYPES[cfg_i.precision])
         sim = Simulation(cfg_i, state=state, model=dmodel, reporter=_silent(), comm=Comm())
         try:
             obs = sim.run()
@@ -104,7 +113,7 @@ def _together(cfg, todo, width: int, dmodel, resume: bool, finished) -> None:
     def start(k, atoms):
         cfg_i = system_config(cfg, k, width, "run", resume)
         outputs[k] = str(cfg_i.output)
-        state = None if resume else State.from_atoms(atoms, dtype=stages.DTYPES[cfg_i.precision])
+        state = None if cfg_i.restart.file else State.from_atoms(atoms, dtype=stages.DTYPES[cfg_i.precision])
         return Simulation(cfg_i, state=state, model=dmodel, reporter=_silent(), comm=Comm())
 
     def on_end(k, sim, obs):
@@ -126,7 +135,7 @@ def _volume(sim) -> float | str:
 def run_command(cfg, comm: Comm | None, command: str = "run") -> int:
     """``python -m engine run|minimize`` on this rank: many systems (``system.frames``), a
     relaxation, or a run; its exit status."""
-    if cfg.system.get("frames") is not None:
+    if many_systems(cfg):
         return batch_run(cfg, comm, command)
     if command == "minimize":
         from shardmd.engine.relax.minimize import minimize_run
@@ -145,7 +154,12 @@ def batch_run(cfg, comm: Comm | None, command: str = "run", structures=None) -> 
     0. Exit status 0 when every system ran (a relaxation that did not converge counts as ran),
     else the first failed system's."""
     comm = comm or Comm()
-    path = str(cfg.system.file) if structures is None else "the structures given"
+    if structures is None and cfg.system.get("files"):
+        if cfg.system.get("file"):
+            raise UserError("system.file and system.files are both given; give one (system.files takes a list)")
+        structures = read_files(cfg.system.files)
+    path = str(cfg.system.file) if structures is None else "system.files" if cfg.system.get("files") else \
+        "the structures given"
     if cfg.restart.file not in (None, "auto"):
         raise UserError(f"restart={cfg.restart.file}: a many-system run continues with restart=auto (each system "
                         "from its own checkpoint); drop the path")
@@ -163,7 +177,10 @@ def batch_run(cfg, comm: Comm | None, command: str = "run", structures=None) -> 
     if structures is None:
         good, bad = load_frames(path, cfg.system.frames, *checks)
     else:
-        good, bad = checked(enumerate(structures), "structures", *checks)
+        picked = list(range(len(structures)))[parse_frames(cfg.system.frames or "all")]
+        if not picked:
+            raise UserError(f"system.frames={cfg.system.frames} selects none of the {len(structures)} structures")
+        good, bad = checked(((k, structures[k]) for k in picked), path, *checks)
     width = len(str(max((frame_count(path) if structures is None else len(structures)) - 1, 0)))
     if cfg.overwrite and not resume and comm.is_root:
         for p in journal.folder(str(cfg.output)).glob("done.*.csv"):

@@ -429,13 +429,14 @@ def _run_config(cfg, rank_args: list[str], explicit_domains: bool, command: str 
     from shardmd.engine.run.preflight import check_domains, check_outputs
 
     check_outputs(cfg)
-    if command == "minimize" and cfg.system.get("frames") is None:   # many systems: engine/batch/
+    many = cfg.system.get("frames") is not None or bool(cfg.system.get("files"))   # engine/batch/
+    if command == "minimize" and not many:
         from shardmd.engine.relax.minimize import minimize_cfg
 
         minimize_cfg(cfg)   # its refusals before any rank starts
     if not under_launcher():
         if cfg.domains > 1:
-            if cfg.system.get("frames") is None:   # many systems: ranks share them, no domains
+            if not many:   # many systems: ranks share them, no domains
                 check_domains(cfg, local=True)   # before starting any rank
             return launch_self(int(cfg.domains), [command, *rank_args])
         return _run_ranks(cfg, command)

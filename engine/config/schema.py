@@ -97,9 +97,13 @@ class System:
     frames: Optional[str] = key(None, "many systems in one run: every selected frame of system.file is its own "
                                 "system (all, or START:STOP:STEP; docs/batch.md); null: one system, system.index",
                                 Check(_frames, "give all or START:STOP:STEP, e.g. 0:100"))
-    skip_bad: bool = key(False, "with system.frames: leave out a frame that cannot run (unknown element, atoms "
-                         "closer than health.min_distance, NaN), listed in the summary, instead of refusing "
-                         "the run", FLAG)
+    files: List[str] = key(help="many systems from several files: paths or glob patterns (e.g. 'cands/*.cif'), every "
+                           "frame of each, in order (system.frames then selects among them all; docs/batch.md)",
+                           check=Check(lambda v: all(isinstance(x, str) and x for x in v),
+                                       "give a list of paths or patterns, e.g. ['cands/*.cif']"), factory=list)
+    skip_bad: bool = key(False, "with system.frames or system.files: leave out a frame that cannot run (unknown "
+                         "element, atoms closer than health.min_distance, NaN), listed in the summary, instead of "
+                         "refusing the run", FLAG)
 
 
 @dataclass
