@@ -103,7 +103,7 @@ def _one(cfg_i, atoms, dmodel, command: str, resume: bool) -> tuple[journal.Row,
                            note=f"exit status {exc.exit_code}: {exc.one_line()}"), exc.exit_code
 
 
-def _together(cfg, todo, width: int, dmodel, resume: bool, finished) -> None:
+def _together(cfg, todo, width: int, dmodel, resume: bool, finished, size: int) -> None:
     """MD of ``todo`` with up to ``batch.size`` systems per model call (engine/batch/lockstep.py)."""
     from shardmd.engine.batch.lockstep import run_together
     from shardmd.engine.run.simulation import Simulation
@@ -125,7 +125,7 @@ def _together(cfg, todo, width: int, dmodel, resume: bool, finished) -> None:
         finished(journal.Row(k, atoms, "failed", output=outputs.get(k, ""),
                              note=f"exit status {exc.exit_code}: {exc.one_line()}"), exc.exit_code)
 
-    run_together(iter(todo), start, int(cfg.batch.size), dmodel.model, on_end, on_error)
+    run_together(iter(todo), start, size, dmodel.model, on_end, on_error)
 
 
 def _volume(sim) -> float | str:
@@ -203,9 +203,10 @@ def batch_run(cfg, comm: Comm | None, command: str = "run", structures=None) -> 
                  f"{time.perf_counter() - t0:.1f} s] system {row.system}: {row.status}"
                  + (f", {row.steps} steps, energy {row.energy_eV:.10g} eV" if row.status == "ok" else f" ({row.note})"))
 
-    together = command == "run" and hasattr(dmodel.model, "compute_batch") and int(cfg.batch.size) > 1
+    size = (64 if device.type == "cuda" else 1) if cfg.batch.size == "auto" else int(cfg.batch.size)
+    together = command == "run" and hasattr(dmodel.model, "compute_batch") and size > 1
     if together:
-        _together(cfg, todo, width, dmodel, resume, finished)
+        _together(cfg, todo, width, dmodel, resume, finished, size)
     for k, atoms in ([] if together else todo):
         finished(*_one(system_config(cfg, k, width, command, resume), atoms, dmodel, command, resume))
     code = next((c for c in codes if c), 0)
