@@ -5,7 +5,7 @@ integrators/nose_hoover.py).
 Why: each torch operation is a pass over the arrays, and on the CPU at large N the passes that
 do not vectorise (a broadcast over rows of 3, strided columns) dominate: npt tri's kinetic tensor
 took ~10 passes over (6, N) terms, its ``nh_v_press`` 7 (twice a step), its remap 5 (twice).
-Figures: docs/benchmarks.md, "NPT step against NVE at 256k after the fused passes"; the design
+Figures: docs/benchmarks.md, "NPT step against NVE at 256k", after the fused passes; the design
 reasoning: docs/design.md, "NPT under decomposition".
 
 Same bits: every kernel does the same IEEE operations in the same order as the torch code.
