@@ -327,7 +327,7 @@ class MaceModel:
         per item what :meth:`compute` gives alone (models/mace_batch.py)."""
         from shardmd.models.mace_batch import compute_batch
 
-        return compute_batch(self, items)
+        return compute_batch(self, items, _Exchange, _fixed_jit_executor)
 
     def _evaluate_fitting(self, positions, cell, numbers, nl, ctx) -> dict[str, torch.Tensor]:
         """:meth:`_evaluate`; if it runs out of device memory with the radial MLPs' activations

@@ -44,16 +44,16 @@ def _joined(mm, items):
             edge_k[keep])
 
 
-def compute_batch(mm, items) -> list[dict[str, torch.Tensor]]:
-    """``mm``: a :class:`~shardmd.models.mace.MaceModel`; ``items``: see the module docstring."""
-    from shardmd.models.mace import _Exchange, _fixed_jit_executor
-
+def compute_batch(mm, items, exchange, executor) -> list[dict[str, torch.Tensor]]:
+    """``mm``: a :class:`~shardmd.models.mace.MaceModel`; ``items``: see the module docstring;
+    ``exchange``, ``executor``: models/mace.py's ``_Exchange`` and ``_fixed_jit_executor`` (given,
+    so this module imports nothing of mace.py's)."""
     if not items:
         return []
     x, numbers, receivers, senders, vectors, node_k, edge_k = _joined(mm, items)
     n, s = int(x.shape[0]), len(items)
     node_attrs = torch.nn.functional.one_hot(mm._lut[numbers.long()], len(mm.atomic_numbers)).to(mm.dtype)
-    with torch.enable_grad(), _fixed_jit_executor():
+    with torch.enable_grad(), executor():
         vectors = vectors.detach().requires_grad_(True)
         data = {
             "node_attrs": node_attrs,
@@ -61,7 +61,7 @@ def compute_batch(mm, items) -> list[dict[str, torch.Tensor]]:
             "vectors": vectors,
             "batch": torch.zeros(n, dtype=torch.int64, device=x.device),
             "natoms": torch.tensor([n, 0]),
-            "lammps_class": _Exchange(None, n),
+            "lammps_class": exchange(None, n),
             "ptr": torch.arange(2, device=x.device) * n,
             "head": mm._head,
         }

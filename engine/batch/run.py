@@ -24,7 +24,7 @@ from omegaconf import open_dict
 
 from shardmd.domain.comm import Comm
 from shardmd.engine.batch import journal
-from shardmd.engine.batch.frames import checked, frame_count, load_frames, many_systems, read_files
+from shardmd.engine.batch.frames import checked, frame_count, load_frames, read_files
 from shardmd.engine.config.checks import parse_frames
 from shardmd.engine.errors import UserError
 from shardmd.engine.run import stages
@@ -130,22 +130,6 @@ def _together(cfg, todo, width: int, dmodel, resume: bool, finished, size: int) 
 
 def _volume(sim) -> float | str:
     return float(sim.state.volume()) if bool(sim.state.pbc.all()) else ""
-
-
-def run_command(cfg, comm: Comm | None, command: str = "run") -> int:
-    """``python -m engine run|minimize`` on this rank: many systems (``system.frames``), a
-    relaxation, or a run; its exit status."""
-    if many_systems(cfg):
-        return batch_run(cfg, comm, command)
-    if command == "minimize":
-        from shardmd.engine.relax.minimize import minimize_run
-
-        return minimize_run(cfg, comm=comm)
-    from shardmd.engine.run.simulation import Simulation
-
-    sim = Simulation(cfg, comm=comm)
-    sim.run()
-    return sim.exit_code
 
 
 def batch_run(cfg, comm: Comm | None, command: str = "run", structures=None) -> int:

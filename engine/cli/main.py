@@ -455,7 +455,7 @@ def _run_ranks(cfg, command: str = "run") -> int:
     import traceback
 
     from shardmd.domain.comm import init_comm, shutdown
-    from shardmd.engine.batch.run import run_command
+    from shardmd.engine.cli.dispatch import run_command
     from shardmd.engine.errors import UserError
 
     if os.environ.get("SHARDMD_SELF_LAUNCHED"):

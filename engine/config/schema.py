@@ -255,6 +255,12 @@ class ShardMD:
     fix: Fix = field(default_factory=Fix)
     minimize: Minimize = field(default_factory=Minimize)
     limits: Limits = field(default_factory=Limits)
+    stages: Optional[List[Any]] = key(None, "a protocol: stages run one after another, each a mapping of the keys it "
+                                      "changes with name and kind (run or minimize), e.g. [{kind: minimize}, "
+                                      "{integrator: nose-hoover, temperature: [300, 600], steps: 2000}] "
+                                      "(docs/protocols.md)",
+                                      Check(lambda v: v is None or (len(v) > 0 and all(hasattr(x, "items") for x in v)),
+                                            "give a list of mappings, e.g. [{kind: minimize}, {steps: 1000}]"))
 
 
 # -- group choices ----------------------------------------------------------------------------

@@ -120,7 +120,7 @@ class Simulation:
         self._energy_missing = False
         self._virial_missing_said = False
         self._model_notes_said: set[str] = set()
-        self.writer = None
+        self.writer, self.schedule = None, None   # schedule(integrator, step): engine/protocol/ ramps
         self.last_thermo: dict | None = None
         self.started = False
 
@@ -364,10 +364,11 @@ class Simulation:
         return upd.outcome is not Outcome.ROLLED_BACK
 
     def drift(self):
-        """A step up to its forces: first half, step count, neighbour list (engine/run/rebuild.py's
-        update: refreshed, rebuilt or rolled back). Many-system runs call it, then the forces of
-        all systems at once (engine/batch/lockstep.py), then :meth:`_finish_step`."""
+        """A step up to its forces (first half, step count, neighbour list: rebuild.py's update);
+        engine/batch/lockstep.py calls it, the forces of many systems at once, :meth:`_finish_step`."""
         s = self.state
+        if self.schedule is not None:   # a protocol stage's ramp (engine/protocol/): targets of step s.step + 1
+            self.schedule(self.integrator, s.step + 1)
         t = time.perf_counter()
         if self._barostat:
             self.integrator.cell = s.cell
