@@ -55,6 +55,30 @@ def system_config(cfg, index: int, width: int, command: str, resume: bool = Fals
     return c
 
 
+class _Log:
+    """The run's log (every line) and terminal (every line up to 50 systems, else about every
+    fiftieth and the last: 10,000 relaxations print 50 lines of progress, not 10,000)."""
+
+    def __init__(self, path, quiet: bool, enabled: bool, resume: bool):
+        self.file = Reporter(path, quiet=True, progress=False, enabled=enabled, log_mode="a" if resume else "w")
+        self.term = Reporter(None, quiet=quiet, progress=False, enabled=enabled)
+        self.count = 0
+
+    def line(self, total, text: str | None = None) -> None:
+        """``line(text)``, or ``line(total, text)`` for one of ``total`` systems finishing."""
+        if text is None:
+            total, text = None, total
+        self.file.line(text)
+        if total is not None:
+            self.count += 1
+        if total is None or total <= 50 or self.count % max(total // 50, 1) == 0 or self.count == total:
+            self.term.line(text)
+
+    def close(self) -> None:
+        self.file.close()
+        self.term.close()
+
+
 def _has_checkpoint(output: str) -> bool:
     from shardmd.engine.io.checkpoint import checkpoint_dir, newest_valid
 
@@ -170,8 +194,7 @@ def batch_run(cfg, comm: Comm | None, command: str = "run", structures=None) -> 
         for p in journal.folder(str(cfg.output)).glob("done.*.csv"):
             p.unlink()
     comm.barrier()
-    log = Reporter(cfg.output.rsplit(".", 1)[0] + ".log" if comm.is_root else None, quiet=cfg.quiet,
-                   progress=False, enabled=comm.is_root, log_mode="a" if resume else "w")
+    log = _Log(cfg.output.rsplit(".", 1)[0] + ".log" if comm.is_root else None, cfg.quiet, comm.is_root, resume)
     mine = [(k, a) for j, (k, a) in enumerate(good) if j % comm.size == comm.rank]
     todo = [(k, a) for k, a in mine if k not in done]
     log.line(f"{command}: {len(good)} systems of {path!r} ({len(bad)} bad frame(s) left out), "
@@ -183,7 +206,7 @@ def batch_run(cfg, comm: Comm | None, command: str = "run", structures=None) -> 
     def finished(row: journal.Row, status: int) -> None:
         record.add(row)
         codes.append(status)
-        log.line(f"[{len(done) + len(codes)} done, {len(todo) - len(codes)} left on rank {comm.rank}, "
+        log.line(len(todo), f"[{len(done) + len(codes)} done, {len(todo) - len(codes)} left on rank {comm.rank}, "
                  f"{time.perf_counter() - t0:.1f} s] system {row.system}: {row.status}"
                  + (f", {row.steps} steps, energy {row.energy_eV:.10g} eV" if row.status == "ok" else f" ({row.note})"))
 
