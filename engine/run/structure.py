@@ -39,20 +39,36 @@ def unit_cell(lattice: str, element: str, a: float):
     return bulk(element, lattice, a=a, orthorhombic=True)
 
 
-def build_atoms(system_cfg):
-    """``ase.Atoms`` from ``system.file`` (if set) or from the lattice builder."""
+def build_atoms(system_cfg, seed: int = 0):
+    """``ase.Atoms`` from ``system.file`` (if set) or from the builder: a crystal (a slab with
+    ``system.miller``) or a random packing, then its composition and vacancies
+    (engine/run/builders.py).  seed: the run's, for the builder's random choices when
+    ``system.seed`` is null."""
     if system_cfg.get("file"):
         return read_structure(system_cfg["file"], system_cfg.get("index", -1))
-    lattice, element, a = system_cfg["lattice"], system_cfg["element"], float(system_cfg["a"])
-    rep = system_cfg["repeat"]
-    rep = tuple(int(r) for r in (rep if isinstance(rep, (list, tuple)) else list(rep)))
-    try:
-        unit = unit_cell(lattice, element, a)
-    except Exception as exc:  # noqa: BLE001 - ASE refuses e.g. impossible combinations
-        raise UserError(f"system.lattice={lattice} with system.element={element}: {exc}") from None
-    atoms = unit.repeat(rep)
-    atoms.pbc = [bool(p) for p in system_cfg["pbc"]]
-    return atoms
+    from shardmd.engine.run import builders
+
+    builders.check_system(system_cfg)
+    lattice = system_cfg["lattice"]
+    if lattice == "random":
+        return builders.random_atoms(system_cfg, builders.rng_of(system_cfg, seed))
+    if system_cfg.get("miller") is not None:
+        atoms = builders.slab(system_cfg)
+    else:
+        element, a = system_cfg["element"], float(system_cfg["a"])
+        rep = tuple(int(r) for r in system_cfg["repeat"])
+        try:
+            unit = unit_cell(lattice, element, a)
+        except Exception as exc:  # noqa: BLE001 - ASE refuses e.g. impossible combinations
+            raise UserError(f"system.lattice={lattice} with system.element={element}: {exc}") from None
+        atoms = unit.repeat(rep)
+        atoms.pbc = [bool(p) for p in system_cfg["pbc"]]
+    if system_cfg.get("composition") is None and not system_cfg.get("vacancies"):
+        return atoms
+    rng = builders.rng_of(system_cfg, seed)
+    if system_cfg.get("composition") is not None:
+        builders.substitute(atoms, system_cfg["composition"], rng)
+    return builders.remove_vacancies(atoms, system_cfg.get("vacancies"), rng)
 
 
 def read_own_file(path: str, index: int = -1):
