@@ -479,9 +479,6 @@ def validate(cfg: DictConfig) -> None:
             continue   # an argument of the model's factory
         raise UserError(_wrong_group(path, [f"{g}={_choice(g, cfg[g].name)}" for g in GROUPS])
                         or f"unknown config key '{path}'{_closest(path)}")
-    from shardmd.engine.run.builders import check_system
-
-    check_system(cfg.system)   # keys wrong only together (a density no packing reaches, ...)
 
 
 def to_container(cfg: DictConfig) -> dict:

@@ -21,6 +21,7 @@ from omegaconf import MISSING
 from shardmd.engine.config.checks import (
     AUTO,
     FLAG,
+    SUM_TOLERANCE,
     TRAJECTORY_FIELDS,
     Check,
     _charges,
@@ -57,8 +58,6 @@ class Checkpoint:
 
 def _composition(v) -> bool | str:
     """null, or {element: fraction >= 0} with fractions summing to 1."""
-    from shardmd.engine.run.builders import SUM_TOLERANCE
-
     if v is None:
         return True
     if not hasattr(v, "items") or len(v) == 0:

@@ -28,11 +28,41 @@ import math
 import numpy as np
 
 from shardmd.engine.errors import UserError
+from shardmd.engine.run.structure import CUBIC_CELLS, read_structure, unit_cell
 
-#: sum of composition fractions accepted as 1
-SUM_TOLERANCE = 1e-6
 #: the densest packing of equal spheres (pi / sqrt(18)): no packing of any kind goes beyond
 CLOSE_PACKED = math.pi / math.sqrt(18.0)
+
+
+# -- the builder ---------------------------------------------------------------------------------------
+def build_atoms(system_cfg, seed: int = 0):
+    """``ase.Atoms`` from ``system.file`` (if set) or from the builder: a crystal (a slab with
+    ``system.miller``) or a random packing, then its composition and vacancies
+    (engine/run/py).  seed: the run's, for the builder's random choices when
+    ``system.seed`` is null."""
+    check_system(system_cfg)
+    if system_cfg.get("file"):
+        return read_structure(system_cfg["file"], system_cfg.get("index", -1))
+    lattice = system_cfg["lattice"]
+    if lattice == "random":
+        return random_atoms(system_cfg, rng_of(system_cfg, seed))
+    if system_cfg.get("miller") is not None:
+        atoms = slab(system_cfg)
+    else:
+        element, a = system_cfg["element"], float(system_cfg["a"])
+        rep = tuple(int(r) for r in system_cfg["repeat"])
+        try:
+            unit = unit_cell(lattice, element, a)
+        except Exception as exc:  # noqa: BLE001 - ASE refuses e.g. impossible combinations
+            raise UserError(f"system.lattice={lattice} with system.element={element}: {exc}") from None
+        atoms = unit.repeat(rep)
+        atoms.pbc = [bool(p) for p in system_cfg["pbc"]]
+    if system_cfg.get("composition") is None and not system_cfg.get("vacancies"):
+        return atoms
+    rng = rng_of(system_cfg, seed)
+    if system_cfg.get("composition") is not None:
+        substitute(atoms, system_cfg["composition"], rng)
+    return remove_vacancies(atoms, system_cfg.get("vacancies"), rng)
 
 
 # -- counts -------------------------------------------------------------------------------------------
@@ -159,8 +189,6 @@ def unit_offsets(system_cfg) -> np.ndarray:
 
 def crystal_sites(system_cfg) -> int:
     """Sites of the crystal builder (bulk, or the slab of ``system.miller``) before vacancies."""
-    from shardmd.engine.run.structure import CUBIC_CELLS
-
     rep = [int(r) for r in system_cfg["repeat"]]
     if system_cfg.get("miller") is not None:
         return len(slab_cell(system_cfg)) * rep[0] * rep[1] * rep[2]
@@ -176,8 +204,6 @@ def rng_of(system_cfg, run_seed: int) -> np.random.Generator:
 
 def template(path: str):
     """The molecule template (``ase.Atoms``) of ``system.molecule``: any file ASE reads."""
-    from shardmd.engine.run.structure import read_structure
-
     try:
         return read_structure(path, -1)
     except UserError as exc:
@@ -212,8 +238,6 @@ def slab_cell(system_cfg):
 
 def _surface(system_cfg, layers: int, vacuum: float | None):
     from ase.build import bulk, surface
-
-    from shardmd.engine.run.structure import unit_cell
 
     lattice, element, a = system_cfg["lattice"], system_cfg["element"], float(system_cfg["a"])
     # Miller indices of the conventional cell: the cubic one, hcp's hexagonal one ((0,0,1): basal)

@@ -184,7 +184,7 @@ def check_domains(cfg, local: bool) -> None:
     if local_only:
         return
     from shardmd.domain.grid_shape import DecompositionError, grid_shape, perpendicular_widths_of
-    from shardmd.engine.run.structure import build_atoms
+    from shardmd.engine.run.builders import build_atoms
 
     check_builder(cfg, local_ranks=n)   # every rank builds the system: before this process does
     atoms = build_atoms(cfg.system, int(cfg.seed))

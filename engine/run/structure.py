@@ -1,5 +1,6 @@
 """Structures: a structure file (anything ASE reads, or a frame of ShardMD's own H5MD
-trajectory or a restart checkpoint) or the lattice builder, as ``ase.Atoms``.
+trajectory or a restart checkpoint) as ``ase.Atoms``, and the crystals' unit cells (the
+builder, engine/run/builders.py, makes systems from them).
 
 No torch here: the process that launches the ranks reads the structure to check the domain
 count before it starts them (engine/run/preflight.py), and importing torch would double the
@@ -37,38 +38,6 @@ def unit_cell(lattice: str, element: str, a: float):
     from ase.build import bulk
 
     return bulk(element, lattice, a=a, orthorhombic=True)
-
-
-def build_atoms(system_cfg, seed: int = 0):
-    """``ase.Atoms`` from ``system.file`` (if set) or from the builder: a crystal (a slab with
-    ``system.miller``) or a random packing, then its composition and vacancies
-    (engine/run/builders.py).  seed: the run's, for the builder's random choices when
-    ``system.seed`` is null."""
-    if system_cfg.get("file"):
-        return read_structure(system_cfg["file"], system_cfg.get("index", -1))
-    from shardmd.engine.run import builders
-
-    builders.check_system(system_cfg)
-    lattice = system_cfg["lattice"]
-    if lattice == "random":
-        return builders.random_atoms(system_cfg, builders.rng_of(system_cfg, seed))
-    if system_cfg.get("miller") is not None:
-        atoms = builders.slab(system_cfg)
-    else:
-        element, a = system_cfg["element"], float(system_cfg["a"])
-        rep = tuple(int(r) for r in system_cfg["repeat"])
-        try:
-            unit = unit_cell(lattice, element, a)
-        except Exception as exc:  # noqa: BLE001 - ASE refuses e.g. impossible combinations
-            raise UserError(f"system.lattice={lattice} with system.element={element}: {exc}") from None
-        atoms = unit.repeat(rep)
-        atoms.pbc = [bool(p) for p in system_cfg["pbc"]]
-    if system_cfg.get("composition") is None and not system_cfg.get("vacancies"):
-        return atoms
-    rng = builders.rng_of(system_cfg, seed)
-    if system_cfg.get("composition") is not None:
-        builders.substitute(atoms, system_cfg["composition"], rng)
-    return builders.remove_vacancies(atoms, system_cfg.get("vacancies"), rng)
 
 
 def read_own_file(path: str, index: int = -1):

@@ -10,8 +10,8 @@ import numpy as np
 import torch
 
 from shardmd.engine.errors import UserError
+from shardmd.engine.run.builders import build_atoms
 from shardmd.engine.run.state import State
-from shardmd.engine.run.structure import build_atoms
 from shardmd.integrators.random import STREAM_INIT_VELOCITY, gaussian_noise
 from shardmd.integrators.units import KB, MVV_TO_EV
 
