@@ -13,9 +13,8 @@ from ase.neighborlist import neighbor_list
 from conftest import run_engine, run_in_process
 
 from shardmd.engine.config.compose import compose_config
-from shardmd.engine.run.builders import species_counts
+from shardmd.engine.run.builders import build_atoms, species_counts
 from shardmd.engine.run.simulation import Simulation
-from shardmd.engine.run.structure import build_atoms
 
 AMU_G = 1.66053906660e-24   # g per amu (CODATA 2018, as ASE's units)
 
@@ -187,7 +186,16 @@ def test_bad_builder_input_is_one_line(case, tmp_path, capfd, monkeypatch):
     write(tmp_path / "x.extxyz", build_atoms(_system("system.repeat=[2,2,2]")))
     code, lines = run_in_process(["run", "model=lj", "steps=0", "quiet=true", "threads=1", *args],
                                  tmp_path, capfd, monkeypatch)
-    lines = [ln for ln in lines if "editable install is" not in ln]   # a second clone's note, not the run's
     assert code == 2 and len(lines) == 1 and lines[0].startswith("error: "), lines
     assert all(w in lines[0] for w in words), lines
     assert not (tmp_path / "run.h5").exists()
+
+
+@pytest.mark.fault
+def test_a_sweep_checks_every_jobs_builder_before_the_first_runs(tmp_path, capfd, monkeypatch):
+    """The second job's density is out of reach: one line, and no job ran (no folder)."""
+    code, lines = run_in_process(["run", "model=lj", "steps=0", "quiet=true", "threads=1", *LIQUID[:2],
+                                  "system.density=1.3,3.0", "system.min_distance=3.0", "-m", "hydra.sweep.dir=sw"],
+                                 tmp_path, capfd, monkeypatch)
+    assert code == 2 and len(lines) == 1 and "random insertion fills at most 33%" in lines[0], lines
+    assert not (tmp_path / "sw").exists()
