@@ -83,8 +83,8 @@ def test_the_z_pressure_relaxes_to_the_target(tmp_path):
     last 2000 steps is the target within its noise, while P_xx, whose axis is held, stays far
     from it."""
     out = tmp_path / "z.h5"
-    Simulation(compose_config([*ARGS, "integrator.couple=z", "integrator.pressure=6000", "steps=3000", "trajectory.every=10",
-                               "trajectory.fields=[position]", f"output={out}"])).run()
+    Simulation(compose_config([*ARGS, "integrator.couple=z", "integrator.pressure=6000", "steps=3000",
+                               "trajectory.every=10", "trajectory.fields=[position]", f"output={out}"])).run()
     with h5py.File(out) as f:
         steps = f["observables/stress/step"][:]
         p = -f["observables/stress/value"][:] * EV_PER_A3_TO_BAR
