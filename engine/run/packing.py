@@ -5,10 +5,12 @@ boundaries on every axis, also those that are not periodic: the packing never de
 How: random sequential addition in batches.  Each round draws candidate centres (uniform in the
 box) and, for a molecule, orientations (uniform on SO(3), scipy's ``Rotation.random``); a
 candidate is dropped when one of its atoms is within the minimum distance of an atom already
-placed (a scipy ``cKDTree`` with the periodic box) or of an earlier candidate of the same round
-that was kept (the round's close pairs from a second tree, taken greedily in draw order).  Every
-random number comes from one ``numpy.random.Generator`` seeded with the builder's seed, so a
-seed gives the same packing on every rank and machine.
+placed (periodic scipy ``cKDTree``s: one over most placed atoms, rebuilt as they grow by a
+quarter, one over those added since) or of an earlier candidate of the same round that was kept
+(the round's close pairs, taken greedily in draw order).  A round draws as many candidates as the
+last round's acceptance rate says the rest needs.  Every random number comes from one
+``numpy.random.Generator`` seeded with the builder's seed, so a seed gives the same packing on
+every rank (and machine, with the same numpy).
 
 Random sequential addition of spheres of diameter d jams at a packing fraction
 phi = (pi/6) n d^3 ~ 0.38 (n atoms per Å^3; for molecules, n times the volume of the union of
@@ -24,8 +26,8 @@ import numpy as np
 
 from shardmd.engine.errors import UserError
 
-#: packing fraction the builder accepts (random sequential addition jams at ~0.38; 0.33 takes ~2 s
-#: for 4,000 atoms, 0.35 ~6 s)
+#: packing fraction the builder accepts (random sequential addition jams at ~0.38 and slows down
+#: long before: scripts/bench_packing.py)
 MAX_FRACTION = 0.33
 #: candidates drawn per unit to place before the packing gives up
 MAX_TRIALS = 2000
@@ -73,12 +75,14 @@ def pack(n_units: int, template: np.ndarray, box, min_distance: float, rng: np.r
     k = len(template)
     if k > 1:
         from scipy.spatial.transform import Rotation
-    placed = np.zeros((0, 3))          # every placed atom, wrapped (the trees need [0, box))
-    out: list[np.ndarray] = []         # placed units' atoms, unwrapped, (k, 3) each in a batch
-    trials = 0
+    placed = _Placed(box, min_distance)
+    out: list[np.ndarray] = []         # placed units' atoms, unwrapped, (k, 3) each
+    trials, rate = 0, 0.5
     while len(out) < n_units:
         need = n_units - len(out)
-        m = int(min(65536, max(256, 2 * need)))
+        # as many candidates as the last round's acceptance rate says fill the rest (fewer rounds
+        # as the box fills), within bounds
+        m = int(min(65536, max(256, 1.2 * need / max(rate, 1e-4))))
         trials += m
         if trials > MAX_TRIALS * n_units + 100_000:
             raise UserError(f"random packing placed {len(out)} of {n_units} units after {trials:,} trials: the "
@@ -92,14 +96,44 @@ def pack(n_units: int, template: np.ndarray, box, min_distance: float, rng: np.r
             offsets = np.zeros((m, 1, 3))
         atoms = centres[:, None, :] + offsets                       # (m, k, 3) unwrapped
         flat = _wrap(atoms.reshape(-1, 3), box)
-        ok = np.ones(m, dtype=bool)
-        if len(placed):
-            dist, _ = cKDTree(placed, boxsize=box).query(flat, k=1, distance_upper_bound=min_distance)
-            ok &= ~(dist < min_distance).reshape(m, k).any(axis=1)
+        ok = ~placed.clashes(flat).reshape(m, k).any(axis=1)
+        rate = max(float(ok.mean()), 1.0 / m)
         keep = _greedy(flat, k, ok, box, min_distance, cKDTree)[:need]
         out.extend(atoms[keep])
-        placed = np.concatenate([placed, flat.reshape(m, k, 3)[keep].reshape(-1, 3)])
+        placed.add(flat.reshape(m, k, 3)[keep].reshape(-1, 3))
     return np.concatenate(out).reshape(-1, 3) if out else np.zeros((0, 3))
+
+
+class _Placed:
+    """The atoms placed so far (wrapped, Å): a periodic tree over most of them, rebuilt only when
+    the atoms added since (checked with a second, small tree) reach a quarter of it."""
+
+    def __init__(self, box: np.ndarray, d: float):
+        self.box, self.d = box, d
+        self.old = np.zeros((0, 3))
+        self.new: list[np.ndarray] = []
+        self.tree = None
+
+    def add(self, x: np.ndarray) -> None:
+        self.new.append(x)
+        recent = sum(len(a) for a in self.new)
+        if recent > max(1024, len(self.old) // 4):
+            from scipy.spatial import cKDTree
+
+            self.old = np.concatenate([self.old, *self.new])
+            self.new = []
+            self.tree = cKDTree(self.old, boxsize=self.box)
+
+    def clashes(self, x: np.ndarray) -> np.ndarray:
+        """(len(x),) bool: an atom placed within the minimum distance of each point of ``x``."""
+        from scipy.spatial import cKDTree
+
+        hit = np.zeros(len(x), dtype=bool)
+        for tree in (self.tree, cKDTree(np.concatenate(self.new), boxsize=self.box) if self.new else None):
+            if tree is not None:
+                dist, _ = tree.query(x, k=1, distance_upper_bound=self.d)
+                hit |= dist < self.d
+        return hit
 
 
 def _greedy(flat: np.ndarray, k: int, ok: np.ndarray, box: np.ndarray, d: float, tree_cls) -> np.ndarray:
