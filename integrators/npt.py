@@ -1,7 +1,9 @@
 """NPT: Martyna-Tobias-Klein barostat with Nosé-Hoover chains, as LAMMPS's ``fix npt`` integrates
 them (src/fix_nh.cpp; Shinoda, Shiga & Mikami, PRB 69, 134103 (2004); Tuckerman et al., J. Phys.
 A 39, 5629 (2006)).  Defaults as fix npt's: tchain = pchain = 3, tloop = ploop = 1, mtk yes,
-drag 0, dilate all, no deviatoric (target stress hydrostatic), ``couple`` iso / aniso / tri.
+drag 0, dilate all, no deviatoric (target stress hydrostatic), ``couple`` iso / aniso / tri, or
+x / y / z / xy: fix npt's x, y, z keywords (xy: ``couple xy``), the other axes fixed, in an
+orthorhombic cell, where their deviatoric force is zero (docs/design.md).
 
 One step (fix_nh's initial_integrate / final_integrate, the same order):
 
@@ -77,7 +79,10 @@ from .mat3 import det3, inv3, matmul3
 from .nose_hoover import _HI, _LO, NoseHoover, Scratch, _identity, chain_inward, chain_outward
 from .units import FORCE_TO_ACCEL, KB, MVV_TO_EV
 
-COUPLINGS = ("iso", "aniso", "tri")
+#: couple -> the barostatted components (Voigt xx yy zz yz xz xy); x, y, z and xy hold the other
+#: axes fixed, as fix npt's ``x``/``y``/``z`` keywords (xy: ``x P P d y P P d couple xy``)
+COUPLINGS = {"iso": (1, 1, 1, 0, 0, 0), "aniso": (1, 1, 1, 0, 0, 0), "tri": (1, 1, 1, 1, 1, 1),
+             "x": (1, 0, 0, 0, 0, 0), "y": (0, 1, 0, 0, 0, 0), "z": (0, 0, 1, 0, 0, 0), "xy": (1, 1, 0, 0, 0, 0)}
 
 
 class NPT:
@@ -90,7 +95,7 @@ class NPT:
                  sum_fn: Callable[[torch.Tensor], torch.Tensor] | None = None):
         """pressure: eV/Å^3; tdamp, pdamp: fs; temperature: K."""
         if couple not in COUPLINGS:
-            raise ValueError(f"integrator.couple={couple!r}: use iso, aniso or tri")
+            raise ValueError(f"integrator.couple={couple!r}: use iso, aniso, tri, x, y, z or xy")
         if not pdamp > 0:
             raise ValueError(f"integrator.pdamp must be > 0 fs, got {pdamp}")
         if int(pchain) < 0:
@@ -105,9 +110,9 @@ class NPT:
         self.couple = couple
         self.pchain = int(pchain)
         self.sum_fn = sum_fn or _identity
-        self.pstyle = couple
-        self.p_flag = [1, 1, 1] + ([1, 1, 1] if couple == "tri" else [0, 0, 0])
-        self.pdim = 3
+        self.pstyle = couple if couple in ("iso", "tri") else "aniso"   # fix_nh's pstyle
+        self.p_flag = list(COUPLINGS[couple])
+        self.pdim = sum(self.p_flag[:3])
         self.p_freq = [1.0 / self.pdamp if f else 0.0 for f in self.p_flag]
         self.p_freq_max = max(self.p_freq)
         self.p_target = [self.pressure] * 3 + [0.0] * 3
@@ -151,6 +156,8 @@ class NPT:
         t = [(k[0] + w[0][0]) / vol, (k[1] + w[1][1]) / vol, (k[2] + w[2][2]) / vol,
              (k[3] + w[0][1]) / vol, (k[4] + w[0][2]) / vol, (k[5] + w[1][2]) / vol]
         self.p_current[0], self.p_current[1], self.p_current[2] = t[0], t[1], t[2]
+        if self.couple == "xy":   # fix_nh's couple(), pcouple XY
+            self.p_current[0] = self.p_current[1] = 0.5 * (t[0] + t[1])
         if self.pstyle == "tri":   # LAMMPS's xy xz yz -> Voigt yz xz xy
             self.p_current[3], self.p_current[4], self.p_current[5] = t[5], t[4], t[3]
         if not all(math.isfinite(x) for x in self.p_current):
@@ -206,11 +213,15 @@ class NPT:
 
     def check_cell(self, cell: torch.Tensor) -> None:
         """ValueError (one line) for a cell this coupling cannot drive: aniso and tri need
-        LAMMPS's form (rows a along x, b in the xy plane)."""
+        LAMMPS's form (rows a along x, b in the xy plane); x, y, z and xy an orthorhombic cell
+        (where fix_nh's deviatoric force on the barostatted axes is zero: not integrated here)."""
         c = cell
         if self.pstyle != "iso" and bool((c[0, 1] != 0) | (c[0, 2] != 0) | (c[1, 2] != 0)):
-            raise ValueError(f"integrator.couple={self.pstyle} needs a cell in LAMMPS's form (a along x, b in "
+            raise ValueError(f"integrator.couple={self.couple} needs a cell in LAMMPS's form (a along x, b in "
                              "the xy plane: cell[0,1] = cell[0,2] = cell[1,2] = 0); rotate the cell or use couple=iso")
+        if self.couple in ("x", "y", "z", "xy") and bool((c[1, 0] != 0) | (c[2, 0] != 0) | (c[2, 1] != 0)):
+            raise ValueError(f"integrator.couple={self.couple} needs an orthorhombic cell (cell vectors along x, y "
+                             "and z); use couple=aniso or tri for a tilted cell")
         if not math.isfinite(det3(c.double().cpu().tolist())):
             raise ValueError("the cell is not finite")
 
@@ -246,7 +257,7 @@ class NPT:
         if self.pstyle == "iso":
             mtk1 = th.dof * KB * th.t_current / (pdim * n)
         else:
-            mtk1 = (self._mvv[0] + self._mvv[1] + self._mvv[2]) / (pdim * n)
+            mtk1 = sum(self._mvv[i] for i in range(3) if self.p_flag[i]) / (pdim * n)
         self.mtk_term1 = mtk1
         dthalf = 0.5 * self.dt
         od, w = self.omega_dot, self.omega_mass
@@ -443,6 +454,8 @@ class NPT:
             e += lkt_press * self.etap[0] + 0.5 * self.etap_mass[0] * self.etap_dot[0] ** 2
             for i in range(1, self.pchain):
                 e += kt * self.etap[i] + 0.5 * self.etap_mass[i] * self.etap_dot[i] ** 2
+        if self.pdim < 3:   # fix_nh's strain energy 0.5 Tr(sigma h h^T): -P V0 / 2 per fixed axis (a constant)
+            e -= 0.5 * (3 - self.pdim) * self.p_hydro * self.vol0
         return e
 
     def state_dict(self) -> dict:

@@ -3,6 +3,8 @@ summary, exit non-zero, no traceback), the ASE calculator under pickle, deepcopy
 and values from the environment (``${oc.env:VAR}``) kept out of the files a run writes."""
 from __future__ import annotations
 
+import csv
+
 import pytest
 from conftest import run_engine
 
@@ -40,7 +42,10 @@ def test_a_sweep_with_a_failing_job_prints_a_summary_and_exits_non_zero(tmp_path
         row = lines[2 + num]
         assert row.startswith(f"  job {num}: ") and f"model.boom={boom}" in row, row
         assert row.endswith(f"-> exit {code}, {tmp_path / 'sw' / str(num)}"), row
+    assert lines[-2] == "  summary: sw/summary.csv"
     assert lines[-1] == "error: 1 of 3 jobs failed: job 1 (exit 1); outputs in sw"
+    with open(tmp_path / "sw" / "summary.csv", newline="") as fh:
+        assert [row["exit_status"] for row in csv.DictReader(fh)] == ["0", "1", "0"]
     # the jobs after the failed one ran
     assert (tmp_path / "sw" / "2" / "run.h5").is_file() and (tmp_path / "sw" / "0" / "run.h5").is_file()
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
+import h5py
 import pytest
 import yaml
 from conftest import run_engine
@@ -76,6 +77,46 @@ def test_a_failed_job_does_not_stop_the_sweep(tmp_path, capsys, monkeypatch):
     assert [f.info["step"] for f in read_frames(tmp_path / "sw" / "1" / "run.h5")] == [0, 10]
 
 
+def _summary(path: Path) -> list[dict]:
+    import csv
+
+    with open(path, newline="") as fh:
+        return list(csv.DictReader(fh))
+
+
+def test_a_sweep_of_three_with_one_failing_writes_its_summary(tmp_path, capsys, monkeypatch):
+    """dt=300 blows up (exit 3) between two good jobs: the sweep exits 3, keeps both other outputs and
+    writes summary.csv with every job: overrides, exit status, output and the last potential energy
+    (h5py's read of each trajectory; the log's last thermo line without one, job 2)."""
+    code, _, err = cli(["run", *TINY, "dt=1,300,2", "-m", "steps=10", "hydra.sweep.dir=sw", "thermo.every=5"],
+                       tmp_path, capsys, monkeypatch)
+    assert code == 3
+    assert err[-1] == "error: 1 of 3 jobs failed: job 1 (exit 3); outputs in sw"
+    rows = _summary(tmp_path / "sw" / "summary.csv")
+    assert [(r["job"], r["overrides"], r["exit_status"]) for r in rows] == \
+        [(str(j), f"model=lj system.repeat=[2,2,2] quiet=True dt={dt} steps=10 thermo.every=5", code)
+         for j, dt, code in ((0, 1, "0"), (1, 300, "3"), (2, 2, "0"))]
+    assert [r["output"] for r in rows] == [f"sw/{j}/run.h5" for j in range(3)]
+    for j in (0, 2):
+        with h5py.File(tmp_path / "sw" / str(j) / "run.h5") as f:
+            step = int(f["observables/potential_energy/step"][-1])
+            energy = float(f["observables/potential_energy/value"][-1])
+        assert step == 10 and (int(rows[j]["final_step"]), float(rows[j]["final_potential_energy"])) == (10, energy)
+    assert int(rows[1]["final_step"]) < 10     # the failed job's last healthy record
+
+
+def test_a_sweep_summary_reads_the_log_without_a_trajectory(tmp_path, capsys, monkeypatch):
+    """trajectory.every=0: no trajectory, the energy of the log's last thermo line."""
+    code, _, err = cli(["run", *TINY, "temperature=100,200", "-m", "steps=6", "hydra.sweep.dir=sw",
+                        "trajectory.every=0", "thermo.every=3"], tmp_path, capsys, monkeypatch)
+    assert code == 0, err
+    for r in _summary(tmp_path / "sw" / "summary.csv"):
+        last = [ln.split() for ln in (tmp_path / "sw" / r["job"] / "run.log").read_text().splitlines()
+                if ln.split()[:1] == ["6"]][-1]
+        assert not (tmp_path / "sw" / r["job"] / "run.h5").exists()
+        assert (r["final_step"], float(r["final_potential_energy"])) == ("6", float(last[3]))
+
+
 def test_slurm_array_task_runs_its_own_job(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("SLURM_ARRAY_JOB_ID", "99")
     monkeypatch.setenv("SLURM_ARRAY_TASK_ID", "1")
@@ -84,6 +125,7 @@ def test_slurm_array_task_runs_its_own_job(tmp_path, capsys, monkeypatch):
     assert [p.relative_to(tmp_path).as_posix() for p in sorted(tmp_path.glob("multirun/*/*/run.h5"))] == \
         ["multirun/99/1/run.h5"]
     assert " temperature=200.0 " in (tmp_path / "multirun/99/1/run.log").read_text()
+    assert [r["job"] for r in _summary(tmp_path / "multirun/99/summary-1.csv")] == ["1"]   # its own job only
     monkeypatch.setenv("SLURM_ARRAY_TASK_ID", "2")
     code, _, err = cli(["run", *TINY, "temperature=100,200", "-m", "steps=5"], tmp_path, capsys, monkeypatch)
     assert code == 2

@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 from ase.build import bulk
 
-from shardmd.engine.run.structure import CUBIC_CELLS, build_atoms, unit_cell
+from shardmd.engine.run.builders import build_atoms
+from shardmd.engine.run.structure import CUBIC_CELLS, unit_cell
 
 
 @pytest.mark.parametrize("lattice", sorted(CUBIC_CELLS))
@@ -30,7 +31,7 @@ def test_a_default_run_imports_no_scipy(tmp_path):
     import subprocess
     import sys
 
-    code = ("import sys\nfrom shardmd.engine.run.structure import build_atoms\n"
+    code = ("import sys\nfrom shardmd.engine.run.builders import build_atoms\n"
             "build_atoms({'lattice': 'fcc', 'element': 'Ar', 'a': 5.26, 'repeat': [2, 2, 2], 'pbc': [1, 1, 1]})\n"
             "print('scipy' in sys.modules, 'ase.build' in sys.modules)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

@@ -175,15 +175,6 @@ class _Raised:
         self.exc = exc
 
 
-class _Stopped(BaseException):
-    """A sweep job stopped by a signal (exit 75) or interrupted: the sweep stops too.
-    A BaseException, so that Hydra's launcher does not go on to the next job."""
-
-    def __init__(self, code: int):
-        super().__init__(code)
-        self.code = code
-
-
 def _parser():
     from hydra._internal.utils import get_args_parser
 
@@ -266,7 +257,9 @@ def _run(args: list[str], command: str = "run") -> int:
         else:
             mode = load(hydra.config_loader, name, overrides, multirun=True).hydra.mode
             if ns.multirun or mode == RunMode.MULTIRUN:
-                return _sweep(hydra, name,
+                from shardmd.engine.cli.sweep import sweep
+
+                return sweep(hydra, name,
                               overrides + ([] if mode == RunMode.MULTIRUN else ["hydra.mode=MULTIRUN"]), task)
             overrides += [] if mode == RunMode.RUN else ["hydra.mode=RUN"]
             job_config(load(hydra.config_loader, name, overrides))   # every error before the job starts
@@ -301,84 +294,14 @@ def _single_run(loader, name: str, overrides: list[str]) -> list[str] | None:
     return [] if cfg.hydra.mode == RunMode.RUN else ["hydra.mode=RUN"]
 
 
-def _sweep(hydra, name: str, overrides: list[str], task) -> int:
-    """Check every job's configuration, then let Hydra's sweeper and launcher run them."""
-    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from omegaconf import OmegaConf
-
-    from shardmd.engine.config import guard as config_guard
-    from shardmd.engine.config.compose import composition_error, job_config, load
-    from shardmd.engine.errors import UserError
-    from shardmd.engine.launch.parallel import env_rank, under_launcher
-
-    master = load(hydra.config_loader, name, overrides, multirun=True)
-    jobs = None
-    if master.hydra.sweeper._target_ == f"{BasicSweeper.__module__}.BasicSweeper":
-        params = [f"{k}={v}" for k, v in (master.hydra.sweeper.params or {}).items()]
-        args = params + OmegaConf.to_container(master.hydra.overrides.task)
-        parsed = OverridesParser.create(config_loader=hydra.config_loader).parse_overrides(args)
-        jobs = [job for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
-        for job in jobs:
-            try:
-                cfg = hydra.config_loader.load_sweep_config(master, list(job))
-            except Exception as exc:  # noqa: BLE001 - as in config.load: one line whatever Hydra raises
-                raise composition_error(exc, list(job)) from None
-            config_guard.check(cfg, [*overrides, *job], config_guard.allowed())
-            job_config(cfg)
-    array = os.environ.get("SLURM_ARRAY_TASK_ID")
-    if array is not None and jobs is not None and not (array.isdigit() and int(array) < len(jobs)):
-        raise UserError(f"SLURM array task {array} has no job: the sweep has {len(jobs)} "
-                        f"(submit it with --array=0-{len(jobs) - 1})")
-    if under_launcher() and "SLURM_ARRAY_JOB_ID" not in os.environ \
-            and not any(o.startswith("hydra.sweep.dir=") for o in overrides):
-        raise UserError("a sweep under mpiexec/srun needs one folder for all ranks: give hydra.sweep.dir=DIR "
-                        "(or submit it as a SLURM array)")
-    try:
-        returns = hydra.multirun(config_name=name, task_function=task, overrides=overrides)
-    except _Stopped as stop:
-        return stop.code
-    rows = [row for batch in returns for r in batch if (row := _job_row(r))[2] is not None]   # None: not run here
-    failed = [(num, code) for num, _, code, _ in rows if code]
-    if env_rank() == 0 and (failed or not master.quiet):
-        out = sys.stderr if failed else sys.stdout
-        out.write(f"sweep: {len(rows) - len(failed)} of {len(rows)} jobs succeeded\n" + "".join(
-            f"  job {num}: {' '.join(ovr) or '(no overrides)'} -> exit {code}, {folder}\n"
-            for num, ovr, code, folder in rows))
-        if failed:
-            out.write(f"error: {len(failed)} of {len(rows)} jobs failed: "
-                      + ", ".join(f"job {num} (exit {code})" for num, code in failed)
-                      + f"; outputs in {master.hydra.sweep.dir}\n")
-        out.flush()
-    return failed[0][1] if failed else 0
-
-
-def _job_row(r) -> tuple[int, list[str], int | None, str]:
-    """(job number, its overrides, exit status, output folder) of a job Hydra ran; a job Hydra
-    itself failed (its exception kept in the return) counts as exit 1; None: another SLURM
-    array task's job."""
-    from hydra.core.utils import JobStatus
-
-    hc = r.hydra_cfg.hydra
-    code = r._return_value if r.status == JobStatus.COMPLETED else 1
-    return int(hc.job.num), list(r.overrides or []), None if code is None else int(code), str(hc.runtime.output_dir)
-
-
-def job_output(output: str, output_dir: str) -> str:
-    """``output`` inside the job's folder (unless absolute), relative to the working directory."""
-    rel = os.path.relpath(output_dir)
-    return output if os.path.isabs(output) or rel == os.curdir else os.path.join(rel, output)
-
-
 def _job(cfg, flags: list[str], command: str = "run") -> int | None:
     """Hydra's task function: one job (a run, or one of a sweep's)."""
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
+    from shardmd.engine.cli.sweep import job_output, run_job
     from shardmd.engine.config.compose import hydra_value, validate
     from shardmd.engine.config.expressions import update_keeping_expression
-    from shardmd.engine.errors import UserError
-    from shardmd.engine.launch.parallel import env_rank
 
     hc = HydraConfig.get()
     sweep = hc.mode == RunMode.MULTIRUN
@@ -396,30 +319,8 @@ def _job(cfg, flags: list[str], command: str = "run") -> int | None:
             return _run_config(cfg, rank_args, explicit_domains, command)
         except Exception as exc:  # noqa: BLE001 - raised again by _run, outside Hydra
             return _Raised(exc)
-    if env_rank() == 0 and not cfg.quiet:
-        print(f"job {hc.job.num}: {' '.join(overrides)} -> {expr or cfg.output}", flush=True)
-    try:
-        validate(cfg)
-        code = _run_config(cfg, rank_args, explicit_domains, command)
-    except UserError as exc:
-        if env_rank() == 0:
-            sys.stderr.write(f"error: job {hc.job.num}: {exc.one_line()}\n")
-        code = exc.exit_code
-    except KeyboardInterrupt:
-        raise _Stopped(130) from None
-    except Exception as exc:  # noqa: BLE001 - a job's fault (a model's bug): one line, the next job runs
-        if env_rank() == 0:
-            first = " ".join(str(exc).split())
-            sys.stderr.write(f"error: job {hc.job.num}: {type(exc).__name__}: {first} "
-                             "(SHARDMD_TRACEBACK=1 prints the traceback)\n")
-            if os.environ.get("SHARDMD_TRACEBACK"):
-                import traceback
-
-                traceback.print_exc()
-        code = 1
-    if code in (75, 130):
-        raise _Stopped(code)
-    return code
+    return run_job(cfg, int(hc.job.num), overrides, expr or str(cfg.output),
+                   lambda: _run_config(cfg, rank_args, explicit_domains, command))
 
 
 def _run_config(cfg, rank_args: list[str], explicit_domains: bool, command: str = "run") -> int:

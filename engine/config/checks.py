@@ -58,6 +58,8 @@ def one_of(*options, fix: str | None = None) -> Check:
 
 
 FLAG = Check(lambda v: isinstance(v, bool), "use true or false")
+#: how far a composition's fractions may sum from 1 (system.composition)
+SUM_TOLERANCE = 1e-6
 AUTO = one_of("auto", True, False)
 
 

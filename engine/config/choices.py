@@ -200,8 +200,9 @@ class NPT:
                           number("give a pressure in bar"))
     pdamp: float = key(1000.0, "damping time of the barostat, fs (LAMMPS's Pdamp; about 1000 steps is typical)",
                        number("give a pdamp > 0 in fs", gt=0))
-    couple: str = key("iso", "iso (one strain rate), aniso (three: x y z) or tri (six: a triclinic cell)",
-                      one_of("iso", "aniso", "tri"))
+    couple: str = key("iso", "iso (one strain rate), aniso (three: x y z), tri (six: a triclinic cell), or one "
+                      "axis x, y, z, or xy (x and y together; area) with the other axes fixed (LAMMPS's fix npt z ...)",
+                      one_of("iso", "aniso", "tri", "x", "y", "z", "xy"))
     tdamp: float = key(100.0, "damping time of the chain, fs (LAMMPS's Tdamp; about 100 steps is typical)",
                        number("give a tdamp > 0 in fs", gt=0))
     chain: int = key(3, "number of thermostats in the chain (LAMMPS's tchain)",

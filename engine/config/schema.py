@@ -21,6 +21,7 @@ from omegaconf import MISSING
 from shardmd.engine.config.checks import (
     AUTO,
     FLAG,
+    SUM_TOLERANCE,
     TRAJECTORY_FIELDS,
     Check,
     _charges,
@@ -66,24 +67,79 @@ def _frames(v) -> bool:
     return True
 
 
+def _composition(v) -> bool | str:
+    """null, or {element: fraction >= 0} with fractions summing to 1."""
+    if v is None:
+        return True
+    if not hasattr(v, "items") or len(v) == 0:
+        return False
+    for el, f in v.items():
+        if not _element(el):
+            return f"unknown element {el!r}; give chemical symbols such as Cu, Au"
+        if not _is_num(f) or f < 0:
+            return f"the fraction of {el} is {f!r}; give fractions >= 0"
+    total = sum(float(f) for f in v.values())
+    return abs(total - 1.0) <= SUM_TOLERANCE or f"the fractions sum to {total:g}; give fractions that sum to 1"
+
+
+def _vacancies(v) -> bool:
+    return (_is_int(v) and v >= 0) or (isinstance(v, float) and 0 <= v < 1)
+
+
+def _miller(v) -> bool | str:
+    if v is None:
+        return True
+    if len(v) != 3 or not all(_is_int(i) for i in v):
+        return False
+    return any(v) or "[0,0,0] names no plane; give a Miller index such as [1,1,1]"
+
+
 @dataclass
 class System:
     file: Optional[str] = key(None, "any ASE-readable structure (extxyz, cif, POSCAR, ...); overrides the "
                               "builder", Check(_existing_file, "give a path"))
     index: int = key(-1, "frame of a multi-frame file", Check(_is_int, "give a frame number (-1: last)"))
-    lattice: str = key("fcc", "builder lattice: fcc, bcc, sc, hcp or diamond",
-                       one_of("fcc", "bcc", "sc", "hcp", "diamond"))
+    lattice: str = key("fcc", "builder lattice: fcc, bcc, sc, hcp or diamond; random: atoms (or system.molecule) "
+                       "packed at random (docs/builders.md)", one_of("fcc", "bcc", "sc", "hcp", "diamond", "random"))
     element: str = key("Ar", "builder element", Check(_element, "give an element symbol such as Ar"))
     a: float = key(5.26, "builder lattice constant, Å", number("give a lattice constant > 0 in Å", gt=0))
-    repeat: List[int] = key(help="builder repeats of the cubic cell (orthorhombic for hcp)",
+    repeat: List[int] = key(help="builder repeats of the cubic cell (orthorhombic for hcp); a slab: "
+                            "[a, b, layers] of its surface cell",
                             check=_triple(lambda r: _is_int(r) and r >= 1,
                                           "give three whole numbers >= 1, e.g. [10,10,10]"),
                             factory=lambda: [10, 10, 10])
     pbc: List[bool] = key(help="builder periodic axes (files keep their own)",
                           check=_triple(lambda p: isinstance(p, bool), "give three booleans, e.g. [true,true,false]"),
                           factory=lambda: [True, True, True])
-    velocities: str = key("auto", "auto (the file's if it has them, else thermal), thermal, file or zero",
-                          one_of("auto", "thermal", "file", "zero"))
+    count: Optional[int] = key(None, "system.lattice=random: atoms (molecules with system.molecule) to pack; give "
+                               "two of count, density and box", Check(lambda v: v is None or (_is_int(v) and v >= 1),
+                                                                      "give a whole number >= 1"))
+    density: Optional[float] = key(None, "system.lattice=random: mass density, g/cm^3 (a cubic box with count)",
+                                   Check(lambda v: v is None or (_is_num(v) and v > 0), "give g/cm^3 > 0"))
+    box: Optional[List[float]] = key(None, "system.lattice=random: box lengths [x,y,z], Å (orthorhombic)",
+                                     _triple(lambda b: _is_num(b) and b > 0, "give three lengths > 0 in Å, e.g. "
+                                             "[30,30,30]"))
+    min_distance: float = key(2.0, "system.lattice=random: Å, the least distance between atoms of different "
+                              "packed units", number("give a distance >= 0 in Å", ge=0))
+    molecule: Optional[str] = key(None, "system.lattice=random: an ASE-readable molecule placed rigidly with "
+                                  "random orientations (system.count copies)",
+                                  Check(_existing_file, "give the path of a molecule file"))
+    composition: Any = key(None, "builder species by fraction, e.g. {Cu: 0.75, Au: 0.25}: exact counts (largest "
+                           "remainder) on seeded sites; null: system.element", Check(_composition, "give a map "
+                                                                                      "element: fraction, e.g. "
+                                                                                      "{Cu: 0.75, Au: 0.25}"))
+    vacancies: Any = key(0, "builder sites removed at random (seeded): a count, or a fraction < 1 (e.g. 0.01)",
+                         Check(_vacancies, "give a count of atoms (a whole number >= 0) or a fraction in [0, 1)"))
+    miller: Optional[List[int]] = key(None, "a slab of the crystal with this surface (e.g. [1,1,1]; hcp: of the "
+                                      "hexagonal cell); system.repeat is then [a, b, layers]",
+                                      Check(_miller, "give three whole numbers, e.g. [1,1,1]"))
+    vacuum: float = key(10.0, "Å of vacuum on each side of a slab (system.miller; 0: none)",
+                        number("give a distance >= 0 in Å", ge=0))
+    fixed_layers: int = key(0, "lowest atomic planes of a slab (system.miller) held fixed (FixAtoms)", whole(0))
+    seed: Optional[int] = key(None, "seeds the builder's random choices (packing, sites, vacancies); null: seed",
+                              Check(lambda v: v is None or (_is_int(v) and 0 <= v < 2**63), "give a whole number >= 0"))
+    velocities: str = key("auto", "auto (the file's if it has them, else thermal), thermal, file, zero, or rescale "
+                          "(the file's scaled to temperature)", one_of("auto", "thermal", "file", "zero", "rescale"))
     charges: Any = key(
         None, "per-atom charges (e) by element, e.g. {Na: 1.0, Cl: -1.0}, for a model that takes charges; "
         "or one per atom; null: the file's initial_charges (or charges) array",
@@ -229,7 +285,7 @@ class ShardMD:
     dt: float = key(1.0, "time step, fs", number("give a time step > 0 in fs", gt=0))
     temperature: float = key(100.0, "K: initial Maxwell-Boltzmann velocities and the Langevin target",
                              number("give kelvin >= 0", ge=0))
-    seed: int = key(12345, "keys initial velocities and Langevin noise",
+    seed: int = key(12345, "keys initial velocities, Langevin noise and the builder (system.seed: null)",
                     Check(lambda v: _is_int(v) and 0 <= v < 2**63, "give a whole number >= 0"))
     precision: str = key("float64", "float64 or float32 (positions, velocities, forces)",
                          one_of("float32", "float64", fix="use float32 or float64"))

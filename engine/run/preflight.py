@@ -184,10 +184,10 @@ def check_domains(cfg, local: bool) -> None:
     if local_only:
         return
     from shardmd.domain.grid_shape import DecompositionError, grid_shape, perpendicular_widths_of
-    from shardmd.engine.run.structure import build_atoms
+    from shardmd.engine.run.builders import build_atoms
 
     check_builder(cfg, local_ranks=n)   # every rank builds the system: before this process does
-    atoms = build_atoms(cfg.system)
+    atoms = build_atoms(cfg.system, int(cfg.seed))
     if n > len(atoms):
         raise UserError(f"domains={n} is more than the system's {len(atoms)} atoms; use fewer domains")
     cutoff = model_cutoff(cfg)
@@ -218,16 +218,23 @@ MAX_DENSITY = 1.0
 
 
 def builder_count(system_cfg) -> int | None:
-    """Atoms the lattice builder would make (None for ``system.file``): no allocation."""
-    from shardmd.engine.run.structure import CUBIC_CELLS
+    """Atoms the builder would make (None for ``system.file``): no allocation."""
+    from shardmd.engine.run import builders
 
     if system_cfg.get("file"):
         return None
-    per_cell = len(CUBIC_CELLS.get(system_cfg["lattice"], ())) or 4   # hcp: 4 in ASE's orthorhombic cell
-    n = per_cell
-    for r in system_cfg["repeat"]:
-        n *= int(r)
-    return n
+    if system_cfg["lattice"] == "random":
+        return builders.check_packing(system_cfg)
+    n = builders.crystal_sites(system_cfg)
+    return n - builders.vacancy_count(system_cfg.get("vacancies"), n)
+
+
+def _builder_keys(system_cfg) -> str:
+    """The keys that set the builder's size, as the user gives them."""
+    if system_cfg["lattice"] == "random":
+        return ", ".join(f"system.{k}={system_cfg[k]}" for k in ("count", "density", "box")
+                         if system_cfg.get(k) is not None).replace(" ", "").replace(",system", ", system")
+    return "system.repeat=[" + ",".join(str(int(r)) for r in system_cfg["repeat"]) + "]"
 
 
 def _process_headroom() -> int | None:
@@ -287,16 +294,15 @@ def check_builder(cfg, local_ranks: int = 1) -> None:
     n = builder_count(cfg.system)
     if n is None:
         return
-    rep = "x".join(str(int(r)) for r in cfg.system.repeat)
+    what = _builder_keys(cfg.system)
+    fix = "a smaller system.count or system.box" if cfg.system["lattice"] == "random" else "a smaller system.repeat"
     if n > int(cfg.limits.max_atoms):
-        raise UserError(f"system.repeat=[{rep.replace('x', ',')}] builds {n:,} atoms, more than "
-                        f"limits.max_atoms={int(cfg.limits.max_atoms):,}; use a smaller system.repeat, or raise "
-                        "limits.max_atoms if you mean it")
+        raise UserError(f"{what} builds {n:,} atoms, more than limits.max_atoms={int(cfg.limits.max_atoms):,}; use "
+                        f"{fix}, or raise limits.max_atoms if you mean it")
     budget = memory_budget(cfg, local_ranks=local_ranks)
     if budget is not None and n * ATOM_BYTES > budget[0]:
-        raise UserError(f"system.repeat=[{rep.replace('x', ',')}] builds {n:,} atoms, which need about "
-                        f"{n * ATOM_BYTES / GIB:.1f} GiB per rank before any neighbour list ({budget[1]}); "
-                        + _fix())
+        raise UserError(f"{what} builds {n:,} atoms, which need about {n * ATOM_BYTES / GIB:.1f} GiB per rank "
+                        f"before any neighbour list ({budget[1]}); " + _fix())
 
 
 def size_problem(cfg, n: int, cell, pbc, positions, cutoff: float, ranks: int, device=None,

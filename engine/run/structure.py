@@ -1,5 +1,6 @@
 """Structures: a structure file (anything ASE reads, or a frame of ShardMD's own H5MD
-trajectory or a restart checkpoint) or the lattice builder, as ``ase.Atoms``.
+trajectory or a restart checkpoint) as ``ase.Atoms``, and the crystals' unit cells (the
+builder, engine/run/builders.py, makes systems from them).
 
 No torch here: the process that launches the ranks reads the structure to check the domain
 count before it starts them (engine/run/preflight.py), and importing torch would double the
@@ -37,22 +38,6 @@ def unit_cell(lattice: str, element: str, a: float):
     from ase.build import bulk
 
     return bulk(element, lattice, a=a, orthorhombic=True)
-
-
-def build_atoms(system_cfg):
-    """``ase.Atoms`` from ``system.file`` (if set) or from the lattice builder."""
-    if system_cfg.get("file"):
-        return read_structure(system_cfg["file"], system_cfg.get("index", -1))
-    lattice, element, a = system_cfg["lattice"], system_cfg["element"], float(system_cfg["a"])
-    rep = system_cfg["repeat"]
-    rep = tuple(int(r) for r in (rep if isinstance(rep, (list, tuple)) else list(rep)))
-    try:
-        unit = unit_cell(lattice, element, a)
-    except Exception as exc:  # noqa: BLE001 - ASE refuses e.g. impossible combinations
-        raise UserError(f"system.lattice={lattice} with system.element={element}: {exc}") from None
-    atoms = unit.repeat(rep)
-    atoms.pbc = [bool(p) for p in system_cfg["pbc"]]
-    return atoms
 
 
 def read_own_file(path: str, index: int = -1):

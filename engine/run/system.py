@@ -10,8 +10,8 @@ import numpy as np
 import torch
 
 from shardmd.engine.errors import UserError
+from shardmd.engine.run.builders import build_atoms
 from shardmd.engine.run.state import State
-from shardmd.engine.run.structure import build_atoms
 from shardmd.integrators.random import STREAM_INIT_VELOCITY, gaussian_noise
 from shardmd.integrators.units import KB, MVV_TO_EV
 
@@ -48,7 +48,7 @@ def initial_state(cfg, dtype: torch.dtype, device, dof_of, zero_momentum: bool, 
     (state, atoms) -> state giving the state the model's inputs from the structure
     (engine/run/model_inputs.py), or None
     """
-    atoms = build_atoms(cfg.system)   # its size was checked before (engine/run/stages.py)
+    atoms = build_atoms(cfg.system, int(cfg.seed))   # its size was checked before (engine/run/stages.py)
     state = State.from_atoms(atoms, dtype=dtype, device=device)
     if inputs is not None:
         state = inputs(state, atoms)
@@ -73,11 +73,13 @@ def set_velocities(cfg, state: State, has_v: bool, dof_of, zero_momentum: bool, 
     from shardmd.engine.run.integrator_setup import run_seed
 
     mode = cfg.system.velocities
-    if mode == "file" and not has_v:
-        raise UserError(f"system.velocities=file but {what} has no velocities; use system.velocities=thermal "
+    if mode in ("file", "rescale") and not has_v:
+        raise UserError(f"system.velocities={mode} but {what} has no velocities; use system.velocities=thermal "
                         "(or auto)")
     if mode == "zero":
         state.velocities.zero_()
+    elif mode == "rescale":
+        rescale_velocities(cfg, state, dof_of)
     elif mode == "thermal" or (mode == "auto" and not has_v):
         fixed = resolve_fixed(cfg, state, None)
         dof = fixed_dof(state.n_atoms, fixed.numel()) if fixed.numel() else dof_of(state.n_atoms)
@@ -94,3 +96,22 @@ def set_velocities(cfg, state: State, has_v: bool, dof_of, zero_momentum: bool, 
                                               zero_momentum and not fixed.numel(), fixed=fixed
                                               ).to(state.positions.device)
     return state
+
+
+def rescale_velocities(cfg, state: State, dof_of) -> None:
+    """The state's velocities scaled by one factor to read ``temperature`` (K) with the run's
+    degrees of freedom (3N - 3 or 3N by integrator, 3 (N - k) with k fixed atoms, whose velocities
+    become 0.0 first); in place.  Directions and the ratios between atoms are the file's."""
+    from shardmd.engine.run.constraints import fixed_dof, resolve_fixed
+
+    fixed = resolve_fixed(cfg, state, None)
+    v = state.velocities.double()
+    if fixed.numel():
+        v[torch.isin(state.ids.cpu(), fixed.cpu()).to(v.device)] = 0.0
+    dof = fixed_dof(state.n_atoms, fixed.numel()) if fixed.numel() else dof_of(state.n_atoms)
+    ke = 0.5 * float((state.masses.double()[:, None] * v * v).sum()) * MVV_TO_EV
+    if ke <= 0 or dof <= 0:
+        raise UserError("system.velocities=rescale but the given velocities carry no thermal motion (kinetic "
+                        "energy 0 over the moving atoms); use system.velocities=thermal")
+    target = float(cfg.temperature)
+    state.velocities = (v * np.sqrt(target * 0.5 * dof * KB / ke)).to(state.dtype)
