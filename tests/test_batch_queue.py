@@ -92,3 +92,45 @@ def test_two_ranks_write_the_same_files_as_one(tmp_path):
                 assert np.array_equal(a[key][()], b[key][()]), (k, field)
     one, two = rows(tmp_path / "one.summary.csv"), rows(tmp_path / "two.summary.csv")
     assert [r["energy_eV"] for r in one] == [r["energy_eV"] for r in two]
+
+
+def _term_when(proc, condition, what: str) -> None:
+    try:
+        _wait_for(lambda: condition() or proc.poll() is not None, what)
+        assert proc.poll() is None, f"the run ended before the signal: {proc.stderr.read()}"
+        os.kill(proc.pid, signal.SIGTERM)
+        assert proc.wait(timeout=300) == 75
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model, frames_, extra", [
+    ("lj", rattled(4), ["steps=3000"]),
+    ("mace", None, ["steps=400", "batch.size=3"]),   # stepped together: one model call for all three
+])
+def test_sigterm_stops_every_system_and_restart_finishes_bit_exact(model, frames_, extra, tmp_path):
+    if frames_ is None:
+        frames_ = [bulk("Cu", "fcc", a=3.61, cubic=True).repeat((2, 2, 2)) for _ in range(3)]
+        for k, a in enumerate(frames_):
+            a.rattle(0.03, seed=k)
+    write(tmp_path / "s.extxyz", frames_)
+    args = ["run", f"model={model}", "system.file=s.extxyz", "system.frames=all", "integrator=langevin",
+            "trajectory.every=100", "checkpoint.every=100", "quiet=true", *extra]
+    ref = run_engine([*args, "output=ref.h5"], tmp_path)
+    assert ref.returncode == 0, ref.stderr
+    proc = subprocess.Popen([sys.executable, "-m", "engine", *args, "output=t.h5"], cwd=tmp_path,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    _term_when(proc, lambda: (tmp_path / "t.0.ckpt").is_dir() and any((tmp_path / "t.0.ckpt").glob("*.h5")),
+               "the first system's first checkpoint")
+    assert any(r["status"] == "stopped" for r in rows(tmp_path / "t.summary.csv"))
+    r = run_engine([*args, "output=t.h5", "restart=auto"], tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert [x["status"] for x in rows(tmp_path / "t.summary.csv")] == ["ok"] * len(frames_)
+    for k in range(len(frames_)):
+        with h5py.File(tmp_path / f"ref.{k}.h5") as a, h5py.File(tmp_path / f"t.{k}.h5") as b:
+            for field in ("position", "velocity"):
+                key = f"particles/all/{field}/value"
+                assert np.array_equal(a[key][-1], b[key][-1]), (k, field)

@@ -32,14 +32,35 @@ class _Handed:
         return getattr(self._inner, name)
 
 
+class _SharedStop:
+    """Every system's view of the one stop request of the run (a signal stops them all)."""
+
+    def __init__(self, shared):
+        self._shared = shared
+
+    @property
+    def requested(self) -> bool:
+        return self._shared.requested
+
+    @property
+    def signal_name(self):
+        return self._shared.signal_name
+
+    def install(self) -> None:   # the run installs the handler once
+        pass
+
+    def uninstall(self) -> None:
+        pass
+
+
 class Member:
     """One system in flight: its ``Simulation`` set up and its loop state (a run's ``run()``,
     taken apart at the model call)."""
 
-    def __init__(self, index: int, sim):
+    def __init__(self, index: int, sim, stop):
         self.index, self.sim = index, sim
         sim.dmodel = self.handed = _Handed(sim.dmodel)
-        sim.stop.install()
+        sim.stop = _SharedStop(stop)
         sim.setup()
         sim.started = True
         self.last = int(sim.cfg.steps)
@@ -84,20 +105,35 @@ class Member:
             sim.close()
 
 
-def run_together(todo: Iterator, start: Callable, size: int, model, on_end: Callable, on_error: Callable) -> None:
+def run_together(todo: Iterator, start: Callable, size: int, model, on_end: Callable, on_error: Callable,
+                 on_stop: Callable) -> int:
     """Step the systems of ``todo`` (an iterator of (index, what ``start`` needs)) with at most
     ``size`` in flight. ``start(index, item)`` -> a set-up ``Simulation``; ``on_end(index, sim,
     obs)`` when a system reached its end; ``on_error(index, sim, exc)`` for a system that failed
-    (a UserError of its own): it leaves, the others go on."""
+    (a UserError of its own): it leaves, the others go on. A stop signal (SIGTERM, ...) ends
+    every system in flight with a checkpoint (``on_stop(index, sim)``) and starts no other;
+    returns EXIT_STOPPED then, else 0."""
     from shardmd.engine.errors import UserError
+    from shardmd.engine.launch.stop import EXIT_STOPPED, StopRequest
 
+    stop = StopRequest()
+    stop.install()
+    try:
+        return _loop(iter(todo), start, size, model, on_end, on_error, on_stop, stop, UserError, EXIT_STOPPED)
+    finally:
+        stop.uninstall()
+
+
+def _loop(source, start, size, model, on_end, on_error, on_stop, stop, UserError, stopped_code) -> int:
     flying: list[Member] = []
-    source = iter(todo)
 
     def refill() -> None:
+        new = []
         for index, item in source:
+            if stop.requested:
+                break
             try:
-                member = Member(index, start(index, item))
+                member = Member(index, start(index, item), stop)
             except UserError as exc:
                 on_error(index, None, exc)
                 continue
@@ -105,8 +141,16 @@ def run_together(todo: Iterator, start: Callable, size: int, model, on_end: Call
                 _leave(member)
                 continue
             flying.append(member)
+            new.append(member)
             if len(flying) >= size:
-                return
+                break
+        # the first forces again, in one call for the systems that joined together: a batch
+        # stopped by a signal restarts with the same systems in one call, as they were stepped
+        # when it stopped, so its next steps are the same bits (each system's own call, which
+        # set-up made, can differ from the joined one in the last bits)
+        for m, out in zip(new, model.compute_batch([m.item() for m in new]) if new else []):
+            m.handed.ready = out
+            m.sim.compute_forces()
 
     def _leave(member: Member) -> None:
         try:
@@ -137,4 +181,13 @@ def run_together(todo: Iterator, start: Callable, size: int, model, on_end: Call
                 _leave(m)
             else:
                 flying.append(m)
+        if stop.requested:
+            for m in flying:
+                try:
+                    m.sim.checkpoint()
+                finally:
+                    m.sim.close()
+                on_stop(m.index, m.sim)
+            return stopped_code
         refill()
+    return 0

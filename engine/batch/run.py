@@ -27,6 +27,7 @@ from shardmd.engine.batch import journal
 from shardmd.engine.batch.frames import checked, frame_count, load_frames, read_files
 from shardmd.engine.config.checks import parse_frames
 from shardmd.engine.errors import UserError
+from shardmd.engine.launch.stop import EXIT_STOPPED
 from shardmd.engine.run import stages
 from shardmd.engine.run.reporting import Reporter
 from shardmd.engine.run.state import State
@@ -127,7 +128,7 @@ def _one(cfg_i, atoms, dmodel, command: str, resume: bool) -> tuple[journal.Row,
                            note=f"exit status {exc.exit_code}: {exc.one_line()}"), exc.exit_code
 
 
-def _together(cfg, todo, width: int, dmodel, resume: bool, finished, size: int) -> None:
+def _together(cfg, todo, width: int, dmodel, resume: bool, finished, size: int) -> int:
     """MD of ``todo`` with up to ``batch.size`` systems per model call (engine/batch/lockstep.py)."""
     from shardmd.engine.batch.lockstep import run_together
     from shardmd.engine.run.simulation import Simulation
@@ -149,7 +150,11 @@ def _together(cfg, todo, width: int, dmodel, resume: bool, finished, size: int) 
         finished(journal.Row(k, atoms, "failed", output=outputs.get(k, ""),
                              note=f"exit status {exc.exit_code}: {exc.one_line()}"), exc.exit_code)
 
-    run_together(iter(todo), start, size, dmodel.model, on_end, on_error)
+    def on_stop(k, sim):
+        finished(journal.Row(k, sim.n_global, "stopped", steps=int(sim.state.step), output=outputs[k],
+                             note=f"stopped at step {sim.state.step}; continue with restart=auto"), EXIT_STOPPED)
+
+    return run_together(iter(todo), start, size, dmodel.model, on_end, on_error, on_stop)
 
 
 def _volume(sim) -> float | str:
@@ -216,6 +221,9 @@ def batch_run(cfg, comm: Comm | None, command: str = "run", structures=None) -> 
         _together(cfg, todo, width, dmodel, resume, finished, size)
     for k, atoms in ([] if together else todo):
         finished(*_one(system_config(cfg, k, width, command, resume), atoms, dmodel, command, resume))
+        if codes[-1] == EXIT_STOPPED:   # a signal stops the run, not only the system it reached
+            log.line("stopped by a signal; continue with restart=auto")
+            break
     code = next((c for c in codes if c), 0)
     comm.barrier()   # every rank's record is complete (the ranks share the output folder, as for the files)
     if comm.is_root:
