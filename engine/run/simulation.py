@@ -71,7 +71,8 @@ class Simulation:
                               if state is None else None)
         state, reference = stages.starting_state(cfg, state, self.checkpoint_in, self.integrator, self.dtype,
                                                 self.device, self.dmodel)
-        # fixed atoms (input FixAtoms, fix.ids, a checkpoint's set): engine/run/constraints.py
+        self.groups, self.thermo_columns = measure.setup(cfg, state)   # groups.<name>, thermo.columns
+        # fixed atoms (input FixAtoms, fix.ids, fix.group, a checkpoint's set): engine/run/constraints.py
         self.integrator = constrain(self.integrator, cfg, state, self.checkpoint_in, lambda: self.state.ids)
         stages.check_state(cfg, comm, state, self.dmodel, self.device)
         # a barostat (npt) changes the cell every step: it gets the cell and the virial here
@@ -98,7 +99,8 @@ class Simulation:
                                              log_mode="a" if self.checkpoint_in else "w",
                                              config_line="\n".join(
                                                  [echo_line(cfg), *config_guard.log_notes(
-                                                     to_container(cfg.model), shown=stored_config(cfg)["model"])]))
+                                                     to_container(cfg.model), shown=stored_config(cfg)["model"])]),
+                                             columns=self.thermo_columns)
         self.stop = StopRequest()
         self.exit_code = 0
         # plain copies of the settings the step loop reads (OmegaConf access is slow)
