@@ -163,9 +163,16 @@ def of_group(sim, group: str, names: list[str], **kw) -> dict:
     return measure(sim.comm, sub, sim.results, 3 * (len(ids) - n_fixed), len(ids), registry.needed(names), **kw)
 
 
-def trajectory_row(obs: dict) -> tuple[dict, dict]:
-    """(values, units) of the trajectory's observables present in ``obs`` (absent ones left out)."""
-    rows = [o for o in registry.shown("trajectory") if obs.get(o.name) is not None]
+#: observables written with the frames only: MDAnalysis takes its time step from the row of
+#: ``dt`` with a frame's index
+FRAMES_ONLY = ("dt",)
+
+
+def trajectory_row(obs: dict, frame: bool = True) -> tuple[dict, dict]:
+    """(values, units) of the trajectory's observables present in ``obs`` (absent ones left out);
+    ``frame=False``: a row between frames (observables.every), without :data:`FRAMES_ONLY`."""
+    rows = [o for o in registry.shown("trajectory") if obs.get(o.name) is not None
+            and (frame or o.name not in FRAMES_ONLY)]
     return {o.name: obs[o.name] for o in rows}, {o.name: o.h5md_unit for o in rows}
 
 
