@@ -139,6 +139,8 @@ def of_run(sim, names=None, due=("thermo", "trajectory")) -> dict:
     todo = select(set(due), names)
     todo += [o for o in registry.needed(system) if o not in todo]
     every = int(sim.cfg.trajectory.every)
+    if getattr(sim, "_barostat", False):   # npt's P (V - V0) of this step's cell (a restart's first has none yet)
+        sim.integrator.cell = sim.state.cell
     coupling = getattr(sim.integrator, "conserved_energy", None)   # collective for langevin: on every rank
     kw = dict(coupling_energy=coupling() if coupling is not None else 0.0, groups=getattr(sim, "groups", None))
     obs = measure(sim.comm, sim.state, sim.results, sim.integrator.degrees_of_freedom(sim.n_global), sim.n_global,
