@@ -118,8 +118,12 @@ class Trajectory:
                             factory=lambda: list(TRAJECTORY_FIELDS))
     precision: Optional[str] = key(None, "stored precision of positions, velocities, forces and the box: float32 "
                                    "or float64; null: the run's precision", one_of(None, "float32", "float64"))
-    compression: str = key("none", "per-atom fields compressed in the file: gzip (smallest), lzf (fastest) or none",
+    compression: str = key("none", "the file's datasets compressed: gzip (smallest), lzf (fastest) or none",
                            one_of("none", "gzip", "lzf"))
+    keep_bits: Optional[int] = key(None, "lossy: mantissa bits kept of positions, velocities and forces (14: relative "
+                                   "precision 3e-5, ~1e-3 Å at 50 Å; with gzip ~1.4x smaller again); null keeps all",
+                                   Check(lambda v: v is None or (_is_int(v) and 1 <= v <= 52),
+                                         "give a number of bits from 1 to 52, or null"))
 
 
 def _modules(v) -> bool | str:

@@ -49,6 +49,8 @@ def open_writer(sim) -> None:
     except ValueError as exc:   # a restart onto an output of another system
         raise UserError(f"output {str(sim.output_path)!r} does not belong to this run ({exc}); give the "
                         "run's own output= or start fresh with another output=") from None
+    keep = cfg.trajectory.get("keep_bits")
+    sim.writer.keep_bits = None if keep is None else int(keep)   # lossy: engine/io/bitround.py
     if sim.writer.rebuilt:
         sim.reporter.line(sim.writer.rebuilt)
     if sim.checkpoint_in is not None:  # frames a dead run wrote after its checkpoint go
