@@ -29,6 +29,7 @@ def runs(tmp_path_factory):
     return d
 
 
+@pytest.mark.slow   # three runs of the shipped defaults (4,000 atoms, 1,000 steps): ~30 s on one core
 def test_four_times_smaller_and_every_reader_opens_it(runs):
     plain, small, bits = ((runs / n).stat().st_size for n in ("plain.h5", "small.h5", "bits.h5"))
     print(f"default {plain} B; float32+gzip {small} B ({plain / small:.2f}x); keep_bits=14 {bits} B "
