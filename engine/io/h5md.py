@@ -53,6 +53,7 @@ from shardmd.engine.io.h5md_layout import (
     _resize,
     _write_config,
     field_shape,
+    libver,
 )
 from shardmd.engine.io.h5md_read import (  # noqa: F401  (re-exported reader API)
     FIELD_ALIASES,
@@ -216,10 +217,8 @@ class H5MDWriter(FrameRows):
         try:
             # rdcc_nbytes=0: no raw-data chunk cache, so every chunk write happens (and fails)
             # inside the call that makes it, never later in a dataset close whose error h5py
-            # can only print ("Exception ignored in ObjectID.__dealloc__"); a compressed file in
-            # HDF5 1.10's format, whose chunk indexes are ~2 KiB smaller per dataset than 1.8's B-trees
-            self._f = h5py.File(self.path, "w" if mode == "w" else "r+", rdcc_nbytes=0,
-                                libver=("v110", "latest") if self.compression else ("earliest", "latest"))
+            # can only print ("Exception ignored in ObjectID.__dealloc__"); libver: h5md_layout.py
+            self._f = h5py.File(self.path, "w" if mode == "w" else "r+", rdcc_nbytes=0, libver=libver(self.compression))
         except IO_ERRORS as exc:
             if "unable to lock file" in str(exc).lower():   # HDF5's lock: another process has it open
                 raise self._busy() from None
