@@ -132,6 +132,10 @@ class CSVR:
     def second_half(self, velocities: torch.Tensor, forces: torch.Tensor, masses: torch.Tensor) -> None:
         velocities.add_(forces / masses[:, None], alpha=0.5 * self.dt * FORCE_TO_ACCEL)
 
+    def conserved_energy(self) -> float:
+        """-(kinetic energy the thermostat put in), eV; add K + U for the conserved quantity."""
+        return -self.energy_change
+
     def state_dict(self) -> dict:
         return {"name": self.name, "dt": self.dt, "temperature": self.temperature, "tau": self.tau,
                 "seed": self.seed, "energy_change": self.energy_change}

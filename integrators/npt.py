@@ -436,7 +436,10 @@ class NPT:
 
     def conserved_energy(self) -> float:
         """fix_nh's compute_scalar (eV): the chains' and the barostat's energy, P (V - V0) included;
-        add K + U for the conserved quantity."""
+        add K + U for the conserved quantity.  One term differs from LAMMPS's for iso: the
+        barostat chain's first link counts kT etap[0], the kinetic energy its dynamics drive
+        3 W omega_dot^2 towards (nhc_press_integrate's lkt_press); compute_scalar counts 3 kT
+        etap[0], with which K + U + its value drifts by 2 kT etap[0] (aniso and tri agree)."""
         th = self.thermostat
         e = th.conserved_energy()
         if self.n_atoms is None:
@@ -450,6 +453,8 @@ class NPT:
                 if i < 3:
                     e += self.p_hydro * (vol - self.vol0) / self.pdim
                 lkt_press += kt
+        if self.pstyle == "iso":
+            lkt_press = kt
         if self.pchain:
             e += lkt_press * self.etap[0] + 0.5 * self.etap_mass[0] * self.etap_dot[0] ** 2
             for i in range(1, self.pchain):

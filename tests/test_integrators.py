@@ -209,7 +209,8 @@ def test_verlet_state_and_dof():
 def test_langevin_state_and_dof():
     lg = Langevin(dt=0.5, temperature=300.0, friction=0.01, seed=42)
     sd = lg.state_dict()
-    assert sd == {"name": "langevin", "dt": 0.5, "temperature": 300.0, "friction": 0.01, "seed": 42}
+    assert sd == {"name": "langevin", "dt": 0.5, "temperature": 300.0, "friction": 0.01, "seed": 42,
+                  "energy_change": 0.0}   # the O steps' energy (its conserved quantity)
     assert INTEGRATORS["langevin"] is Langevin and not lg.conserves_momentum
     # 3N: the thermostat does not conserve momentum; never below 1
     assert [lg.degrees_of_freedom(n) for n in (0, 1, 2, 10, 1000)] == [1, 3, 6, 30, 3000]

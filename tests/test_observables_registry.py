@@ -81,8 +81,8 @@ def test_builtin_columns_and_rows_are_unchanged(tmp_path, capfd, monkeypatch):
     assert header == ("      Step    Time(ps)     Temp(K)      PotEng(eV)    KinEng(eV)      TotEng(eV)   Press(bar)"
                       "    Volume(A3)")
     with h5py.File(tmp_path / "b.h5") as f:
-        assert sorted(f["observables"]) == ["dt", "kinetic_energy", "potential_energy", "pressure", "stress",
-                                            "temperature", "total_energy"]
+        assert sorted(f["observables"]) == ["conserved_energy", "dt", "kinetic_energy", "potential_energy",
+                                            "pressure", "stress", "temperature", "total_energy"]
         units = {k: f["observables"][k]["value"].attrs["unit"] for k in f["observables"]}
         assert units["pressure"] == units["stress"] == "eV Angstrom-3" and units["temperature"] == "K"
         pe, ke = f["observables/potential_energy/value"][()], f["observables/kinetic_energy/value"][()]

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any, List, Optional
+from typing import Any, Dict, List, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
@@ -203,8 +203,12 @@ class Trajectory:
                             factory=lambda: list(TRAJECTORY_FIELDS))
     precision: Optional[str] = key(None, "stored precision of positions, velocities, forces and the box: float32 "
                                    "or float64; null: the run's precision", one_of(None, "float32", "float64"))
-    compression: str = key("none", "per-atom fields compressed in the file: gzip (smallest), lzf (fastest) or none",
+    compression: str = key("none", "the file's datasets compressed: gzip (smallest), lzf (fastest) or none",
                            one_of("none", "gzip", "lzf"))
+    keep_bits: Optional[int] = key(None, "lossy: mantissa bits kept of positions, velocities and forces (14: relative "
+                                   "precision 3e-5, ~1e-3 Å at 50 Å; with gzip ~1.4x smaller again); null keeps all",
+                                   Check(lambda v: v is None or (_is_int(v) and 1 <= v <= 52),
+                                         "give a number of bits from 1 to 52, or null"))
 
 
 def _modules(v) -> bool | str:
@@ -219,12 +223,32 @@ class Observables:
     modules: List[str] = key(help="modules of yours that register observables (module or module:function; "
                              "needs allow_code=true; docs/observables.md)",
                              check=Check(_modules, "give a list of module or module:function names"), factory=list)
+    every: Optional[int] = key(None, "steps between rows of the trajectory's observables, besides every frame's "
+                               "(null or 0: trajectory.every)", Check(lambda v: v is None or (_is_int(v) and v >= 0),
+                                                                      "give a whole number of steps >= 0"))
+
+
+def _columns(v) -> bool | str:
+    from shardmd.engine.observables.columns import SPELLING
+
+    bad = next((c for c in v if not (isinstance(c, str) and SPELLING.fullmatch(c.strip()))), None)
+    return bad is None or f"{bad!r} is not a column name (e.g. temp, pe, density, temp@top, vcm[2])"
 
 
 @dataclass
 class Thermo:
     every: int = key(100, "steps between thermo lines (0: first and last only)", whole(0))
     progress: bool = key(True, "progress line with steps/s, ns/day and ETA", FLAG)
+    columns: Optional[List[str]] = key(None, "thermo table columns, LAMMPS's names (step time temp pe ke etotal "
+                                       "conserved press pxx..pyz vol density lx ly lz), any observable by name, "
+                                       "per group as temp@<group>; null: Step Time Temp PotEng KinEng TotEng Press "
+                                       "Volume", Check(_columns, "give a list of column names, e.g. [step,temp,pe]"))
+
+
+def _groups(v) -> bool | str:
+    from shardmd.engine.observables.groups import config_problem
+
+    return config_problem(v)
 
 
 def _id_list(v) -> bool | str:
@@ -239,6 +263,8 @@ class Fix:
     ids: List[int] = key(help="ids (0-based, the input's order) of atoms held fixed, besides the input's ASE "
                          "FixAtoms (docs/minimize.md)",
                          check=Check(_id_list, "give a list of atom ids"), factory=list)
+    group: Optional[str] = key(None, "a group (groups.<name>) whose atoms are held fixed too",
+                               _text("give a group's name", null=True))
 
 
 @dataclass
@@ -305,6 +331,9 @@ class ShardMD:
     batch: Batch = field(default_factory=Batch)
     neighbor: Neighbor = field(default_factory=Neighbor)
     health: Health = field(default_factory=Health)
+    groups: Dict[str, Any] = key(help="atom groups by species, ids or index file, e.g. groups.top={species: [Cu]}, "
+                                 "{ids: '0-99,200'}, {file: idx.ndx} (thermo's temp@top, fix.group)",
+                                 check=Check(_groups, "give {species: [...]}, {ids: ...} or {file: ...}"), factory=dict)
     trajectory: Trajectory = field(default_factory=Trajectory)
     thermo: Thermo = field(default_factory=Thermo)
     observables: Observables = field(default_factory=Observables)

@@ -53,6 +53,7 @@ from shardmd.engine.io.h5md_layout import (
     _resize,
     _write_config,
     field_shape,
+    libver,
 )
 from shardmd.engine.io.h5md_read import (  # noqa: F401  (re-exported reader API)
     FIELD_ALIASES,
@@ -104,7 +105,8 @@ class H5MDWriter(FrameRows):
     ids: (n,) int64 unique global atom ids, in the order every frame's arrays use.
     pbc: 3 bools (or one bool for all axes): periodic along each cell vector.
     dtype: float dtype ("float32" or "float64") of positions, velocities, forces, box edges;
-    compression: gzip, lzf or None for those values (a file appended to keeps its own).
+    compression: gzip, lzf or None for those values, the step and time columns and the static
+        arrays (a file appended to keeps its own); a compressed file is in HDF5 1.10's format.
     config: nested dict of the run configuration as stored (engine/run/record.py: interpolations
         as written), stored under ``/parameters``
         (JSON in ``config_json`` plus nested groups/attributes).  With ``mode="a"`` a given
@@ -215,8 +217,8 @@ class H5MDWriter(FrameRows):
         try:
             # rdcc_nbytes=0: no raw-data chunk cache, so every chunk write happens (and fails)
             # inside the call that makes it, never later in a dataset close whose error h5py
-            # can only print ("Exception ignored in ObjectID.__dealloc__")
-            self._f = h5py.File(self.path, "w" if mode == "w" else "r+", rdcc_nbytes=0)
+            # can only print ("Exception ignored in ObjectID.__dealloc__"); libver: h5md_layout.py
+            self._f = h5py.File(self.path, "w" if mode == "w" else "r+", rdcc_nbytes=0, libver=libver(self.compression))
         except IO_ERRORS as exc:
             if "unable to lock file" in str(exc).lower():   # HDF5's lock: another process has it open
                 raise self._busy() from None
@@ -328,9 +330,10 @@ class H5MDWriter(FrameRows):
         c.attrs["version"] = creator_version
         write_units_module(h5)
         p = f.create_group(PARTICLES)
-        p.create_dataset("species", data=self.species)
-        p.create_dataset("mass", data=self.masses).attrs["unit"] = MASS_UNIT
-        p.create_dataset("id", data=self.ids)
+        static = {"compression": self.compression} if self.compression and self.n_atoms else {}
+        p.create_dataset("species", data=self.species, **static)
+        p.create_dataset("mass", data=self.masses, **static).attrs["unit"] = MASS_UNIT
+        p.create_dataset("id", data=self.ids, **static)
         box = p.create_group("box")
         box.attrs["dimension"] = np.int32(3)
         box.attrs["boundary"] = np.array(["periodic" if b else "none" for b in self.pbc],

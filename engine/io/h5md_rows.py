@@ -10,6 +10,7 @@ from typing import Any, Mapping, Sequence
 import h5py
 import numpy as np
 
+from shardmd.engine.io.bitround import bitround
 from shardmd.engine.io.h5md_layout import (
     ROW_CHUNK,
     _create_element,
@@ -46,6 +47,8 @@ class FrameRows:
 
     #: the values' filter (gzip, lzf) of elements created here; H5MDWriter sets its own
     compression: str | None = None
+    #: mantissa bits kept of the per-atom float fields (None: all); see engine/io/bitround.py
+    keep_bits: int | None = None
 
     def _space_needed(self, rows_and_chunking) -> int:
         """Bytes a write of row ``rows[name]`` of each element may allocate in the file."""
@@ -110,8 +113,11 @@ class FrameRows:
                 if a.dtype.kind not in "iu" and not np.array_equal(a, np.rint(a)):
                     raise ValueError("images must be integers")
                 a = a.astype(np.int32)
-            elif self._scale[name] != 1.0:
-                a = a.astype(np.float64) * self._scale[name]
+            else:
+                if self._scale[name] != 1.0:
+                    a = a.astype(np.float64) * self._scale[name]
+                if self.keep_bits is not None:
+                    a = bitround(a.astype(self._sets[name]["value"].dtype), self.keep_bits)
             arrays[name] = a
         what = f"frame at step {step}"
         self._check_space(self._space_needed((self._rows[n], self._chunking[n]) for n in (*arrays, "box")),

@@ -16,6 +16,7 @@ import tempfile
 from pathlib import Path
 
 import h5py
+import numpy as np
 
 from shardmd.engine.errors import UserError
 from shardmd.engine.io.h5md_live import open_unlocked, while_written
@@ -77,12 +78,21 @@ def _write_atomically(out: str, write, fmt_name: str) -> None:
         raise
 
 
-def _config_line(cfg: dict | None) -> list[str]:
+def _config_line(cfg: dict | None, minimisation: bool = False) -> list[str]:
+    """The stored configuration's model and dynamics (a minimisation's FIRE settings, no MD keys)."""
     if not cfg:
         return ["config: (none stored)"]
     model = cfg.get("model", {})
     integ = cfg.get("integrator", {})
-    return [f"model: {model.get('name')}  " + ", ".join(f"{k}={v}" for k, v in model.items() if k != "name"),
+    head = f"model: {model.get('name')}  " + ", ".join(f"{k}={v}" for k, v in model.items() if k != "name")
+    if minimisation:
+        m = cfg.get("minimize", {})
+        return [head, "minimize: FIRE  " + "  ".join(f"{k}={m.get(k)}" for k in ("fmax", "steps", "maxstep", "cell")
+                                                     if k in m)
+                + (f"  pressure={m.get('pressure')} bar" if m.get("cell") else "")
+                + f"  precision={cfg.get('precision')}  domains={cfg.get('domains')}",
+                f"output={cfg.get('output')}"]
+    return [head,
             f"integrator: {integ.get('name')}  dt={cfg.get('dt')} fs  T={cfg.get('temperature')} K  "
             f"seed={cfg.get('seed')}  precision={cfg.get('precision')}  domains={cfg.get('domains')}",
             f"steps={cfg.get('steps')}  output={cfg.get('output')}"]
@@ -112,13 +122,22 @@ def _info(path: str, kind: str) -> str:
     with warnings.catch_warnings():   # an unreadable observable is named in the summary below
         warnings.simplefilter("ignore", TrajectoryDamageWarning)
         s = file_summary(path)
-    lines = [f"{path}: H5MD {s['h5md_version']} trajectory by {s['creator']} {s['creator_version']}",
+    from shardmd.engine.io.plot_panels import run_kind
+
+    minimisation = run_kind(s["config"]) == "minimize"
+    span = "" if minimisation else f"time: {(s['last_time_fs'] or 0) / 1000:.4f} ps  "
+    lines = [f"{path}: H5MD {s['h5md_version']} {'minimisation (FIRE) ' if minimisation else ''}trajectory by "
+             f"{s['creator']} {s['creator_version']}",
              f"atoms: {s['n_atoms']}  frames: {s['n_frames']}  steps: {s['first_step']}..{s['last_step']}  "
-             f"time: {(s['last_time_fs'] or 0) / 1000:.4f} ps  dtype: {s['dtype']}  pbc: {s['pbc']}",
+             f"{span}dtype: {s['dtype']}  pbc: {s['pbc']}",
              f"fields: {', '.join(s['fields'])}",
              "observables: " + ", ".join(f"{k} ({n})" for k, n in s["observables"].items())
              + "".join(f", {k} (unreadable: left out)" for k in s.get("unreadable_observables", ()))]
-    return "\n".join(lines + _observable_lines(s) + _config_line(s["config"]))
+    return "\n".join(lines + _observable_lines(s) + _config_line(s["config"], minimisation))
+
+
+#: observables the engine writes without registering them
+FILE_ONLY = {"fmax": "the largest atom's force of the FIRE step (minimisation)"}
 
 
 def _observable_lines(s: dict) -> list[str]:
@@ -131,7 +150,9 @@ def _observable_lines(s: dict) -> list[str]:
     for name in s["observables"]:
         unit = s["units"].get(f"observables/{name}/value") or "no unit"
         known = registry._REGISTRY.get(name)
-        if known is not None:
+        if name in FILE_ONLY:
+            what = FILE_ONLY[name]
+        elif known is not None:
             what = f"{known.description or known.name} ({known.origin}; reduce {known.reduce}; {known.cost})"
         else:
             what = ("not built in: registered by the run's observables.modules=[" + ",".join(map(str, modules)) + "]"
@@ -141,45 +162,12 @@ def _observable_lines(s: dict) -> list[str]:
 
 
 def plot_series(path: str) -> list[tuple[str, dict[str, tuple]]]:
-    """What ``plot`` draws: one ``(y label, {curve label: (time ps, values)})`` per panel.
+    """What ``plot`` draws: one ``(y label, {curve label: (x, values)})`` per panel, as the run's
+    kind has them (engine/io/plot_panels.py: MD against time in ps, a minimisation against its
+    FIRE step)."""
+    from shardmd.engine.io.plot_panels import panels
 
-    Panels: the registry's (engine/observables/): each observable of the file with a ``plot``
-    label, values times its ``scale`` (the energies share "energy (eV)", pressure in bar), in
-    the registry's order; after the energies the total-energy drift per atom,
-    ``(E_total(t) - E_total(0)) / N`` in eV/atom (on the energy panel's ~N eV scale a drift of
-    1e-5 eV/atom is invisible); then every other scalar observable of the file (a user's,
-    registered in the run's process), labelled with the file's unit.  The built-in panels are
-    kept when the file lacks their observables (empty), so that every plot has the same layout.
-    """
-    from shardmd.engine.io.h5md import file_summary, read_observables
-    from shardmd.engine.observables import registry
-
-    obs = read_observables(path)
-    summary = file_summary(path)
-    n_atoms = summary["n_atoms"]
-
-    def curve(k, scale=1.0):
-        steps, times, values = obs[k]
-        return times / 1000.0, values * scale
-
-    panels: dict[str, dict[str, tuple]] = {}
-    for o in registry.registered():
-        if not o.plot or o.shape != () or "trajectory" not in o.when:
-            continue
-        curves = panels.setdefault(o.plot, {})
-        if o.name in obs:
-            curves[o.name.replace("_", " ") if o.origin == "built-in" else o.name] = curve(o.name, o.scale)
-        if o.name == "total_energy":   # the drift follows the energies
-            drift = panels.setdefault("total-energy drift (eV/atom)", {})
-            if o.name in obs and len(obs[o.name][2]) and n_atoms:
-                t, e = curve(o.name)
-                drift["(E_total - E_total(0)) / N"] = (t, (e - e[0]) / n_atoms)
-    for name, (_, _, values) in obs.items():
-        if name in registry._REGISTRY or values.ndim != 1:
-            continue
-        unit = summary["units"].get(f"observables/{name}/value")
-        panels[f"{name} ({unit})" if unit else name] = {name: curve(name)}
-    return list(panels.items())
+    return panels(path)[1]
 
 
 def plot(path: str, out: str) -> str:
@@ -194,16 +182,21 @@ def plot(path: str, out: str) -> str:
     except ImportError:
         raise UserError("plot needs matplotlib: pip install matplotlib") from None
 
+    from shardmd.engine.io.plot_panels import panels as run_panels
+
     check_output_path(out, "plot output")
-    panels = plot_series(path)
-    fig, axes = plt.subplots(len(panels), 1, figsize=(8, 2.6 * len(panels) + 1), sharex=True)
+    xlabel, panels = run_panels(path)
+    fig, axes = plt.subplots(len(panels), 1, figsize=(8, 2.6 * len(panels) + 1), sharex=True, squeeze=False)
+    axes = axes[:, 0]
     for ax, (label, curves) in zip(axes, panels):
         for name, (t, y) in curves.items():
             ax.plot(t, y, label=name)
         ax.set_ylabel(label)
+        if label.startswith("fmax") and any(np.all(np.asarray(y) > 0) and len(y) for _, y in curves.values()):
+            ax.set_yscale("log")   # FIRE's fmax falls by decades
         if curves:
             ax.legend(loc="best", fontsize=8)
-    axes[-1].set_xlabel("time (ps)")
+    axes[-1].set_xlabel(xlabel)
     fig.suptitle(Path(path).name)
     fig.tight_layout()
     fmt = Path(out).suffix[1:].lower() or matplotlib.rcParams["savefig.format"]

@@ -18,7 +18,10 @@ System-wide (the same on every rank): ``cell`` (3, 3) Å (rows are the lattice v
 ``reduce="none"``, never summed), ``virial`` (3, 3) eV or None (a model without one),
 ``step``, ``time`` fs, ``frame_interval`` fs (the time between trajectory frames,
 trajectory.every x dt; 0 without frames), ``dof`` (the integrator's degrees of freedom),
-``n_atoms`` (the system's), ``rank`` and ``n_ranks``; ``values``: the reduced values of the observables
+``n_atoms`` (the system's), ``rank`` and ``n_ranks``, ``coupling_energy`` eV (the energy the
+thermostat or barostat exchanged with the system, the integrator's; 0 for verlet), and
+``group(name)``, which of this rank's atoms are in the group ``groups.<name>`` (a bool mask);
+``values``: the reduced values of the observables
 computed before this one (a ``derived`` observable reads its ``depends`` there).
 ``tensor(name)`` gives an array as the run's own torch tensor (no copy, on the run's device:
 for GPU runs; never modify it).
@@ -39,11 +42,12 @@ class StateView:
     """Read-only view of one rank's state at one step (see the module docstring)."""
 
     __slots__ = ("_tensors", "_arrays", "_values", "potential_energy", "step", "time", "dof", "n_atoms", "rank",
-                 "n_ranks", "frame_interval")
+                 "n_ranks", "frame_interval", "coupling_energy", "_groups")
 
     def __init__(self, tensors: Mapping[str, Any], *, potential_energy: float, step: int, time: float, dof: int,
                  n_atoms: int, rank: int = 0, n_ranks: int = 1, values: Mapping[str, Any] | None = None,
-                 frame_interval: float = 0.0):
+                 frame_interval: float = 0.0, coupling_energy: float = 0.0,
+                 groups: Mapping[str, Any] | None = None):
         self._tensors = dict(tensors)
         self._arrays: dict[str, np.ndarray] = {}
         self._values = values if values is not None else {}
@@ -51,6 +55,8 @@ class StateView:
         self.step, self.time, self.dof = int(step), float(time), int(dof)
         self.n_atoms, self.rank, self.n_ranks = int(n_atoms), int(rank), int(n_ranks)
         self.frame_interval = float(frame_interval)
+        self.coupling_energy = float(coupling_energy)
+        self._groups = dict(groups or {})
 
     def tensor(self, name: str):
         """The run's own tensor of ``name`` (a per-atom array, ``cell``, ``pbc`` or ``virial``); do not modify."""
@@ -80,6 +86,13 @@ class StateView:
     cell = property(lambda self: self._array("cell"), doc="(3, 3) Å, rows are the lattice vectors")
     pbc = property(lambda self: self._array("pbc"), doc="(3,) periodic axes")
     virial = property(lambda self: self._array("virial"), doc="(3, 3) eV, the model's (None without one)")
+
+    def group(self, name: str) -> np.ndarray:
+        """(n,) bool: which of this rank's atoms are in the group ``name`` (``groups.<name>``)."""
+        ids = self._groups.get(name)
+        if ids is None:
+            raise KeyError(f"no group {name!r}; the run's groups: {', '.join(self._groups) or 'none'} (groups.<name>)")
+        return np.isin(self.ids, np.asarray(ids))
 
     @property
     def volume(self) -> float:

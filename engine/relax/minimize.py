@@ -219,7 +219,7 @@ class FIRE:
             f, fc = self._forces()
             fm, e = self.fmax_now(f, fc), self._energy()
             self._log(e, fm, force=True)
-            self._frame(e)
+            self._frame(e, fm)
             converged = fm < fmax
             while not converged and s.step < steps:
                 self.step(f, fc)
@@ -229,7 +229,7 @@ class FIRE:
                 last = converged or s.step >= steps
                 self._log(e, fm, force=last or (thermo > 0 and s.step % thermo == 0))
                 if last or (every > 0 and s.step % every == 0):
-                    self._frame(e)
+                    self._frame(e, fm)
             s.velocities.zero_()
             word = "converged" if converged else f"NOT converged within {steps} steps"
             sim.reporter.line(f"FIRE {word}: {s.step} steps, energy {e:.10f} eV, fmax {fm:.3e} eV/Å "
@@ -253,6 +253,7 @@ class FIRE:
         sim.rebuild()
         if sim._min_distance > 0:
             health.close_contacts(sim.comm, sim.domain.close_pairs(s, sim._min_distance), sim._min_distance)
+        sim.run_record.kind = "minimize"   # the trajectory says so: plot and info show a minimisation
         with sim._output_step():
             sim._open_writer()
         n_fixed = getattr(sim.integrator, "n_fixed", 0)
@@ -282,7 +283,8 @@ class FIRE:
             self.sim.reporter.line(f"FIRE {self.sim.state.step:6d}  energy {e:.10f} eV  fmax {fm:.6e} eV/Å  "
                                    f"dt {self.dt:.4g}{vol}")
 
-    def _frame(self, e: float) -> None:
+    def _frame(self, e: float, fm: float) -> None:
+        """A frame and its observables: the energy (eV) and fmax (eV/Å) of this FIRE step."""
         sim = self.sim
         if sim.writer is None:
             return
@@ -296,7 +298,8 @@ class FIRE:
                 sim.writer.write_frame(s.step, 0.0, s.cell.detach().cpu().numpy(), positions=full["positions"],
                                        images=full["images"], velocities=np.zeros_like(full["positions"]),
                                        forces=full["forces"], **{k: full[k] for k in extra})
-                sim.writer.write_observables(s.step, 0.0, {"potential_energy": e})
+                sim.writer.write_observables(s.step, 0.0, {"potential_energy": e, "fmax": fm},
+                                             {"fmax": "eV Angstrom-1"})
 
     def _write_structure(self, path: str, e: float) -> None:
         from ase.calculators.singlepoint import SinglePointCalculator

@@ -45,6 +45,7 @@ import torch
 
 from shardmd.engine.errors import UserError
 from shardmd.engine.io.checkpoint_check import fixed_ranges_problem
+from shardmd.integrators.units import MVV_TO_EV
 
 #: the ASE constraint the engine applies; every other one is refused
 SUPPORTED = ("FixAtoms",)
@@ -103,16 +104,30 @@ def from_ranges(ranges) -> torch.Tensor:
     return torch.cat([torch.arange(int(a), int(b), dtype=torch.int64) for a, b in ranges])
 
 
+def _group_ids(cfg, state, name: str) -> np.ndarray:
+    """The ids of ``groups.<name>`` (engine/observables/groups.py); one line when there is none."""
+    from shardmd.engine.observables.groups import select
+
+    defined = cfg.get("groups") or {}
+    if name not in defined:
+        raise UserError(f"fix.group={name}: no group {name!r}; define it, e.g. groups.{name}={{ids: '0-99'}} "
+                        f"(groups: {', '.join(defined) or 'none'})")
+    return select(name, dict(defined[name]), state.ids.cpu().numpy(), state.numbers.cpu().numpy())
+
+
 def resolve_fixed(cfg, state, checkpoint: dict | None) -> torch.Tensor:
     """Sorted unique global ids (int64, CPU) of the atoms held fixed in this run; empty: none.
 
-    cfg: the run's configuration (``fix.ids``); state: the full initial State (every atom, id
+    cfg: the run's configuration (``fix.ids``, ``fix.group``); state: the full initial State (every atom, id
     order not needed); checkpoint: a restart's checkpoint (its set wins) or None."""
     fix_cfg = cfg.get("fix") if hasattr(cfg, "get") else None
     given = [int(i) for i in (fix_cfg.ids if fix_cfg is not None else [])]
     if len(set(given)) != len(given):
         dup = sorted({i for i in given if given.count(i) > 1})
         raise UserError(f"fix.ids names id {dup[0]} more than once; give each id once")
+    group = fix_cfg.get("group") if fix_cfg is not None else None
+    if group is not None:   # fix.group: the group's atoms besides fix.ids
+        given = sorted(set(given) | set(_group_ids(cfg, state, str(group)).tolist()))
     if checkpoint is not None:
         stored = (checkpoint.get("integrator") or {}).get("fixed_ids")
         problem = fixed_ranges_problem(stored, state.ids.cpu().numpy()) if stored else None
@@ -199,6 +214,9 @@ class FixedAtoms:
         held = positions.index_select(0, rows)
         self.inner.first_half(positions, velocities, forces.index_fill(0, rows, 0.0), masses, ids, step)
         positions.index_copy_(0, rows, held)
+        if hasattr(self.inner, "add_change"):   # langevin's O step kicked the fixed atoms: not energy the system kept
+            v = velocities.index_select(0, rows).double()
+            self.inner.add_change(-0.5 * MVV_TO_EV * (masses.index_select(0, rows).double()[:, None] * v * v).sum())
         velocities.index_fill_(0, rows, 0.0)
 
     def second_half(self, velocities, forces, masses) -> None:

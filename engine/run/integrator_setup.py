@@ -2,9 +2,9 @@
 
 Integrators (integrators/) know nothing of configurations, domains or models; this is where
 the engine turns the composed configuration into one.  Thermostats that need the global
-kinetic energy (nose-hoover, csvr, npt) get :func:`sum_fn`: a sum over the job's ranks of a small
-tensor (the identity on one rank).  A restart loads the checkpoint's integrator state
-(engine/run/simulation.py), so a Nosé-Hoover chain (and npt's barostat) continues.  npt's
+kinetic energy (nose-hoover, csvr, npt; langevin for its conserved quantity) get :func:`sum_fn`:
+a sum over the job's ranks of a small tensor (the identity on one rank).  A restart loads the
+checkpoint's integrator state (engine/run/simulation.py), so a Nosé-Hoover chain (and npt's barostat) continues.  npt's
 pressure is given in bar (as LAMMPS's metal units) and handed to the integrator in eV/Å^3.
 """
 from __future__ import annotations
@@ -60,7 +60,7 @@ def make_integrator(cfg: DictConfig, comm=None):
             return INTEGRATORS["verlet"](dt=dt)
         if icfg.name == "langevin":
             return INTEGRATORS["langevin"](dt=dt, temperature=temperature, friction=float(icfg.friction),
-                                           seed=run_seed(cfg))
+                                           seed=run_seed(cfg), sum_fn=sum_fn(comm))
         if icfg.name == "nose-hoover":
             integrator = INTEGRATORS["nose-hoover"](dt=dt, temperature=temperature, tdamp=float(icfg.tdamp),
                                                      chain=int(icfg.chain), sum_fn=sum_fn(comm))

@@ -10,13 +10,14 @@ no rank is left waiting in the next collective.
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import numpy as np
 import torch
 
 from shardmd.domain.comm import Comm
 from shardmd.engine.errors import CollectiveError, UserError
-from shardmd.engine.observables import registry
+from shardmd.engine.observables import columns, registry
 from shardmd.engine.observables.registry import Observable
 from shardmd.engine.observables.view import PER_ATOM, StateView
 
@@ -74,16 +75,17 @@ def _finite(o: Observable, a, step: int) -> None:
 
 
 def measure(comm: Comm, state, results: dict, dof: int, n_atoms: int, todo: list[Observable],
-            frame_interval: float = 0.0) -> dict:
+            frame_interval: float = 0.0, coupling_energy: float = 0.0, groups=None) -> dict:
     """The values of ``todo`` (from :func:`select`) at the state's step: ``{name: value}``,
     None for an absent one (a pressure without a virial). Collective: every rank calls it.
-    frame_interval: fs between trajectory frames (the view's ``frame_interval``)."""
+    frame_interval: fs between trajectory frames (the view's ``frame_interval``);
+    coupling_energy: eV, the thermostat's / barostat's (the view's); groups: {name: ids}."""
     tensors = {k: getattr(state, k) for k in PER_ATOM}
     tensors.update(cell=state.cell, pbc=state.pbc, virial=results.get("virial"))
     values: dict = {}
     view = StateView(tensors, potential_energy=float(results["energy"]), step=state.step, time=state.time,
                      dof=dof, n_atoms=n_atoms, rank=comm.rank, n_ranks=comm.size, values=values,
-                     frame_interval=frame_interval)
+                     frame_interval=frame_interval, coupling_energy=coupling_energy, groups=groups)
     device = state.positions.device
     parts: dict[str, list[tuple[Observable, torch.Tensor]]] = {"sum": [], "max": [], "min": []}
     failed: dict[str, str] = {}
@@ -130,18 +132,61 @@ def measure(comm: Comm, state, results: dict, dof: int, n_atoms: int, todo: list
 
 def of_run(sim, names=None, due=("thermo", "trajectory")) -> dict:
     """:func:`measure` of a Simulation's current step: the observables with a ``when`` (and
-    those ``names`` asks for), without the on-demand ones computed only as dependencies."""
+    those ``names`` or the thermo columns ask for), without the on-demand ones computed only as
+    dependencies; a per-group column's value as ``<name>@<group>``."""
+    cols = getattr(sim, "thermo_columns", None)
+    system, per_group = columns.needs(cols) if cols and "thermo" in due else ([], {})
     todo = select(set(due), names)
+    todo += [o for o in registry.needed(system) if o not in todo]
     every = int(sim.cfg.trajectory.every)
+    if getattr(sim, "_barostat", False):   # npt's P (V - V0) of this step's cell (a restart's first has none yet)
+        sim.integrator.cell = sim.state.cell
+    coupling = getattr(sim.integrator, "conserved_energy", None)   # collective for langevin: on every rank
+    kw = dict(coupling_energy=coupling() if coupling is not None else 0.0, groups=getattr(sim, "groups", None))
     obs = measure(sim.comm, sim.state, sim.results, sim.integrator.degrees_of_freedom(sim.n_global), sim.n_global,
-                  todo, frame_interval=every * float(sim.integrator.dt) if every > 0 else 0.0)
-    return {o.name: obs[o.name] for o in todo if o.when or (names is not None and o.name in names)}
+                  todo, frame_interval=every * float(sim.integrator.dt) if every > 0 else 0.0, **kw)
+    out = {o.name: obs[o.name] for o in todo if o.when or o.name in system or (names is not None and o.name in names)}
+    for group, wanted in per_group.items():
+        vals = of_group(sim, group, wanted, **kw)
+        out.update({f"{n}@{group}": vals[n] for n in wanted})
+    return out
 
 
-def trajectory_row(obs: dict) -> tuple[dict, dict]:
-    """(values, units) of the trajectory's observables present in ``obs`` (absent ones left out)."""
-    rows = [o for o in registry.shown("trajectory") if obs.get(o.name) is not None]
+def of_group(sim, group: str, names: list[str], **kw) -> dict:
+    """:func:`measure` of ``names`` over the atoms of ``groups.<group>`` alone (collective): each
+    rank hands over its own members; degrees of freedom 3 per mobile member (fixed atoms count
+    in neither the kinetic energy, their velocities being 0, nor the dof)."""
+    s, ids = sim.state, sim.groups[group]
+    rows = torch.nonzero(torch.isin(s.ids, torch.as_tensor(ids, device=s.ids.device))).flatten()
+    sub = SimpleNamespace(**{k: getattr(s, k).index_select(0, rows) for k in PER_ATOM}, cell=s.cell, pbc=s.pbc,
+                          step=s.step, time=s.time)
+    fixed = getattr(sim.integrator, "fixed_ids", None)
+    n_fixed = int(np.isin(ids, fixed.cpu().numpy()).sum()) if fixed is not None else 0
+    return measure(sim.comm, sub, sim.results, 3 * (len(ids) - n_fixed), len(ids), registry.needed(names), **kw)
+
+
+#: observables written with the frames only: MDAnalysis takes its time step from the row of
+#: ``dt`` with a frame's index
+FRAMES_ONLY = ("dt",)
+
+
+def trajectory_row(obs: dict, frame: bool = True) -> tuple[dict, dict]:
+    """(values, units) of the trajectory's observables present in ``obs`` (absent ones left out);
+    ``frame=False``: a row between frames (observables.every), without :data:`FRAMES_ONLY`."""
+    rows = [o for o in registry.shown("trajectory") if obs.get(o.name) is not None
+            and (frame or o.name not in FRAMES_ONLY)]
     return {o.name: obs[o.name] for o in rows}, {o.name: o.h5md_unit for o in rows}
+
+
+def setup(cfg, state) -> tuple[dict, list | None]:
+    """(groups: {name: sorted global ids} from the full initial ``state``, the thermo table's
+    columns or None for the default ones); after ``observables.modules`` are loaded."""
+    from shardmd.engine.observables import groups
+
+    node = cfg.get("groups") if hasattr(cfg, "get") else None
+    found = groups.resolve(node, state.ids.cpu().numpy(), state.numbers.cpu().numpy())
+    specs = cfg.thermo.get("columns") if "thermo" in cfg else None
+    return found, (columns.parse(list(specs), found) if specs is not None else None)
 
 
 def load_config(cfg) -> list[tuple[str, list[str]]]:

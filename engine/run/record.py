@@ -41,17 +41,21 @@ class RunRecord:
             if self.model_paths else origin
         self._salt = new_salt()
         self._digests: dict | None = None
+        #: what the run is: ``md``, or ``minimize`` (stored as the key ``run``; MD's store none)
+        self.kind = "md"
 
     def config(self, stored: bool = True) -> dict:
         """The configuration as the trajectory and checkpoint store it: expressions kept, the
         ``model`` node naming a model given as an object (its route ``api:<class>``, cutoff and
         tensor hash), ``model_identity`` (the model's origin as JSON) and, where a physics key
-        holds an expression, ``resolved_digests``; ``stored=False``: everything resolved (what
-        a restart compares; never written)."""
+        holds an expression, ``resolved_digests``, and ``run`` for a minimisation; ``stored=False``:
+        everything resolved (what a restart compares; never written)."""
         rec = stored_config(self.cfg) if stored else to_container(self.cfg)
         if self.origin.get("api"):
             rec["model"] = {"name": self.origin["route"], "cutoff": self.origin["cutoff"],
                             "tensors_sha256": self.origin["tensors_sha256"]}
+        if self.kind != "md":
+            rec["run"] = self.kind
         rec["model_identity"] = json.dumps(self.stored_origin if stored else self.origin, sort_keys=True, default=str)
         if stored and self.paths:
             if self._digests is None:

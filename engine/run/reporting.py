@@ -7,14 +7,7 @@ import time
 from pathlib import Path
 
 from shardmd.engine.errors import OutputError
-from shardmd.engine.observables import shown
-
-#: the table's first columns; the others are the registry's thermo observables (engine/observables/)
-LEADING = (("Step", "{:>10d}"), ("Time(ps)", "{:>11.4f}"))
-
-
-def _width(fmt: str) -> int:
-    return len(fmt.format(0) if "d" in fmt else fmt.format(0.0))
+from shardmd.engine.observables import columns as thermo_columns
 
 
 def _ns_per_day(steps_per_s: float, dt_fs: float) -> float:
@@ -67,11 +60,14 @@ class Reporter:
     terminal but errors; progress: a progress line on stderr (a live one on a terminal);
     config_line: the log's first line, the configuration, expressions as written
     (shardmd.engine.config.compose.echo_line); one
-    line, so that the log's line count still says how far a run is (tools and tests watch it).
+    line, so that the log's line count still says how far a run is (tools and tests watch it);
+    columns: the thermo table's (engine/observables/columns.py), None: the default ones as
+    registered when the table starts.
     """
 
     def __init__(self, log_path: str | Path | None, quiet: bool = False, progress: bool = True,
-                 enabled: bool = True, stream=None, log_mode: str = "w", config_line: str | None = None):
+                 enabled: bool = True, stream=None, log_mode: str = "w", config_line: str | None = None,
+                 columns: list | None = None):
         self.enabled = enabled
         self.quiet = quiet
         self.progress = progress and not quiet
@@ -83,6 +79,7 @@ class Reporter:
         self._log_mode = log_mode
         self._config_line = config_line
         self._header_done = False
+        self.columns = columns
         self._columns = []
         self._t0 = None
         self._step0 = 0
@@ -116,15 +113,13 @@ class Reporter:
     def thermo(self, step: int, time_fs: float, obs: dict) -> None:
         if not self.enabled:
             return
-        if not self._header_done:   # the columns are those registered when the table starts
-            self._columns = shown("thermo")
-            self.line(" ".join([*(f"{name:>{_width(fmt)}}" for name, fmt in LEADING),
-                                *(f"{o.header:>{o.width}}" for o in self._columns)]))
+        if not self._header_done:   # the default columns are those registered when the table starts
+            self._columns = self.columns if self.columns is not None else thermo_columns.parse(None)
+            self.line(thermo_columns.header(self._columns))
             self._header_done = True
         # a space between columns: a wide value (PE of a 10 M-atom system) never joins its neighbour;
         # an absent value (no pressure without a virial) is '-'
-        self.line(" ".join([LEADING[0][1].format(step), LEADING[1][1].format(time_fs / 1000.0),
-                            *(o.cell(obs.get(o.name)) for o in self._columns)]))
+        self.line(thermo_columns.row(self._columns, step, time_fs, obs))
 
     def start(self, step: int) -> None:
         self._t0 = time.perf_counter()

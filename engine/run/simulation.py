@@ -25,9 +25,8 @@ from shardmd.engine.config.compose import compose_config, echo_line, to_containe
 from shardmd.engine.config.expressions import stored_config
 from shardmd.engine.errors import OutputError, UserError
 from shardmd.engine.io.checkpoint import checkpoint_dir, model_identity_of, write_checkpoint
-from shardmd.engine.io.output_lock import OutputLock
 from shardmd.engine.launch.stop import EXIT_STOPPED, StopRequest
-from shardmd.engine.run import health, measure, model_inputs, stages
+from shardmd.engine.run import health, measure, model_inputs, output, stages
 from shardmd.engine.run import restart as restart_mod
 from shardmd.engine.run.constraints import constrain
 from shardmd.engine.run.integrator_setup import make_integrator
@@ -58,7 +57,7 @@ class Simulation:
         # state, checks, domains, reporting; nothing is written before the first step's set-up
         self.cfg, self.comm = cfg, comm = stages.job_ranks(cfg, comm)
         stages.check_outputs_of(cfg, comm)
-        self._lock: OutputLock | None = None
+        self._lock = None   # rank 0's OutputLock, from the first output step
         self.dtype = stages.DTYPES[cfg.precision]
         self.device = stages.device_of(cfg, comm)
         self.integrator = make_integrator(cfg, comm=comm)
@@ -71,7 +70,8 @@ class Simulation:
                               if state is None else None)
         state, reference = stages.starting_state(cfg, state, self.checkpoint_in, self.integrator, self.dtype,
                                                 self.device, self.dmodel)
-        # fixed atoms (input FixAtoms, fix.ids, a checkpoint's set): engine/run/constraints.py
+        self.groups, self.thermo_columns = measure.setup(cfg, state)   # groups.<name>, thermo.columns
+        # fixed atoms (input FixAtoms, fix.ids, fix.group, a checkpoint's set): engine/run/constraints.py
         self.integrator = constrain(self.integrator, cfg, state, self.checkpoint_in, lambda: self.state.ids)
         stages.check_state(cfg, comm, state, self.dmodel, self.device)
         # a barostat (npt) changes the cell every step: it gets the cell and the virial here
@@ -98,12 +98,14 @@ class Simulation:
                                              log_mode="a" if self.checkpoint_in else "w",
                                              config_line="\n".join(
                                                  [echo_line(cfg), *config_guard.log_notes(
-                                                     to_container(cfg.model), shown=stored_config(cfg)["model"])]))
+                                                     to_container(cfg.model), shown=stored_config(cfg)["model"])]),
+                                             columns=self.thermo_columns)
         self.stop = StopRequest()
         self.exit_code = 0
         # plain copies of the settings the step loop reads (OmegaConf access is slow)
         self._ckpt_every = int(cfg.checkpoint.every)
         self._traj_every, self._thermo_every = int(cfg.trajectory.every), int(cfg.thermo.every)
+        self._obs_every = output.observables_every(cfg)   # observable rows besides the frames'
         self._max_step, self._min_distance = float(cfg.health.max_step), float(cfg.health.min_distance)
         self.timers: dict[str, float] = defaultdict(float)
         self.neighbors = RebuildController(self.domain, self.integrator.dt, int(cfg.neighbor.every),
@@ -164,6 +166,7 @@ class Simulation:
         return (step >= self._last_step
                 or (self._thermo_every > 0 and step % self._thermo_every == 0)
                 or (self.writer is not None and self._traj_every > 0 and step % self._traj_every == 0)
+                or (self.writer is not None and self._obs_every > 0 and step % self._obs_every == 0)
                 or (self._ckpt_every > 0 and step % self._ckpt_every == 0))
 
     def _check_step(self, worst: float, where: str) -> None:
@@ -242,41 +245,17 @@ class Simulation:
 
     # -- output ----------------------------------------------------------------------
     def _open_writer(self) -> None:
-        with self._output_step():   # the lock before any output is touched (engine/io/output_lock.py)
-            if self.comm.is_root and self._lock is None:
-                self._lock = OutputLock(self.output_path)
-        if self.cfg.trajectory.every <= 0:
-            return
-        import warnings
+        output.open_writer(self)
 
-        from shardmd.engine import __version__
-        from shardmd.engine.io.h5md import H5MDWriter, TrajectoryRebuilt
-
-        static = self.domain.gather(self.state, ("numbers", "masses"))
-        if not self.comm.is_root:
-            self.writer = _NotRoot()
-            return
-        self.output_path.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            with warnings.catch_warnings():   # a rebuilt file is said in the run's log instead (below)
-                warnings.simplefilter("ignore", TrajectoryRebuilt)
-                self.writer = H5MDWriter(
-                    self.output_path, species=static["numbers"], masses=static["masses"].astype("float64"),
-                    ids=static["ids"], pbc=self.state.pbc.cpu().numpy(),
-                    dtype=self.cfg.trajectory.precision or self.cfg.precision, config=self.record(),
-                    fields=tuple(self.cfg.trajectory.fields), compression=self.cfg.trajectory.compression,
-                    creator="ShardMD", creator_version=__version__, mode="a" if self.checkpoint_in else "w")
-        except ValueError as exc:   # a restart onto an output of another system
-            raise UserError(f"output {str(self.output_path)!r} does not belong to this run ({exc}); give the "
-                            "run's own output= or start fresh with another output=") from None
-        if self.writer.rebuilt:
-            self.reporter.line(self.writer.rebuilt)
-        if self.checkpoint_in is not None:  # frames a dead run wrote after its checkpoint go
-            self.writer.truncate_after(self.state.step)
-
-    def _write(self, obs: dict) -> None:
+    def _write(self, obs: dict, frame: bool = True) -> None:
+        """The observables' row (rank 0) and, with ``frame``, the frame (collective: a gather)."""
         t = time.perf_counter()
         s = self.state
+        if not frame:   # a row of the observables alone (observables.every)
+            if self.comm.is_root:
+                self.writer.write_observables(s.step, s.time, *measure.trajectory_row(obs, frame=False))
+            self.timers["output"] += time.perf_counter() - t
+            return
         from shardmd.engine.io.trajectory_fields import model_outputs  # per-atom model outputs asked for (energies)
 
         extra = model_outputs(self.results, self.cfg.trajectory.fields, self.model)
@@ -294,14 +273,16 @@ class Simulation:
     def _report(self, force_traj=False, force_thermo=False, traj=True) -> None:
         s = self.state
         traj_due = traj and self.writer is not None and (force_traj or s.step % self._traj_every == 0)
+        rows_due = traj and self.writer is not None and self._obs_every > 0 and s.step % self._obs_every == 0
         thermo_due = force_thermo or (self._thermo_every > 0 and s.step % self._thermo_every == 0)
-        if not (traj_due or thermo_due):
+        if not (traj_due or rows_due or thermo_due):
             return
-        obs = self._checked_observables({k for k, on in (("trajectory", traj_due), ("thermo", thermo_due)) if on})
+        obs = self._checked_observables({k for k, on in (("trajectory", traj_due or rows_due),
+                                                         ("thermo", thermo_due)) if on})
         self.last_thermo = obs
         with self._output_step():
-            if traj_due:
-                self._write(obs)
+            if traj_due or rows_due:
+                self._write(obs, frame=traj_due)
             if thermo_due:
                 self.reporter.thermo(s.step, s.time, obs)
 
@@ -491,9 +472,3 @@ class Simulation:
                 self._lock.release()
                 self._lock = None
 
-
-class _NotRoot:
-    """Stand-in writer on ranks other than 0 (they take part in gathers, write nothing)."""
-
-    def close(self) -> None:
-        pass
