@@ -15,7 +15,7 @@ def test_one_thread_per_rank_under_mpi_whatever_the_environment():
                                              ("", None)])
 def test_omp_num_threads_when_set_and_valid_else_the_cpu_set(value, expected):
     cpus = len(os.sched_getaffinity(0))
-    assert default_threads(1, {"OMP_NUM_THREADS": value}) == (expected or cpus)
+    assert default_threads(1, {"OMP_NUM_THREADS": value}, load=0.0) == (expected or cpus)
 
 
 def test_the_cpu_set_not_the_machine(tmp_path):
@@ -25,7 +25,7 @@ def test_the_cpu_set_not_the_machine(tmp_path):
     import sys
 
     code = ("import os; os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}); "
-            "from shardmd.engine.launch.parallel import default_threads; print(default_threads(1, {}))")
+            "from shardmd.engine.launch.parallel import default_threads; print(default_threads(1, {}, load=0.0))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "1", out.stderr
 
@@ -54,8 +54,21 @@ def test_a_run_takes_omp_num_threads(tmp_path, capfd, monkeypatch):
 def test_slurm_cpus_per_task_after_omp_num_threads(env, expected, why):
     from shardmd.engine.launch.parallel import thread_choice
 
-    assert thread_choice(1, env) == (expected or len(os.sched_getaffinity(0)), why)
+    assert thread_choice(1, env, load=0.0) == (expected or len(os.sched_getaffinity(0)), why)
     assert thread_choice(4, env) == (1, "one per rank of 4")
+
+
+def test_busy_cores_are_left_out_of_the_default():
+    """All cores but the busy ones (the 1-minute load), at least one; OMP_NUM_THREADS still wins."""
+    from shardmd.engine.launch.parallel import thread_choice
+
+    cores = len(os.sched_getaffinity(0))
+    assert thread_choice(1, {}, load=0.3) == (cores, "the cores this process may use")
+    n, why = thread_choice(1, {}, load=float(cores) + 3.0)
+    assert n == 1 and why == f"the cores this process may use, {cores}, less the busy ones: load {cores + 3.0:.1f}"
+    if cores > 1:
+        assert thread_choice(1, {}, load=1.2)[0] == cores - 1
+    assert thread_choice(1, {"OMP_NUM_THREADS": "2"}, load=50.0) == (2, "OMP_NUM_THREADS")
 
 
 def test_the_log_says_how_many_threads_and_why(tmp_path, capfd, monkeypatch):

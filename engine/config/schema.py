@@ -318,7 +318,8 @@ class ShardMD:
     device: str = key("cpu", "cpu, cuda or cuda:N",
                       Check(lambda v: re.fullmatch(r"cpu|cuda(:\d+)?", v) is not None, "use cpu, cuda or cuda:N"))
     threads: int = key(0, "torch CPU threads per rank; 0: 1 per rank under MPI, else OMP_NUM_THREADS, "
-                          "SLURM_CPUS_PER_TASK or the cores this process may use (the log's header says which)",
+                          "SLURM_CPUS_PER_TASK or the cores this process may use less the busy ones (the log's "
+                          "header says which)",
                        whole(0))
     output: str = key("run.h5", "H5MD trajectory; the log (.log) and checkpoints (.ckpt/) go beside it; a "
                       "relative path is inside the job's folder (hydra.run.dir, or the sweep's)",

@@ -42,9 +42,9 @@ def under_launcher() -> bool:
 _WARNED: set[str] = set()
 
 
-def default_threads(ranks: int, env=os.environ) -> int:
+def default_threads(ranks: int, env=os.environ, load: float | None = None) -> int:
     """torch threads per rank for ``threads=0`` (:func:`thread_choice`'s count)."""
-    return thread_choice(ranks, env)[0]
+    return thread_choice(ranks, env, load)[0]
 
 
 def _positive(value: str) -> int | None:
@@ -55,11 +55,15 @@ def _positive(value: str) -> int | None:
     return n if n > 0 else None
 
 
-def thread_choice(ranks: int, env=os.environ) -> tuple[int, str]:
+def thread_choice(ranks: int, env=os.environ, load: float | None = None) -> tuple[int, str]:
     """(torch threads per rank for ``threads=0``, why): 1 under MPI (ranks share the node's
     cores); one rank: ``OMP_NUM_THREADS`` when set (the variable every OpenMP code honours),
     else ``SLURM_CPUS_PER_TASK`` (a job's cores, also where SLURM binds none), else the cores
-    this process may run on (a taskset or cgroup CPU set, not the whole node)."""
+    this process may run on (a taskset or cgroup CPU set, not the whole node) that are not
+    busy: less the 1-minute load average (``load``; default ``os.getloadavg``), at least one.
+    Threads on cores that other processes keep busy wait for each other at every parallel
+    operation: MACE at 864 atoms on two busy cores ran 1.2-2x slower on 2 threads than on 1
+    (docs/benchmarks.md, "Threads on a busy machine")."""
     if ranks > 1:
         return 1, f"one per rank of {ranks}"
     for name in ("OMP_NUM_THREADS", "SLURM_CPUS_PER_TASK"):
@@ -67,9 +71,18 @@ def thread_choice(ranks: int, env=os.environ) -> tuple[int, str]:
         if n is not None:
             return n, name
     try:
-        return max(len(os.sched_getaffinity(0)), 1), "the cores this process may use"
+        cores, where = max(len(os.sched_getaffinity(0)), 1), "the cores this process may use"
     except (AttributeError, OSError):   # no affinity call here (macOS)
-        return max(os.cpu_count() or 1, 1), "the machine's cores"
+        cores, where = max(os.cpu_count() or 1, 1), "the machine's cores"
+    if load is None:
+        try:
+            load = os.getloadavg()[0]
+        except (AttributeError, OSError):
+            load = 0.0
+    free = max(1, min(cores, cores - int(round(load))))
+    if free < cores:
+        return free, f"{where}, {cores}, less the busy ones: load {load:.1f}"
+    return cores, where
 
 
 def env_rank() -> int:

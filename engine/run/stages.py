@@ -26,7 +26,7 @@ from shardmd.engine.config.terms import with_term_defaults
 from shardmd.engine.errors import CollectiveError, UserError
 from shardmd.engine.io.checkpoint import api_model_origin
 from shardmd.engine.io.output_lock import refuse_if_in_use
-from shardmd.engine.launch.parallel import default_threads, thread_choice
+from shardmd.engine.launch.parallel import thread_choice
 from shardmd.engine.run import health, model_inputs
 from shardmd.engine.run import restart as restart_mod
 from shardmd.engine.run.preflight import check_builder, check_outputs, check_size, local_ranks
@@ -64,12 +64,17 @@ def check_outputs_of(cfg, comm: Comm) -> None:
     refuse_if_in_use(comm, cfg.output)
 
 
+#: the threads device_of chose last and why (the log's header says what was set, not a second guess)
+_CHOICE: list = []
+
+
 def device_of(cfg, comm: Comm) -> torch.device:
     """This rank's device (the launcher's local GPU under several ranks); sets torch's threads."""
     device = comm.device if comm.size > 1 else torch.device(cfg.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise UserError(f"device={cfg.device}: CUDA is not available on this machine; use device=cpu")
-    torch.set_num_threads(int(cfg.threads) or default_threads(comm.size))
+    _CHOICE[:] = [int(cfg.threads), f"threads={int(cfg.threads)}"] if int(cfg.threads) else thread_choice(comm.size)
+    torch.set_num_threads(_CHOICE[0])
     return device
 
 
@@ -77,9 +82,8 @@ def threads_line(cfg, comm: Comm, device) -> str:
     """The log's words for the torch threads a rank took: ``threads N (why)``; "" on a GPU."""
     if device.type != "cpu":
         return ""
-    if int(cfg.threads):
-        return f", threads {int(cfg.threads)} (threads={int(cfg.threads)})"
-    n, why = thread_choice(comm.size)
+    n, why = _CHOICE or ([int(cfg.threads), f"threads={int(cfg.threads)}"] if int(cfg.threads)
+                         else thread_choice(comm.size))
     return f", threads {n} ({why})"
 
 
