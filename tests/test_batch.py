@@ -278,3 +278,21 @@ def test_several_files_by_pattern(tmp_path, capfd, monkeypatch):
     assert np.abs(final(tmp_path / "f.2.h5") - final(tmp_path / "alone.h5")).max() <= 1e-10
     r = cli_in_process(["run", "model=lj", "system.files=[in/*.xyz]"], tmp_path, capfd, monkeypatch)
     assert r.returncode == 2 and "'in/*.xyz' matches no file" in r.stderr, r.stderr
+
+
+def test_the_room_packs_by_count_or_by_memory_and_corrects_itself():
+    from shardmd.engine.batch.room import Room, system_bytes
+
+    by_count = Room(count=2)
+    assert by_count.admits([], 1e30) and by_count.admits([1.0], 1.0) and not by_count.admits([1.0, 1.0], 1.0)
+    room = Room(budget=100.0, cost=lambda n: float(n))
+    assert room.admits([], 1e6)                      # one system always flies, whatever it costs
+    assert room.admits([40.0, 40.0], 20.0) and not room.admits([40.0, 40.0], 21.0)
+    room.observe(160.0, [40.0, 40.0])                # the device needed twice the estimate
+    assert room.scale == 2.0 and not room.admits([40.0], 20.0) and room.admits([30.0], 20.0)
+    room.observe(40.0, [40.0])                        # a smaller ratio never lowers a measured one
+    assert room.scale == 2.0
+    # 500 atoms at 0.05 /Å^3 within 6 Å: ~45 neighbours each; an open cluster: all others at worst
+    assert system_bytes(500, 10000.0, 6.0, 100.0, 1000.0) == pytest.approx(500 * (1000 + 0.05 * 4 / 3 * np.pi * 216
+                                                                                  * 100))
+    assert system_bytes(10, None, 6.0, 100.0, 1000.0) == 10 * (1000 + 9 * 100)

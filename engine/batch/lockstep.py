@@ -1,7 +1,8 @@
 """Many MD systems stepped together, with one model call per step for all of them.
 
-For a model with ``compute_batch`` (MACE: models/mace_batch.py) up to ``batch.size`` systems are
-in flight. Each step, every system drifts (its first half and neighbour list:
+For a model with ``compute_batch`` (MACE: models/mace_batch.py) as many systems as
+``batch.size`` allows are in flight (a count, or on CUDA by default as many as fill the
+device's memory: engine/batch/room.py). Each step, every system drifts (its first half and neighbour list:
 ``Simulation.drift``), the model is called once on all of them, and each system takes its
 outputs and finishes its step as a run alone would (second half, thermo, frame, checkpoint).
 A system that reaches ``steps`` leaves and the next frame takes its place.
@@ -68,6 +69,7 @@ class Member:
         sim.timers.clear()
         sim.reporter.start(sim.state.step)
         self.update = None
+        self.cost = 1.0   # its estimated bytes (engine/batch/room.py)
 
     @property
     def done(self) -> bool:
@@ -105,12 +107,14 @@ class Member:
             sim.close()
 
 
-def run_together(todo: Iterator, start: Callable, size: int, model, on_end: Callable, on_error: Callable,
-                 on_stop: Callable) -> int:
-    """Step the systems of ``todo`` (an iterator of (index, what ``start`` needs)) with at most
-    ``size`` in flight. ``start(index, item)`` -> a set-up ``Simulation``; ``on_end(index, sim,
-    obs)`` when a system reached its end; ``on_error(index, sim, exc)`` for a system that failed
-    (a UserError of its own): it leaves, the others go on. A stop signal (SIGTERM, ...) ends
+def run_together(todo: Iterator, start: Callable, room, model, on_end: Callable, on_error: Callable,
+                 on_stop: Callable, peak: Callable | None = None) -> int:
+    """Step the systems of ``todo`` (an iterator of (index, what ``start`` needs)) with as many
+    in flight as ``room`` (engine/batch/room.py) admits; ``peak``: a pair (reset, read) of the
+    device's peak memory, for the room's correction (None off CUDA). ``start(index, item)`` -> a
+    set-up ``Simulation``; ``on_end(index, sim, obs)`` when a system reached its end;
+    ``on_error(index, sim, exc)`` for a system that failed (a UserError of its own): it leaves,
+    the others go on. A stop signal (SIGTERM, ...) ends
     every system in flight with a checkpoint (``on_stop(index, sim)``) and starts no other;
     returns EXIT_STOPPED then, else 0."""
     from shardmd.engine.errors import UserError
@@ -119,31 +123,40 @@ def run_together(todo: Iterator, start: Callable, size: int, model, on_end: Call
     stop = StopRequest()
     stop.install()
     try:
-        return _loop(iter(todo), start, size, model, on_end, on_error, on_stop, stop, UserError, EXIT_STOPPED)
+        return _loop(iter(todo), start, room, model, on_end, on_error, on_stop, stop, UserError, EXIT_STOPPED,
+                     peak)
     finally:
         stop.uninstall()
 
 
-def _loop(source, start, size, model, on_end, on_error, on_stop, stop, UserError, stopped_code) -> int:
+def _loop(source, start, room, model, on_end, on_error, on_stop, stop, UserError, stopped_code,
+          peak) -> int:
     flying: list[Member] = []
+    waiting: list = []   # the next system, read from ``source`` but not yet admitted
 
     def refill() -> None:
         new = []
-        for index, item in source:
-            if stop.requested:
+        while not stop.requested:
+            if not waiting:
+                nxt = next(source, None)
+                if nxt is None:
+                    break
+                waiting.append((*nxt, room.cost(nxt[1])))
+            index, item, cost = waiting[0]
+            if not room.admits([m.cost for m in flying], cost):
                 break
+            waiting.clear()
             try:
                 member = Member(index, start(index, item), stop)
             except UserError as exc:
                 on_error(index, None, exc)
                 continue
+            member.cost = cost
             if member.done:
                 _leave(member)
                 continue
             flying.append(member)
             new.append(member)
-            if len(flying) >= size:
-                break
         # the first forces again, in one call for the systems that joined together: a batch
         # stopped by a signal restarts with the same systems in one call, as they were stepped
         # when it stopped, so its next steps are the same bits (each system's own call, which
@@ -168,7 +181,11 @@ def _loop(source, start, size, model, on_end, on_error, on_stop, stop, UserError
             except UserError as exc:
                 m.sim.close()
                 on_error(m.index, m.sim, exc)
+        if peak is not None:
+            peak[0]()
         outs = model.compute_batch([m.item() for m in alive]) if alive else []
+        if peak is not None and alive:
+            room.observe(peak[1](), [m.cost for m in alive])
         flying = []
         for m, out in zip(alive, outs):
             try:

@@ -128,7 +128,29 @@ def _one(cfg_i, atoms, dmodel, command: str, resume: bool) -> tuple[journal.Row,
                            note=f"exit status {exc.exit_code}: {exc.one_line()}"), exc.exit_code
 
 
-def _together(cfg, todo, width: int, dmodel, resume: bool, finished, size: int) -> int:
+def _room(cfg, device, dmodel):
+    """``batch.size``: a count; auto: 1 on the CPU (one call per system is faster there), on
+    CUDA the systems that fill the device's free memory (engine/batch/room.py)."""
+    from shardmd.engine.batch.room import FILL, Room, system_bytes
+    from shardmd.engine.run.preflight import ATOM_BYTES, EDGE_BYTES, LEARNED_EDGE_BYTES, memory_budget
+
+    if cfg.batch.size != "auto":
+        return Room(count=int(cfg.batch.size))
+    budget = memory_budget(cfg, device) if device.type == "cuda" else None
+    if budget is None:
+        return Room(count=1)
+    radius = float(dmodel.cutoff) + float(cfg.neighbor.skin)
+    per_edge = float(getattr(dmodel.model, "bytes_per_edge", None)
+                     or EDGE_BYTES.get(str(cfg.model.name), LEARNED_EDGE_BYTES))
+
+    def cost(atoms) -> float:
+        volume = abs(float(atoms.cell.volume)) if all(atoms.pbc) else None
+        return system_bytes(len(atoms), volume, radius, per_edge, ATOM_BYTES)
+
+    return Room(budget=FILL * budget[0], cost=cost)
+
+
+def _together(cfg, todo, width: int, dmodel, resume: bool, finished, room, device) -> int:
     """MD of ``todo`` with up to ``batch.size`` systems per model call (engine/batch/lockstep.py)."""
     from shardmd.engine.batch.lockstep import run_together
     from shardmd.engine.run.simulation import Simulation
@@ -154,7 +176,12 @@ def _together(cfg, todo, width: int, dmodel, resume: bool, finished, size: int) 
         finished(journal.Row(k, sim.n_global, "stopped", steps=int(sim.state.step), output=outputs[k],
                              note=f"stopped at step {sim.state.step}; continue with restart=auto"), EXIT_STOPPED)
 
-    return run_together(iter(todo), start, size, dmodel.model, on_end, on_error, on_stop)
+    peak = None
+    if device.type == "cuda":
+        import torch
+
+        peak = (lambda: torch.cuda.reset_peak_memory_stats(device), lambda: torch.cuda.max_memory_allocated(device))
+    return run_together(iter(todo), start, room, dmodel.model, on_end, on_error, on_stop, peak)
 
 
 def _volume(sim) -> float | str:
@@ -215,10 +242,10 @@ def batch_run(cfg, comm: Comm | None, command: str = "run", structures=None) -> 
                  f"{time.perf_counter() - t0:.1f} s] system {row.system}: {row.status}"
                  + (f", {row.steps} steps, energy {row.energy_eV:.10g} eV" if row.status == "ok" else f" ({row.note})"))
 
-    size = (64 if device.type == "cuda" else 1) if cfg.batch.size == "auto" else int(cfg.batch.size)
-    together = command == "run" and hasattr(dmodel.model, "compute_batch") and size > 1
+    room = _room(cfg, device, dmodel)
+    together = command == "run" and hasattr(dmodel.model, "compute_batch") and (room.count or 2) > 1
     if together:
-        _together(cfg, todo, width, dmodel, resume, finished, size)
+        _together(cfg, todo, width, dmodel, resume, finished, room, device)
     for k, atoms in ([] if together else todo):
         finished(*_one(system_config(cfg, k, width, command, resume), atoms, dmodel, command, resume))
         if codes[-1] == EXIT_STOPPED:   # a signal stops the run, not only the system it reached

@@ -166,7 +166,8 @@ class System:
 class Batch:
     size: Any = key("auto", "with system.frames or files and a model that evaluates many systems in one call "
                     "(mace): the most systems stepped together, the next frame taking a finished one's place; "
-                    "auto: 64 on CUDA, 1 on the CPU, where one call per system is faster (docs/batch.md)",
+                    "auto: on CUDA as many as fill the free memory, 1 on the CPU, where one call per system is faster "
+                    "(docs/batch.md)",
                     Check(lambda v: v == "auto" or (_is_int(v) and v >= 1), "give auto or a whole number >= 1"))
 
 
