@@ -296,3 +296,9 @@ def test_the_room_packs_by_count_or_by_memory_and_corrects_itself():
     assert system_bytes(500, 10000.0, 6.0, 100.0, 1000.0) == pytest.approx(500 * (1000 + 0.05 * 4 / 3 * np.pi * 216
                                                                                   * 100))
     assert system_bytes(10, None, 6.0, 100.0, 1000.0) == 10 * (1000 + 9 * 100)
+
+
+def test_info_summarises_many_systems(many, tmp_path, capfd, monkeypatch):
+    run([f"system.file={many}", "system.frames=all", "steps=5", "output=n.h5"], tmp_path, capfd, monkeypatch)
+    r = cli_in_process(["info", "n.h5"], tmp_path, capfd, monkeypatch)
+    assert r.returncode == 0 and r.stdout.startswith("many systems n.h5: 4 system(s), 4 ok; summary n.summary.csv")

@@ -135,3 +135,15 @@ def test_bad_stages_are_one_line_before_anything_runs(stages, words, tmp_path, c
     r = cli_in_process(["run", "model=lj", f"stages={stages}", "output=b.h5"], tmp_path, capfd, monkeypatch)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and words in r.stderr, r.stderr
     assert not [p for p in tmp_path.iterdir() if p.name.startswith("b.")]
+
+
+def test_info_lists_the_finished_stages(tmp_path, capfd, monkeypatch):
+    write_protocol(tmp_path)
+    r = cli_in_process(["run", "config=protocol.yaml", "quiet=true", "output=i.h5"], tmp_path, capfd, monkeypatch)
+    assert r.returncode == 0, r.stderr
+    r = cli_in_process(["info", "i.h5"], tmp_path, capfd, monkeypatch)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.strip().splitlines()
+    assert lines[0] == "protocol i.h5: 4 stage(s) finished (record i.stages.csv)"
+    assert [ln.split()[2].rstrip(":") for ln in lines[1:]] == list(NAMES)
+    assert lines[-1].endswith("output i.nve.h5")

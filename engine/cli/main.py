@@ -115,8 +115,10 @@ def main(argv: list[str] | None = None) -> int:
             need = 1 if cmd == "info" else 2
             if len(args) != need:
                 raise UserError(f"usage: python -m engine {cmd} FILE.h5" + (" OUT.png" if cmd == "plot" else ""))
-            if cmd == "info":
-                return _print_out(inspect_files.info(args[0]))
+            if cmd == "info":   # a protocol's or many systems' output names no file: their records
+                from shardmd.engine.cli.dispatch import record_info
+
+                return _print_out(record_info(args[0]) or inspect_files.info(args[0]))
             return _print_out(f"wrote {inspect_files.plot(args[0], args[1])}")
         raise UserError(f"unknown command {cmd!r}; use `python -m engine run key=value ...` "
                         "(see python -m engine --help)")
