@@ -1,0 +1,145 @@
+"""Many small systems on one GPU, side by side in one process: our many-system run (one joined
+MACE call per step, engine/batch/lockstep.py) against torch-sim's batched ``integrate``.
+
+    python3 scripts/bench_batch_peers.py --cases 64x256 1024x64 --steps 20 --warmup 5
+
+The shipped Cu model, float32, cuEquivariance on both sides (torch-sim gets the model converted by
+mace-torch's own converter), rattled fcc Cu (a = 3.59 Å) at 300 K, NVE at 1 fs. Ours: a
+``system.frames``-style run of every structure with ``batch.size`` = all of them, its rate timed
+between joined model calls after ``--warmup`` (each call is one step of every system, the
+systems' own Python included); its start-up is from the run's start to its first joined call.
+torch-sim: ``ts.integrate`` with n_steps = warmup and warmup + steps, the difference timed (its
+state set-up cancels); its start-up is one integrate of one step. Each neighbour-list function
+torch-sim offers is a row of its own. Prints one table; numbers go to docs/benchmarks.md.
+"""
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+import traceback
+
+import numpy as np
+import torch
+
+A_CU = 3.59
+
+
+def systems(count: int, atoms: int, seed: int = 0):
+    from ase.build import bulk
+    from ase.md.velocitydistribution import MaxwellBoltzmannDistribution
+
+    reps = {32: (2, 2, 2), 64: (2, 2, 4), 108: (3, 3, 3), 256: (4, 4, 4), 500: (5, 5, 5)}[atoms]
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(count):
+        a = bulk("Cu", "fcc", a=A_CU, cubic=True).repeat(reps)
+        a.positions += rng.normal(0.0, 0.05, a.positions.shape)
+        MaxwellBoltzmannDistribution(a, temperature_K=300, rng=rng)
+        out.append(a)
+    return out
+
+
+def _sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def ours(frames, steps: int, warmup: int, device: str = "cuda") -> dict:
+    from shardmd.engine.batch.run import batch_run
+    from shardmd.engine.config.compose import compose_config
+    from shardmd.models import mace as mace_mod
+
+    calls = []
+    joined = mace_mod.MaceModel.compute_batch
+
+    def timed(self, items):
+        _sync()
+        calls.append((time.perf_counter(), sum(int(i[0].shape[0]) for i in items)))
+        return joined(self, items)
+
+    mace_mod.MaceModel.compute_batch = timed
+    try:
+        with tempfile.TemporaryDirectory() as d:
+            cfg = compose_config(["model=mace", f"device={device}", "precision=float32", f"steps={warmup + steps + 1}",
+                                  "trajectory.every=0", "checkpoint.every=0", "thermo.every=0", "quiet=true",
+                                  f"batch.size={len(frames)}", "system.frames=all", f"output={d}/b.h5"])
+            t0 = time.perf_counter()
+            batch_run(cfg, None, "run", structures=frames)
+    finally:
+        mace_mod.MaceModel.compute_batch = joined
+    n = sum(len(a) for a in frames)
+    full = [(t, k) for t, k in calls if k == n]
+    timed_calls = full[warmup:]
+    rate = n * (len(timed_calls) - 1) / (timed_calls[-1][0] - timed_calls[0][0])
+    return {"rate": rate, "startup": full[0][0] - t0, "note": f"{len(calls)} joined calls"}
+
+
+def torchsim(frames, steps: int, warmup: int, nl_name: str) -> dict:
+    import torch_sim as ts
+    import torch_sim.neighbors as tsn
+    from torch_sim.models.mace import MaceModel as TSMace
+
+    from shardmd.models.mace import load_mace, resolve_checkpoint, to_cueq
+
+    dev = torch.device("cuda")
+    t0 = time.perf_counter()
+    module = to_cueq(load_mace(resolve_checkpoint(None), dev, torch.float32, trust_pickle=True), dev)
+    model = TSMace(model=module, device=dev, dtype=torch.float32, compute_forces=True, compute_stress=False,
+                   neighbor_list_fn=getattr(tsn, nl_name))
+    flavor = None
+    for get in (lambda: ts.integrators.MdFlavor("nve"), lambda: ts.Integrator.nve, lambda: "nve"):
+        try:
+            flavor = get()
+            break
+        except Exception:  # noqa: BLE001 - the API of one torch-sim version or another
+            continue
+
+    def integrate(k: int) -> float:
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        ts.integrate(system=frames, model=model, integrator=flavor, n_steps=k, temperature=300.0, timestep=0.001)
+        torch.cuda.synchronize()
+        return time.perf_counter() - t
+
+    startup = integrate(1) + (time.perf_counter() - t0)   # build and convert the model, one step
+    t1, t2 = integrate(warmup), integrate(warmup + steps)
+    n = sum(len(a) for a in frames)
+    return {"rate": n * steps / (t2 - t1), "startup": startup, "note": f"torch-sim {ts.__version__}, {nl_name}"}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--cases", nargs="+", default=["64x256", "1024x64"])
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--nl", nargs="+", default=["vesin_nl_ts", "torchsim_nl", "torch_nl_linked_cell"])
+    p.add_argument("--device", default="cuda", help="cpu: a smoke run of our side")
+    a = p.parse_args()
+    where = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "CPU"
+    print(f"# {where}; shipped MACE Cu, float32, cuEquivariance; NVE 1 fs; {a.steps} timed steps after {a.warmup}")
+    print("| systems x atoms | code | atom-steps/s | start-up to the first step, s | ours / it | note |\n"
+          "|---|---|---|---|---|---|")
+    for case in a.cases:
+        count, atoms = (int(x) for x in case.split("x"))
+        frames = systems(count, atoms)
+        rows = []
+        for name, fn in [("ShardMD", lambda f=frames: ours(f, a.steps, a.warmup, a.device))] + [
+                ("torch-sim", lambda f=frames, nl=nl: torchsim(f, a.steps, a.warmup, nl)) for nl in a.nl]:
+            try:
+                r = fn()
+            except Exception as exc:  # noqa: BLE001 - one row says why, the others go on
+                r = {"rate": float("nan"), "startup": float("nan"),
+                     "note": f"{type(exc).__name__}: {' '.join(str(exc).split())[:120]}"}
+                traceback.print_exc()
+            torch.cuda.empty_cache()
+            rows.append((name, r))
+        base = rows[0][1]["rate"]
+        for name, r in rows:
+            ratio = base / r["rate"] if r["rate"] == r["rate"] and r["rate"] > 0 else float("nan")
+            print(f"| {count} x {atoms} | {name} | {r['rate']:.3g} | {r['startup']:.1f} | "
+                  f"{'' if name == 'ShardMD' else f'{ratio:.2f}'} | {r['note']} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
