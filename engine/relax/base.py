@@ -263,8 +263,8 @@ class Relaxation:
               and all(w is None or w == n for w, n in zip(shape, a.shape)))
         if not ok:
             got = "missing" if a is None else f"of shape {a.shape} ({a.dtype})"
-            raise self._unusable(f"minimizer/{name} is {got}, expected shape "
-                                 f"{tuple('n' if w is None else w for w in shape)}")
+            want = ", ".join("n" if w is None else str(w) for w in shape)
+            raise self._unusable(f"minimizer/{name} is {got}, expected shape ({want}{',' if len(shape) == 1 else ''})")
         return a
 
     def _scalar(self, name: str, kind=float):
@@ -292,9 +292,9 @@ def _times(x: torch.Tensor, a: np.ndarray) -> torch.Tensor:
     return torch.stack([x[:, 0] * a[0][j] + x[:, 1] * a[1][j] + x[:, 2] * a[2][j] for j in range(3)], dim=1)
 
 
-def _minimizer_of(ckpt: dict | None, method: str) -> dict | None:
+def _minimizer_of(ckpt: dict | None, method: str | None) -> dict | None:
     """The checkpoint's minimiser state for ``method`` (None without a checkpoint); a checkpoint
-    of an MD run, or of another method, is refused in one line."""
+    of an MD run, or of another method (None: any), is refused in one line."""
     if ckpt is None:
         return None
     mini = ckpt.get("minimizer")
@@ -302,7 +302,7 @@ def _minimizer_of(ckpt: dict | None, method: str) -> dict | None:
         raise UserError(f"checkpoint {ckpt['shown']} is of an MD run, not of a minimisation; restart a relaxation "
                         "from its own checkpoints (or start from a structure: system.file=...)")
     was = mini["state"].get("method")
-    if was != method:
+    if method is not None and was != method:
         raise UserError(f"checkpoint {ckpt['shown']} is of a minimize.method={was} relaxation; restart it with "
                         f"minimize.method={was}, or start afresh")
     return mini
@@ -310,7 +310,9 @@ def _minimizer_of(ckpt: dict | None, method: str) -> dict | None:
 
 def check_restart_keys(cfg, ckpt: dict) -> None:
     """A restart keeps the ``minimize`` keys the optimiser's state depends on (:data:`STATE_KEYS`,
-    always) and those that change its path (:data:`PATH_KEYS`, unless restart.allow_changes)."""
+    always) and those that change its path (:data:`PATH_KEYS`, unless restart.allow_changes);
+    an MD run's checkpoint is refused."""
+    _minimizer_of(ckpt, None)
     was = (ckpt.get("config") or {}).get("minimize") or {}
     now = cfg.minimize
     keys = STATE_KEYS + (() if cfg.restart.allow_changes else PATH_KEYS)

@@ -96,21 +96,18 @@ class FIRE(Relaxation):
         self.vc = np.zeros((3, 3))                # the cell's FIRE velocity (the same on every rank)
         self._f: torch.Tensor | None = None       # the forces _measure saw, and the cell's rows
         self._fc: np.ndarray | None = None
+        self._cell0 = None
+        if self.restored is not None:   # the checkpoint's state, checked before anything is written
+            self.dt, self.a = self._scalar("dt"), self._scalar("a")
+            self.nsteps_pos, self._first = self._scalar("nsteps_pos", int), self._scalar("first", bool)
+            self.vc = np.array(self._saved("vc", (3, 3)), dtype=np.float64)
+            self._cell0 = self._saved("cell0", (3, 3)) if cell else None
 
     # -- state: fresh, restored, saved -----------------------------------------------------------
     def _start(self) -> None:
-        s = self.sim.state
-        if self.restored is None:
-            if self.cell:
-                self.filter = FrechetCell(s.cell.double().cpu().numpy(), self.sim.n_global,
-                                          self.pressure / EV_PER_A3_TO_BAR)
-            return
-        self.dt, self.a = self._scalar("dt"), self._scalar("a")
-        self.nsteps_pos, self._first = self._scalar("nsteps_pos", int), self._scalar("first", bool)
-        self.vc = np.array(self._saved("vc", (3, 3)), dtype=np.float64)
-        if self.cell:
-            self.filter = FrechetCell(self._saved("cell0", (3, 3)), self.sim.n_global,
-                                      self.pressure / EV_PER_A3_TO_BAR)
+        if self.cell:   # the filter's reference cell: the first one, or the checkpoint's
+            cell0 = self.sim.state.cell.double().cpu().numpy() if self._cell0 is None else self._cell0
+            self.filter = FrechetCell(cell0, self.sim.n_global, self.pressure / EV_PER_A3_TO_BAR)
 
     def _state(self) -> tuple[dict, dict]:
         """FIRE's scalars and the cell's velocity and reference cell (its v is the atoms' velocities)."""

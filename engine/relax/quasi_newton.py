@@ -70,10 +70,28 @@ class AseOptimizer(Relaxation):
         super().__init__(sim, cell, pressure)
         if symmetry:
             sym.check_applicable(sim)
+            if self.restored is None:   # the group, before anything is written (the checkpoint has one)
+                full = sim.domain.gather(sim.state, ("positions", "numbers"))
+                with sim._output_step():
+                    if full is not None:
+                        from ase import Atoms
+
+                        sym.space_group(Atoms(numbers=full["numbers"], positions=full["positions"],
+                                              cell=sim.state.cell.double().cpu().numpy(), pbc=True), float(symprec))
         self.maxstep, self.alpha = float(maxstep), float(alpha)
         self.symmetry, self.symprec = symmetry, float(symprec)
         self.title = f"ASE's {self.ase_name} on rank 0" + (", FixSymmetry" if symmetry else "")
         self.atoms = self.opt = self.fix_symmetry = None   # rank 0's ASE objects (made in _start)
+        self._history_saved = self._symmetry_saved = None
+        if self.restored is not None:   # the checkpoint's state checked before anything is written
+            n = int(sim.n_global)
+            self._saved("x", (n, 3))
+            self._saved("cell", (3, 3))
+            if cell:
+                self._saved("orig_cell", (3, 3))
+            if symmetry:
+                self._symmetry_saved = sym.saved_state(self._saved, self._unusable, n)
+            self._history_saved = self._restore_history()
         self._ids: np.ndarray | None = None                # (n,) the global ids in id order (every rank)
         self._cell: np.ndarray | None = None               # (3, 3) Å float64, ASE's cell (every rank)
 
@@ -85,9 +103,13 @@ class AseOptimizer(Relaxation):
         raise NotImplementedError
 
     def _restore_history(self) -> tuple | None:
-        """The ASE restart content (the tuple ``opt.read()`` loads) from the checkpoint, or None
-        (a checkpoint of a relaxation that took no step yet)."""
+        """The ASE restart content (the tuple ``opt.read()`` loads) from the checkpoint, checked,
+        or None (a checkpoint of a relaxation that took no step yet)."""
         raise NotImplementedError
+
+    def _ndofs(self) -> int:
+        """The optimiser's degrees of freedom: 3 per atom, and the cell's 9 (FrechetCellFilter)."""
+        return 3 * (int(self.sim.n_global) + (3 if self.cell else 0))
 
     # -- set-up: rank 0's ASE objects ----------------------------------------------------------------
     def _start(self) -> None:
@@ -137,7 +159,7 @@ class AseOptimizer(Relaxation):
             dx = atoms.positions - x
             cell = atoms.cell.array.copy()
         elif self.symmetry:
-            self.fix_symmetry = sym.restored(atoms, self.symprec, self._saved, self._unusable)
+            self.fix_symmetry = sym.restored(atoms, self.symprec, self._symmetry_saved)
         if self.fix_symmetry is not None:
             atoms.set_constraint(self.fix_symmetry)
         target = atoms
@@ -149,8 +171,10 @@ class AseOptimizer(Relaxation):
         self.opt = self._optimizer(target)
         if self.restored is not None:
             self.opt.nsteps = sim.state.step
-            history = self._restore_history()
+            history = self._history_saved
             if history is not None:
+                if self.cell and len(history) == 4:   # BFGS's content on a filter ends with its reference cell
+                    history = (*history, np.array(target.orig_cell))
                 self.opt.saved_history = history
                 self.opt.read()   # ASE's own restart path, from our arrays instead of its JSON file
         return ids, dx, cell
@@ -272,7 +296,7 @@ class LBFGS(AseOptimizer):
         it = self._scalar("iteration", int)
         if it == 0:
             return None
-        d = self.opt.optimizable.ndofs()
+        d = self._ndofs()
         s = self._saved("s", (None, d))
         k = s.shape[0]
         if k > self.memory + 1:
@@ -313,7 +337,6 @@ class BFGS(AseOptimizer):
     def _restore_history(self) -> tuple | None:
         if self._scalar("iteration", int) == 0:
             return None
-        d = self.opt.optimizable.ndofs()
-        out = (np.array(self._saved("hessian", (d, d))), self._saved("pos0", (d,)).copy(),
-               self._saved("forces0", (d,)).copy(), self.maxstep)
-        return (*out, np.array(self.target.orig_cell)) if self.cell else out
+        d = self._ndofs()
+        return (np.array(self._saved("hessian", (d, d))), self._saved("pos0", (d,)).copy(),
+                self._saved("forces0", (d,)).copy(), self.maxstep)

@@ -45,10 +45,9 @@ def check_applicable(sim) -> None:
                         "(or shardmd[symmetry])") from None
 
 
-def fix_symmetry(atoms, symprec: float):
-    """(ASE's FixSymmetry of ``atoms``, one log line): ``atoms`` refined to its space group in
-    place (rank 0; collective callers wrap it so that a refusal ends every rank)."""
-    from ase.constraints import FixSymmetry
+def space_group(atoms, symprec: float):
+    """spglib's dataset of ``atoms`` at ``symprec`` Å; one line when there is none or ASE's map
+    of it would be too large (:data:`MAX_MAP`).  Rank 0, before anything is written."""
     from ase.spacegroup.symmetrize import spglib_get_symmetry_dataset
     from ase.utils import atoms_to_spglib_cell
 
@@ -65,12 +64,21 @@ def fix_symmetry(atoms, symprec: float):
         raise UserError(f"minimize.symmetry=true: space group {data.international} has {k} operations in this cell "
                         f"(its pure translations included) and ASE's FixSymmetry maps each of the {n} atoms under "
                         f"each: {k * n:.2e} > {MAX_MAP:.0e}; relax the primitive or conventional cell")
+    return data
+
+
+def fix_symmetry(atoms, symprec: float):
+    """(ASE's FixSymmetry of ``atoms``, one log line): ``atoms`` refined to its space group in
+    place (rank 0; collective callers wrap it so that a refusal ends every rank)."""
+    from ase.constraints import FixSymmetry
+
+    data = space_group(atoms, symprec)
     x0 = atoms.positions.copy()
     fs = FixSymmetry(atoms, symprec=symprec)   # refines atoms (cell and positions) to the group
-    moved = float(np.abs(atoms.positions - x0).max()) if n else 0.0
-    return fs, (f"Symmetry: space group {data.international} ({data.number}), {k} operations (spglib, symprec "
-                f"{symprec:g} Å); structure refined to it (atoms moved by at most {moved:.2e} Å) and kept "
-                "(ASE's FixSymmetry)")
+    moved = float(np.abs(atoms.positions - x0).max()) if len(atoms) else 0.0
+    return fs, (f"Symmetry: space group {data.international} ({data.number}), {len(data.rotations)} operations "
+                f"(spglib, symprec {symprec:g} Å); structure refined to it (atoms moved by at most {moved:.2e} Å) "
+                "and kept (ASE's FixSymmetry)")
 
 
 def state(fs) -> dict:
@@ -80,19 +88,26 @@ def state(fs) -> dict:
             "sym_map": np.asarray(fs.symm_map, dtype=np.int64)}
 
 
-def restored(atoms, symprec: float, saved, unusable):
-    """A FixSymmetry with a checkpoint's operations and map (``saved(name, shape, kinds)`` reads
-    and checks one; ``unusable(problem)`` makes the one-line error), made by ASE's constructor
-    on a copy of ``atoms`` (``atoms`` is not refined again: it is the checkpoint's, refined when
-    the relaxation began)."""
-    from ase.constraints import FixSymmetry
-
+def saved_state(saved, unusable, n: int) -> tuple:
+    """(rotations, translations, map) of a checkpoint's FixSymmetry for ``n`` atoms, checked
+    (``saved(name, shape, kinds)`` reads and checks one array; ``unusable(problem)`` makes the
+    one-line error)."""
     rot = saved("sym_rotations", (None, 3, 3), "iu")
-    k, n = rot.shape[0], len(atoms)
+    k = rot.shape[0]
     trans = saved("sym_translations", (k, 3))
     smap = saved("sym_map", (k, n), "iu")
     if k < 1 or smap.min(initial=0) < 0 or smap.max(initial=0) >= n:
         raise unusable("minimizer/sym_map names atoms outside the system (or no operation)")
+    return rot, trans, smap
+
+
+def restored(atoms, symprec: float, arrays: tuple):
+    """A FixSymmetry with a checkpoint's operations and map (:func:`saved_state`), made by ASE's
+    constructor on a copy of ``atoms`` (``atoms`` is not refined again: it is the checkpoint's,
+    refined when the relaxation began)."""
+    from ase.constraints import FixSymmetry
+
+    rot, trans, smap = arrays
     fs = FixSymmetry(atoms.copy(), symprec=symprec)
     fs.rotations, fs.translations = rot.astype(np.int32), trans.astype(np.float64)
     fs.symm_map = [row.astype(np.int64) for row in smap]
