@@ -182,7 +182,9 @@ def test_minimize_cli_four_domains_mace_equals_ase(mpi_world):
     (["minimize.cell=true", "minimize.pressure=nan"], "minimize.pressure=nan is invalid: give a pressure in bar"),
     (["minimize.cell=true", "system.pbc=[true,true,false]"],
      "minimize.cell=true needs a cell periodic on all three axes; axis z is not"),
-    (["restart=auto"], "does not restart from checkpoints"),
+    (["minimize.method=newton"], "minimize.method='newton' is invalid: use fire, lbfgs or bfgs"),
+    (["minimize.symmetry=true"], "minimize.symmetry=true keeps the space group through ASE's FixSymmetry, which "
+                                 "acts on ASE's optimisers: use minimize.method=lbfgs or bfgs"),
 ])
 def test_minimize_cli_hostile(extra, needle, tmp_path, capfd, monkeypatch):
     code, lines = run_in_process(["minimize", "model=lj", "system.repeat=[3,3,3]", *extra], tmp_path, capfd,

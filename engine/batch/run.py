@@ -94,7 +94,7 @@ def _silent() -> Reporter:
 def _one(cfg_i, atoms, dmodel, command: str, resume: bool) -> tuple[journal.Row, int]:
     """Run one system: (its row of the summary, its exit status); an error of this system is
     its row's note, and the other systems run on."""
-    from shardmd.engine.relax.minimize import FIRE, minimize_cfg, structure_path
+    from shardmd.engine.relax.minimize import minimize_cfg, minimizer, structure_path
     from shardmd.engine.run.simulation import Simulation
 
     k, n = int(cfg_i.system.index), len(atoms)
@@ -104,9 +104,7 @@ def _one(cfg_i, atoms, dmodel, command: str, resume: bool) -> tuple[journal.Row,
             state = State.from_atoms(atoms, dtype=stages.DTYPES[cfg_i.precision])
             sim = Simulation(cfg_i, state=state, model=dmodel, reporter=_silent(), comm=Comm())
             m = cfg_i.minimize
-            res = FIRE(sim, cell=bool(m.cell), pressure=float(m.pressure), dt=float(m.dt),
-                       maxstep=float(m.maxstep), dtmax=float(m.dtmax)).run(
-                fmax=float(m.fmax), steps=int(m.steps), structure=structure_path(cfg_i))
+            res = minimizer(sim, m).run(fmax=float(m.fmax), steps=int(m.steps), structure=structure_path(cfg_i))
             return journal.Row(k, n, "ok", energy_eV=float(res["energy"]), volume_A3=_volume(sim),
                                steps=int(res["steps"]), converged=bool(res["converged"]),
                                fmax_eV_per_A=float(res["fmax"]), output=str(cfg_i.output)), 0

@@ -270,19 +270,30 @@ class Fix:
 
 @dataclass
 class Minimize:
+    method: str = key("fire", "minimiser: fire (ASE's FIRE, step for step), lbfgs or bfgs (ASE's LBFGS / BFGS "
+                      "driven by the engine's forces)", one_of("fire", "lbfgs", "bfgs",
+                                                             fix="use fire, lbfgs or bfgs"))
     fmax: float = key(0.05, "eV/Å: `python -m engine minimize` stops when every atom's force is below this "
-                      "(ASE's FIRE criterion)", number("give a force > 0 in eV/Å", gt=0))
-    steps: int = key(1000, "most FIRE steps of `python -m engine minimize`", whole(0))
-    maxstep: float = key(0.2, "Å: longest FIRE step (ASE's maxstep, of all atoms' displacement together)",
-                         number("give a distance > 0 in Å", gt=0))
+                      "(ASE's criterion)", number("give a force > 0 in eV/Å", gt=0))
+    steps: int = key(1000, "most steps of `python -m engine minimize`", whole(0))
+    maxstep: float = key(0.2, "Å: longest step (ASE's maxstep: FIRE of all atoms' displacement together, "
+                         "L-BFGS / BFGS of the largest atom's)", number("give a distance > 0 in Å", gt=0))
     dt: float = key(0.1, "FIRE's initial time step (ASE's dt, ASE's time units)", number("give a dt > 0", gt=0))
     dtmax: float = key(1.0, "FIRE's largest time step (ASE's dtmax)", number("give a dtmax > 0", gt=0))
+    memory: int = key(100, "L-BFGS: steps of history kept (ASE's memory; 2 x memory x 3N floats on rank 0)",
+                      whole(1))
+    alpha: float = key(70.0, "eV/Å^2: L-BFGS and BFGS initial Hessian (ASE's alpha)",
+                       number("give a curvature > 0 in eV/Å^2", gt=0))
     structure: Optional[str] = key(None, "the relaxed structure (extxyz, or any ASE format by its suffix); null: "
                                    "output with the suffix .extxyz", _text("give a file name", null=True))
-    cell: bool = key(False, "relax the cell too: FIRE on the atoms and the cell as ASE's FIRE on its "
-                     "FrechetCellFilter (periodic cells; fmax applies to the cell's rows too)", FLAG)
+    cell: bool = key(False, "relax the cell too, as ASE's FrechetCellFilter (periodic cells; fmax applies to "
+                     "the cell's rows too)", FLAG)
     pressure: float = key(0.0, "bar: target pressure of the cell relaxation (minimize.cell=true; ASE's "
                           "scalar_pressure; negative: tension)", number("give a pressure in bar"))
+    symmetry: bool = key(False, "keep the space group: ASE's FixSymmetry (spglib; refines the structure to its "
+                         "group first); lbfgs or bfgs, periodic cells, no fixed atoms", FLAG)
+    symprec: float = key(0.01, "Å: spglib's tolerance finding the space group minimize.symmetry keeps",
+                         number("give a tolerance > 0 in Å", gt=0))
 
 
 @dataclass

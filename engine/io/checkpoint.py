@@ -12,6 +12,9 @@ File layout (``<output>.ckpt/step-<step>.h5``, units as attributes):
     box/    cell [Å] (3, 3), pbc (3,)
     inputs/ only for a model that declares inputs (engine/run/model_inputs.py): atoms/<name>
             (n, *F) per-atom values (e.g. charges [e], id order), system/<name> (1, *F)
+    minimizer/  only for a relaxation (``python -m engine minimize``, engine/relax/base.py):
+            attribute state (JSON: the method and its scalars), the method's arrays as
+            datasets (the optimiser's history; velocities are FIRE's, not MD's)
 
 Random numbers are counter-based (keyed by seed, step, stream and atom id): the seed and
 the step are the whole generator state.
@@ -50,6 +53,8 @@ from shardmd.engine.io.checkpoint_check import (
     inputs_layout,
     inputs_values_problem,
     layout_problem,
+    minimizer_layout,
+    minimizer_values_problem,
     parse_json,
     values_problem,
 )
@@ -129,10 +134,11 @@ _PROCESS_START = time.time()
 
 def write_checkpoint(directory: Path, step: int, time_fs: float, arrays: dict, cell: np.ndarray, pbc: np.ndarray,
                      config: dict, integrator: dict, model_name: str, model_id: str, code_version: str,
-                     keep: int = 3, inputs: dict | None = None) -> Path:
+                     keep: int = 3, inputs: dict | None = None, minimizer: dict | None = None) -> Path:
     """Write atomically; return the final path.  ``arrays`` hold full per-atom data in id order;
     ``inputs``: the model's inputs, {"atoms": {name: (n, *F)}, "system": {name: (1, *F)}}
-    (engine/run/model_inputs.py), written only when there are any.
+    (engine/run/model_inputs.py), written only when there are any; ``minimizer``: a
+    relaxation's state, {"state": JSON-able dict, "arrays": {name: array}} (engine/relax/base.py).
 
     The file is written to a new temporary file in ``directory``, created exclusively
     (O_EXCL | O_NOFOLLOW) under an unpredictable name and written through that descriptor
@@ -152,7 +158,7 @@ def write_checkpoint(directory: Path, step: int, time_fs: float, arrays: dict, c
         with os.fdopen(fd, "w+b") as fo:
             with h5py.File(fo, "w") as f:  # HDF5 writes through our descriptor, never by name
                 _fill_checkpoint(f, step, time_fs, arrays, cell, pbc, config, integrator, model_name, model_id,
-                                 code_version, inputs)
+                                 code_version, inputs, minimizer)
             fo.flush()
             os.fsync(fo.fileno())
         if final.is_symlink() or (os.path.lexists(final) and not final.is_file()):
@@ -182,7 +188,7 @@ def write_checkpoint(directory: Path, step: int, time_fs: float, arrays: dict, c
 
 
 def _fill_checkpoint(f: h5py.File, step, time_fs, arrays, cell, pbc, config, integrator, model_name, model_id,
-                     code_version, inputs=None) -> None:
+                     code_version, inputs=None, minimizer=None) -> None:
     f.attrs.update({
         "kind": KIND, "format": FORMAT, "code_version": code_version, "step": int(step),
         "time": float(time_fs), "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -204,6 +210,11 @@ def _fill_checkpoint(f: h5py.File, step, time_fs, arrays, cell, pbc, config, int
             sub = f.require_group("inputs").create_group(kind)
             for name, value in named.items():
                 sub.create_dataset(name, data=np.asarray(value))
+    if minimizer is not None:   # a relaxation's state: scalars as JSON, arrays as datasets (never pickled)
+        g = f.create_group("minimizer")
+        g.attrs["state"] = json.dumps(minimizer["state"])
+        for name, value in minimizer["arrays"].items():
+            g.create_dataset(name, data=np.asarray(value))
 
 
 def _refuse(path: Path, what: str) -> OutputError:
@@ -331,6 +342,9 @@ def read_checkpoint(path: str | Path) -> dict:
             inputs, problem = inputs_layout(f, int(f["atoms/ids"].shape[0]))
             if problem:
                 raise _unusable(p, problem)
+            mini, problem = minimizer_layout(f)
+            if problem:
+                raise _unusable(p, problem)
             out = {k: f.attrs[k] for k in ("step", "time", "model_name", "model_identity", "code_version")}
             for k in ("model_name", "model_identity", "code_version"):
                 out[k] = out[k].decode() if isinstance(out[k], bytes) else str(out[k])
@@ -344,12 +358,18 @@ def read_checkpoint(path: str | Path) -> dict:
             out["pbc"] = f["box/pbc"][()]
             if inputs:
                 out["inputs"] = {kind: {k: d[()] for k, d in named.items()} for kind, named in inputs.items()}
+            if mini:
+                state, problem = parse_json(mini["state"], "minimizer/state")
+                if problem:
+                    raise _unusable(p, problem)
+                out["minimizer"] = {"state": state, "arrays": {k: d[()] for k, d in mini["sets"].items()}}
     except UserError:
         raise
     except (OSError, KeyError, ValueError, TypeError, RuntimeError, MemoryError) as exc:
         raise UserError(f"restart file {str(p)!r} is damaged or incomplete ({type(exc).__name__}); "
                         "use an older checkpoint or restart=auto") from None
-    problem = checkpoint_problem(out) or inputs_values_problem(out.get("inputs", {}))
+    problem = (checkpoint_problem(out) or inputs_values_problem(out.get("inputs", {}))
+               or (minimizer_values_problem(out["minimizer"]) if "minimizer" in out else None))
     if problem:
         raise _unusable(p, problem)
     return out

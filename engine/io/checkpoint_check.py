@@ -354,3 +354,54 @@ def inputs_values_problem(inputs: dict) -> str | None:
             if not np.isfinite(np.asarray(a)).all():
                 return f"inputs/{kind}/{name} holds non-finite values"
     return None
+
+
+#: most datasets of the optional ``minimizer/`` group, and their most axes
+MAX_MINIMIZER_SETS, MAX_MINIMIZER_AXES = 64, 3
+
+
+def minimizer_layout(f: h5py.File) -> tuple[dict | None, str | None]:
+    """({"state": the JSON text, "sets": {name: dataset}}, None) for the optional ``minimizer/``
+    group of an open checkpoint (a relaxation's state: engine/relax/base.py; {} without one),
+    else (None, a reason); metadata only: nothing is read.  Its meaning (shapes against the
+    method and the atom count) is checked where it is used."""
+    if "minimizer" not in f:
+        return {}, None
+    g = dataset(f, "minimizer", h5py.Group)
+    if isinstance(g, str):
+        return None, g
+    problem = _attr_problem(g.attrs, "state", "str")
+    if problem:
+        return None, f"minimizer/ {problem}"
+    names = list(g.keys())
+    if len(names) > MAX_MINIMIZER_SETS:
+        return None, f"minimizer/ holds {len(names)} datasets, more than {MAX_MINIMIZER_SETS}"
+    sets, total = {}, 0
+    for name in names:
+        where = f"minimizer/{name[:40]!r}"
+        if not INPUT_NAME.match(name):
+            return None, f"{where} is not a valid name (letters, digits, _)"
+        d = dataset(g, name)
+        if isinstance(d, str):
+            return None, f"minimizer/{d}"
+        if d.shape is None or len(d.shape) > MAX_MINIMIZER_AXES:
+            return None, f"{where} has shape {d.shape}, expected at most {MAX_MINIMIZER_AXES} axes"
+        problem = shape_problem(d, where, tuple(d.shape), "fiu") or unwritten_problem(d, where)
+        if problem:
+            return None, problem
+        total += nbytes(d)
+        sets[name] = d
+    problem = budget_problem(total, "its minimiser state")
+    return (None, problem) if problem else ({"state": g.attrs["state"], "sets": sets}, None)
+
+
+def minimizer_values_problem(mini: dict) -> str | None:
+    """A reason the loaded minimiser state ({"state": dict, "arrays": {name: array}}) cannot
+    be used: non-finite numbers; None when it can."""
+    bad = _non_finite(mini["state"])
+    if bad:
+        return f"minimizer state {bad} is not a finite number"
+    for name, a in mini["arrays"].items():
+        if a.dtype.kind == "f" and not np.isfinite(a).all():
+            return f"minimizer/{name} holds non-finite values"
+    return None

@@ -142,16 +142,15 @@ def run_stages(cfg, comm, command: str = "run") -> int:
 
 def _run_stage(st: Stage, c, state, comm) -> tuple[int, int]:
     """(end step, exit status) of one stage; its final checkpoint written."""
-    from shardmd.engine.relax.minimize import FIRE, minimize_cfg, structure_path
+    from shardmd.engine.relax.minimize import minimize_cfg, minimizer, structure_path
     from shardmd.engine.run.simulation import Simulation
 
     if st.kind == "minimize":
         c = minimize_cfg(c)
         sim = Simulation(c, state=state, comm=comm)
         m = c.minimize
-        FIRE(sim, cell=bool(m.cell), pressure=float(m.pressure), dt=float(m.dt), maxstep=float(m.maxstep),
-             dtmax=float(m.dtmax)).run(fmax=float(m.fmax), steps=int(m.steps), structure=structure_path(c))
-        sim.checkpoint()   # the relaxed state, where the next stage starts
+        # its run ends with a checkpoint of the relaxed state, where the next stage starts
+        minimizer(sim, m).run(fmax=float(m.fmax), steps=int(m.steps), structure=structure_path(c))
         return sim.state.step, 0
     sim = Simulation(c, state=state, comm=comm)
     if st.ramp is not None:

@@ -56,8 +56,8 @@ import numpy as np
 import torch
 
 from shardmd.engine.errors import UnhealthyRun, UserError
+from shardmd.engine.relax.base import Relaxation, _times, check_restart_keys
 from shardmd.engine.relax.cell_filter import FrechetCell
-from shardmd.engine.run import health
 from shardmd.integrators.units import EV_PER_A3_TO_BAR
 
 #: ASE's FIRE defaults (ase/optimize/fire.py; maxstep from Optimizer.defaults)
@@ -65,10 +65,12 @@ ASE_DEFAULTS = {"dt": 0.1, "maxstep": 0.2, "dtmax": 1.0, "nmin": 5, "finc": 1.1,
                 "fa": 0.99, "a": 0.1}
 
 
-class FIRE:
+class FIRE(Relaxation):
     """FIRE on a :class:`~shardmd.engine.run.simulation.Simulation` that has not run yet (its state,
     model, decomposition, fixed atoms, writer and reporter).  Keyword arguments: ASE's FIRE
     parameters (:data:`ASE_DEFAULTS`; ``nmin`` is ASE's ``Nmin``)."""
+
+    name, method, title = "FIRE", "fire", "as ASE's"
 
     def __init__(self, sim, cell: bool = False, pressure: float = 0.0, **params):
         """cell: relax the cell too (FrechetCellFilter); pressure: its target, bar (as
@@ -85,24 +87,37 @@ class FIRE:
                 raise UserError(f"FIRE {k}={p[k]!r}: give a number in [0, 1]")
         if not (isinstance(p["nmin"], int) and p["nmin"] >= 0):
             raise UserError(f"FIRE nmin={p['nmin']!r}: give a whole number >= 0")
-        if sim.started:
-            raise UserError("FIRE needs a Simulation that has not run yet; make a new one")
-        if not isinstance(cell, bool):
-            raise UserError(f"minimize.cell={cell!r}: use true or false")
-        if not (isinstance(pressure, (int, float)) and math.isfinite(pressure)):
-            raise UserError(f"minimize.pressure={pressure!r}: give a finite pressure in bar")
-        if cell and not bool(sim.state.pbc.all()):
-            axes = "".join("xyz"[k] for k in range(3) if not bool(sim.state.pbc[k]))
-            raise UserError(f"minimize.cell=true needs a cell periodic on all three axes; axis {axes} is not: "
-                            "make it periodic or drop minimize.cell")
-        self.sim = sim
+        super().__init__(sim, cell, pressure)
         self.p = p
+        self.maxstep = float(p["maxstep"])
         self.dt, self.a, self.nsteps_pos = float(p["dt"]), float(p["a"]), 0   # ASE's dt, a, Nsteps
         self._first = True
-        self.cell = cell
-        self.pressure = float(pressure)   # bar
         self.filter: FrechetCell | None = None   # the cell's part (set up in run)
         self.vc = np.zeros((3, 3))                # the cell's FIRE velocity (the same on every rank)
+        self._f: torch.Tensor | None = None       # the forces _measure saw, and the cell's rows
+        self._fc: np.ndarray | None = None
+        self._cell0 = None
+        if self.restored is not None:   # the checkpoint's state, checked before anything is written
+            self.dt, self.a = self._scalar("dt"), self._scalar("a")
+            self.nsteps_pos, self._first = self._scalar("nsteps_pos", int), self._scalar("first", bool)
+            self.vc = np.array(self._saved("vc", (3, 3)), dtype=np.float64)
+            self._cell0 = self._saved("cell0", (3, 3)) if cell else None
+
+    # -- state: fresh, restored, saved -----------------------------------------------------------
+    def _start(self) -> None:
+        if self.cell:   # the filter's reference cell: the first one, or the checkpoint's
+            cell0 = self.sim.state.cell.double().cpu().numpy() if self._cell0 is None else self._cell0
+            self.filter = FrechetCell(cell0, self.sim.n_global, self.pressure / EV_PER_A3_TO_BAR)
+
+    def _state(self) -> tuple[dict, dict]:
+        """FIRE's scalars and the cell's velocity and reference cell (its v is the atoms' velocities)."""
+        arrays = {"vc": self.vc}
+        if self.filter is not None:
+            arrays["cell0"] = self.filter.cell0
+        return {"dt": self.dt, "a": self.a, "nsteps_pos": self.nsteps_pos, "first": self._first}, arrays
+
+    def _log_extra(self) -> str:
+        return f"  dt {self.dt:.4g}"
 
     # -- global reductions ---------------------------------------------------------------
     def _sum(self, t: torch.Tensor) -> list[float]:
@@ -122,6 +137,10 @@ class FIRE:
         virial = self.sim.results["virial"].detach().double().cpu().numpy()
         return _times(f, self.filter.deform_grad(cell)), self.filter.forces(virial, cell)
 
+    def _measure(self) -> float:
+        self._f, self._fc = self._forces()
+        return self.fmax_now(self._f, self._fc)
+
     def fmax_now(self, f: torch.Tensor, fc: np.ndarray | None = None) -> float:
         """Largest |f_i| over all atoms (eV/Å; collective), and over the cell's rows ``fc``."""
         local = (f * f).sum(1).max() if f.shape[0] else torch.zeros((), dtype=torch.float64, device=f.device)
@@ -130,11 +149,11 @@ class FIRE:
         return fm if fc is None else max(fm, math.sqrt(float((fc * fc).sum(1).max())))
 
     # -- one step ---------------------------------------------------------------------------
-    def step(self, f: torch.Tensor, fc: np.ndarray | None = None) -> None:
-        """ASE's FIRE.step with forces ``f`` (fixed rows 0) and, relaxing the cell, the cell's
-        ``fc``: moves the atoms (and the cell), then the list."""
-        sim, p = self.sim, self.p
-        s = sim.state
+    def step(self) -> None:
+        """ASE's FIRE.step with the forces :meth:`_measure` saw (fixed rows 0) and, relaxing
+        the cell, the cell's rows: moves the atoms (and the cell), then the list and the forces."""
+        p, f, fc = self.p, self._f, self._fc
+        s = self.sim.state
         v = s.velocities.double()
         vc = self.vc
         if self._first:
@@ -177,16 +196,7 @@ class FIRE:
             self._move_with_cell(dr, drc)
         self.vc = vc
         s.velocities.copy_(v.to(s.dtype))
-        need, worst = sim.domain.check(s, 0.0)   # skin criterion; worst is inf for non-finite positions
-        if not math.isfinite(worst):
-            raise UnhealthyRun(f"FIRE step {s.step + 1}: positions became non-finite; check the model and the "
-                               "structure (or lower minimize.maxstep)")
-        if need:
-            sim.rebuild()
-        else:
-            sim.domain.refresh(s)
-        sim.compute_forces()
-        s.step += 1
+        self._moved()
 
     def _move_with_cell(self, dr: torch.Tensor, drc: np.ndarray) -> None:
         """The filter's move: cell coordinates + drc, atoms x' = (x F^-T + dr) (I + (F' - I)^T)."""
@@ -200,159 +210,26 @@ class FIRE:
         s.positions.copy_(x.to(s.dtype))
         s.cell = torch.tensor(new_cell, dtype=s.cell.dtype, device=s.cell.device)
 
-    # -- the loop ------------------------------------------------------------------------------
-    def run(self, fmax: float = 0.05, steps: int = 1000, structure: str | None = None) -> dict:
-        """Relax until every |f_i| < fmax (eV/Å) or ``steps`` steps; frames every
-        ``trajectory.every`` steps and at the end; the relaxed structure to ``structure`` (any
-        ASE format by its suffix; None: not written).  Returns {'converged', 'steps',
-        'energy' (eV), 'fmax' (eV/Å)} on every rank.  Collective."""
-        if not (isinstance(fmax, (int, float)) and math.isfinite(fmax) and fmax > 0):
-            raise UserError(f"fmax={fmax!r}: give a force > 0 in eV/Å")
-        if not (isinstance(steps, int) and steps >= 0):
-            raise UserError(f"steps={steps!r}: give a whole number >= 0")
-        sim = self.sim
-        every = int(sim.cfg.trajectory.every)
-        thermo = int(sim.cfg.thermo.every)
-        try:
-            self._setup(fmax, steps)
-            s = sim.state
-            f, fc = self._forces()
-            fm, e = self.fmax_now(f, fc), self._energy()
-            self._log(e, fm, force=True)
-            self._frame(e, fm)
-            converged = fm < fmax
-            while not converged and s.step < steps:
-                self.step(f, fc)
-                f, fc = self._forces()
-                fm, e = self.fmax_now(f, fc), self._energy()
-                converged = fm < fmax
-                last = converged or s.step >= steps
-                self._log(e, fm, force=last or (thermo > 0 and s.step % thermo == 0))
-                if last or (every > 0 and s.step % every == 0):
-                    self._frame(e, fm)
-            s.velocities.zero_()
-            word = "converged" if converged else f"NOT converged within {steps} steps"
-            sim.reporter.line(f"FIRE {word}: {s.step} steps, energy {e:.10f} eV, fmax {fm:.3e} eV/Å "
-                              f"(asked < {fmax:g})")
-            if structure is not None:
-                self._write_structure(structure, e)
-            return {"converged": bool(converged), "steps": s.step, "energy": e, "fmax": fm}
-        finally:
-            sim.close()
-
-    def _setup(self, fmax: float, steps: int) -> None:
-        sim = self.sim
-        s = sim.state
-        s.velocities.zero_()
-        sim.neighbors.deferred = None   # the per-step skin check: FIRE steps are not replayed
-        sim.started = True
-        if self.cell:   # NPT's box check: the displacement less the cell's deformation (engine/run/rank_domain.py)
-            sim.domain.nl.box_check = True
-            sim.domain.shrink_fix = (f"the relaxed cell does not fit {sim.comm.size} domains: relax on fewer (or "
-                                     "check minimize.pressure)")
-        sim.rebuild()
-        if sim._min_distance > 0:
-            health.close_contacts(sim.comm, sim.domain.close_pairs(s, sim._min_distance), sim._min_distance)
-        sim.run_record.kind = "minimize"   # the trajectory says so: plot and info show a minimisation
-        with sim._output_step():
-            sim._open_writer()
-        n_fixed = getattr(sim.integrator, "n_fixed", 0)
-        sim.reporter.line(f"ShardMD FIRE minimisation (as ASE's): {sim.n_global} atoms ({n_fixed} fixed), model "
-                          f"{sim.run_record.origin_line()}, fmax {fmax:g} eV/Å, at most {steps} steps, maxstep "
-                          f"{self.p['maxstep']:g} Å, {sim.cfg.precision} on {sim.device}, domains {sim.comm.size}"
-                          + (f"; the cell relaxes too (FrechetCellFilter, {self.pressure:g} bar)" if self.cell else ""))
-        sim.compute_forces()
-        if self.cell:
-            if sim.results.get("virial") is None:
-                raise UserError(f"minimize.cell=true needs the model's virial (the stress) and model "
-                                f"{sim.run_record.origin_line()} returns none; use a model with a virial or drop "
-                                "minimize.cell")
-            self.filter = FrechetCell(s.cell.double().cpu().numpy(), sim.n_global,
-                                      self.pressure / EV_PER_A3_TO_BAR)
-
-    def _energy(self) -> float:
-        e = float(self.sim.results["energy"])
-        if not math.isfinite(e):
-            raise UnhealthyRun(f"FIRE step {self.sim.state.step}: the energy is {e}; check the model and the "
-                               "structure")
-        return e
-
-    def _log(self, e: float, fm: float, force: bool) -> None:
-        if force:
-            vol = f"  volume {abs(float(torch.linalg.det(self.sim.state.cell.double()))):.6f} Å^3" if self.cell else ""
-            self.sim.reporter.line(f"FIRE {self.sim.state.step:6d}  energy {e:.10f} eV  fmax {fm:.6e} eV/Å  "
-                                   f"dt {self.dt:.4g}{vol}")
-
-    def _frame(self, e: float, fm: float) -> None:
-        """A frame and its observables: the energy (eV) and fmax (eV/Å) of this FIRE step."""
-        sim = self.sim
-        if sim.writer is None:
-            return
-        from shardmd.engine.io.trajectory_fields import model_outputs
-
-        s = sim.state
-        extra = model_outputs(sim.results, sim.cfg.trajectory.fields, sim.model)
-        full = sim.domain.gather(s, ("positions", "images", "forces"), extra=extra)
-        with sim._output_step():
-            if full is not None:
-                sim.writer.write_frame(s.step, 0.0, s.cell.detach().cpu().numpy(), positions=full["positions"],
-                                       images=full["images"], velocities=np.zeros_like(full["positions"]),
-                                       forces=full["forces"], **{k: full[k] for k in extra})
-                sim.writer.write_observables(s.step, 0.0, {"potential_energy": e, "fmax": fm},
-                                             {"fmax": "eV Angstrom-1"})
-
-    def _write_structure(self, path: str, e: float) -> None:
-        from ase.calculators.singlepoint import SinglePointCalculator
-        from ase.constraints import FixAtoms
-        from ase.io import write
-
-        sim = self.sim
-        from shardmd.engine.run.state import atoms_from_arrays
-
-        full = sim.domain.gather(sim.state, ("positions", "images", "velocities", "forces", "masses", "numbers"))
-        with sim._output_step():   # every rank: rank 0's write failing ends all of them together
-            if full is None:
-                return
-            atoms = atoms_from_arrays(full, sim.state.cell, sim.state.pbc)
-            atoms.calc = SinglePointCalculator(atoms, energy=e, forces=atoms.calc.results["forces"])
-            fixed = getattr(sim.integrator, "fixed_ids", None)
-            if fixed is not None:
-                atoms.set_constraint(FixAtoms(indices=np.searchsorted(np.sort(full["ids"]), fixed.numpy())))
-            try:
-                Path(path).parent.mkdir(parents=True, exist_ok=True)
-                write(str(path), atoms, parallel=False)   # rank 0 alone (ASE's default broadcasts over MPI)
-            except Exception as exc:  # noqa: BLE001 - any writer failure becomes one line
-                from shardmd.engine.errors import OutputError
-
-                raise OutputError(f"minimize.structure={str(path)!r}: cannot write it "
-                                  f"({str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__})"
-                                  ) from None
-
-
-def _times(x: torch.Tensor, a: np.ndarray) -> torch.Tensor:
-    """x @ a for rows x (n, 3) and a (3, 3), by columns: each row's three products and two adds in a
-    fixed order, so an atom's result does not depend on which rank holds it or how many rows there are
-    (a BLAS product may block differently by size)."""
-    a = a.tolist()
-    return torch.stack([x[:, 0] * a[0][j] + x[:, 1] * a[1][j] + x[:, 2] * a[2][j] for j in range(3)], dim=1)
-
 
 def minimize_cfg(cfg):
     """The run configuration of ``python -m engine minimize``: no thermal velocities, no
-    velocity field in frames, no checkpoints; refusals in one line."""
+    velocity field in frames, ``steps`` = ``minimize.steps`` (a restart's bound); refusals in
+    one line, before anything runs."""
     import copy
 
     from omegaconf import open_dict
 
-    if cfg.restart.file is not None:
-        raise UserError("python -m engine minimize does not restart from checkpoints; drop restart= (start "
-                        "from the structure: system.file=...)")
+    m = cfg.minimize
+    if m.symmetry and m.method == "fire":
+        raise UserError("minimize.symmetry=true keeps the space group through ASE's FixSymmetry, which acts on ASE's "
+                        "optimisers: use minimize.method=lbfgs or bfgs (or drop minimize.symmetry)")
     from shardmd.engine.run.preflight import check_outputs
 
     check_outputs(cfg, structure=structure_path(cfg))   # the relaxed structure is no input, no other output
     structure = structure_path(cfg)
-    if not cfg.overwrite and os.path.lexists(structure):   # as run's output: replaced only when asked
-        given = ("minimize.structure" if cfg.minimize.structure is not None
+    # as run's output: replaced only when asked, or by the relaxation it belongs to (restart=)
+    if not cfg.overwrite and cfg.restart.file is None and os.path.lexists(structure):
+        given = ("minimize.structure" if m.structure is not None
                  else "output= with .extxyz: minimize.structure=null")
         raise UserError(f"the relaxed structure {structure!r} ({given}) exists; add overwrite=true to replace it, "
                         "or give minimize.structure= another name")
@@ -361,7 +238,7 @@ def minimize_cfg(cfg):
         cfg.system.velocities = "zero"
         cfg.neighbor.deferred = False
         cfg.trajectory.fields = [f for f in cfg.trajectory.fields if f != "velocity"]
-        cfg.checkpoint.every = 0
+        cfg.steps = int(m.steps)
     return cfg
 
 
@@ -372,16 +249,28 @@ def structure_path(cfg) -> str:
     return str(m.structure) if m.structure is not None else str(Path(cfg.output).with_suffix(".extxyz"))
 
 
+def minimizer(sim, m) -> Relaxation:
+    """The minimiser ``minimize.method`` names (the ``minimize`` keys ``m``) on ``sim``."""
+    if m.method == "fire":
+        return FIRE(sim, cell=bool(m.cell), pressure=float(m.pressure), dt=float(m.dt), maxstep=float(m.maxstep),
+                    dtmax=float(m.dtmax))
+    from shardmd.engine.relax.quasi_newton import BFGS, LBFGS
+
+    kw = {"cell": bool(m.cell), "pressure": float(m.pressure), "symmetry": bool(m.symmetry),
+          "symprec": float(m.symprec), "maxstep": float(m.maxstep), "alpha": float(m.alpha)}
+    return LBFGS(sim, memory=int(m.memory), **kw) if m.method == "lbfgs" else BFGS(sim, **kw)
+
+
 def minimize_run(cfg, comm=None) -> int:
-    """``python -m engine minimize``: FIRE per the ``minimize`` keys on this rank; exit status 0
-    (also when not converged within minimize.steps: the log says so)."""
+    """``python -m engine minimize``: the ``minimize`` keys' relaxation on this rank, fresh or
+    continued from a checkpoint (``restart=``); exit status 0 (also when not converged within
+    minimize.steps: the log says so)."""
     from shardmd.engine.run.simulation import Simulation
 
     cfg = minimize_cfg(cfg)
     m = cfg.minimize
-    structure = structure_path(cfg)
     sim = Simulation(cfg, comm=comm)
-    FIRE(sim, cell=bool(m.cell), pressure=float(m.pressure), dt=float(m.dt), maxstep=float(m.maxstep),
-         dtmax=float(m.dtmax)).run(
-        fmax=float(m.fmax), steps=int(m.steps), structure=structure)
+    if sim.checkpoint_in is not None:
+        check_restart_keys(cfg, sim.checkpoint_in)
+    minimizer(sim, m).run(fmax=float(m.fmax), steps=int(m.steps), structure=structure_path(cfg))
     return 0

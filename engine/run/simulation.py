@@ -309,6 +309,9 @@ class Simulation:
         """Neighbour list, first forces, output files, header; frame and thermo at the start."""
         r = self.reporter
         s = self.state
+        if self.checkpoint_in is not None and "minimizer" in self.checkpoint_in:   # its velocities are FIRE's
+            raise UserError(f"checkpoint {self.checkpoint_in['shown']} is of a relaxation; continue it with "
+                            "`python -m engine minimize ... restart=auto`, or run MD from its relaxed structure")
         restored = self.checkpoint_in is not None and self.domain.restart_reference is not None
         if restored:
             self.domain.restore(self.state)

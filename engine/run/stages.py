@@ -154,13 +154,13 @@ def check_state(cfg, comm: Comm, state: State, dmodel: DistributedModel, device)
 
 
 def domain_grid(cfg, checkpoint_in: dict | None, restored: bool, barostat: bool, size: int):
-    """(grid or None for the automatic one, reference cell or None): a barostat's restart
-    rebuilds its lists in the cell of its last rebuild, on the grid chosen for the first cell
-    (the cell's shape has changed since)."""
+    """(grid or None for the automatic one, reference cell or None): a barostat's restart (or
+    a cell relaxation's: its checkpoint holds the cell too) rebuilds its lists in the cell of its
+    last rebuild, on the grid chosen for the first cell (the cell's shape has changed since)."""
     grid = None if cfg.grid is None else [int(g) for g in cfg.grid]
-    if not (restored and barostat and "reference_cell" in checkpoint_in["integrator"]):
+    saved = checkpoint_in["integrator"] if restored else {}
+    if not (restored and (barostat or "minimizer" in checkpoint_in) and "reference_cell" in saved):
         return grid, None
-    saved = checkpoint_in["integrator"]
     g = saved.get("grid")
     if grid is None and g is not None and g[0] * g[1] * g[2] == size:
         grid = [int(x) for x in g]
