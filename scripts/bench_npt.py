@@ -26,6 +26,14 @@ refresh, loop).
         --cases verlet "verlet sums" "npt iso" "npt tri"         # one process, the cases in turn
     .venv/bin/python scripts/bench_npt.py --atoms 256000 --steps 10 --interleave 24 --equilibrate 300 \
         --cases verlet nose-hoover "npt iso" "npt tri"         # every case from one state at T* 1.44
+    .venv/bin/python scripts/bench_npt.py --atoms 4000 --steps 2000 --repeats 5 --lammps \
+        --cases verlet nose-hoover "npt iso"                   # LAMMPS beside each case, defaults on both sides
+
+With --lammps every repeat also runs LAMMPS (``lmp`` of bench_lj.py's venv, one rank, one thread) on
+the same problem with the same fix and LAMMPS's default neighbour settings (``neighbor 0.3 bin``,
+``neigh_modify delay 0 every 1 check yes``: checked every step, as our default), and a second table
+gives both sides' CPU time per step, its split (LAMMPS's Pair, Neigh, Modify and the rest against our
+forces, rebuilds + check, integrator and the rest) and our speed relative to LAMMPS (> 1: faster).
 """
 from __future__ import annotations
 
@@ -41,7 +49,26 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_lj import EPSILON, SIGMA, cells_for, units
+from bench_lj import EPSILON, SIGMA, cells_for, lammps_exe, units
+
+LAMMPS_FIX = {"verlet": "nve", "verlet sums": "nve", "nose-hoover": "nvt temp 1.44 1.44 0.1",
+              "npt iso": "npt temp 1.44 1.44 0.1 iso 1.0 1.0 5.0"}
+LAMMPS_INPUT = """\
+units           lj
+atom_style      atomic
+lattice         fcc 0.8442
+region          box block 0 {n} 0 {n} 0 {n}
+create_box      1 box
+create_atoms    1 box
+mass            1 1.0
+velocity        all create 1.44 87287 loop geom
+pair_style      lj/cut 2.5
+pair_coeff      1 1 1.0 1.0 2.5
+neighbor        0.3 bin
+neigh_modify    delay 0 every 1 check yes
+fix             1 all {fix}
+run             {steps}
+"""
 
 CASES = {
     "verlet": ["integrator=verlet"],
@@ -126,6 +153,50 @@ def run(n: int, case: str, args) -> dict:
             "builds": sim.nl.n_builds - builds0, "volume": float(abs(sim.state.cell.det()))}
 
 
+def run_lammps(lmp: Path, n: int, case: str, steps: int) -> dict:
+    """LAMMPS's loop on the case's fix: CPU s per step, builds and its time split (s per step)."""
+    import re
+    import subprocess
+
+    with tempfile.TemporaryDirectory() as tmp:
+        inp = Path(tmp) / "in.npt"
+        inp.write_text(LAMMPS_INPUT.format(n=n, steps=steps, fix=LAMMPS_FIX[case]))
+        out = subprocess.run([str(lmp), "-in", str(inp), "-log", "none"], cwd=tmp, capture_output=True,
+                             text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    if out.returncode != 0:
+        raise RuntimeError(f"LAMMPS failed:\n{out.stdout[-2000:]}\n{out.stderr[-2000:]}")
+    text = out.stdout
+    wall = float(re.search(r"Loop time of ([\d.eE+-]+) on", text).group(1))
+    pct = re.search(r"([\d.]+)% CPU use with", text)
+    cpu = wall * float(pct.group(1)) / 100.0 if pct else wall
+    split = {}
+    for sec in ("Pair", "Neigh", "Comm", "Output", "Modify", "Other"):
+        m = re.search(rf"^{sec}\s*\|.*\|\s*([\d.]+)\s*$", text, re.M)
+        split[sec.lower()] = cpu * float(m.group(1)) / 100.0 / steps if m else 0.0
+    return {"cpu_step_s": cpu / steps, "builds": int(re.search(r"Neighbor list builds = (\d+)", text).group(1)),
+            **{f"lmp_{k}_s": v for k, v in split.items()}}
+
+
+def lammps_table(results: dict, lmp_results: dict) -> None:
+    """Both sides' CPU ms per step and split, medians over the repeats; speed = LAMMPS / ours."""
+    print("| case | side | CPU ms/step | forces / Pair | lists / Neigh | integrator / Modify | rest | builds | "
+          "speed vs LAMMPS, paired |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    med = statistics.median
+    for case, ls in lmp_results.items():
+        rs = results[case]
+        ours = [med(r[k] for r in rs) for k in ("cpu_step_s", "cpu_forces_s")]
+        lists = med(r["cpu_rebuilds_s"] + r["cpu_check_s"] for r in rs)
+        integ = med(r["cpu_integrator_s"] for r in rs)
+        speed = med(b["cpu_step_s"] / a["cpu_step_s"] for a, b in zip(rs, ls))
+        print(f"| {case} | ours | {1e3 * ours[0]:.3f} | {1e3 * ours[1]:.3f} | {1e3 * lists:.3f} | {1e3 * integ:.3f} | "
+              f"{1e3 * (ours[0] - ours[1] - lists - integ):.3f} | {rs[0]['builds']} | **{speed:.2f}** |")
+        lc = med(r["cpu_step_s"] for r in ls)
+        lp = [med(r[f"lmp_{k}_s"] for r in ls) for k in ("pair", "neigh", "modify")]
+        print(f"| {case} | LAMMPS | {1e3 * lc:.3f} | {1e3 * lp[0]:.3f} | {1e3 * lp[1]:.3f} | {1e3 * lp[2]:.3f} | "
+              f"{1e3 * (lc - sum(lp)):.3f} | {ls[0]['builds']} | |")
+
+
 def equilibrated(n: int, args):
     """in.lj's start after ``--equilibrate`` steps of the nose-hoover case (ase.Atoms with
     velocities): every case then starts at T* = 1.44, where NVE stays. From the lattice NVE
@@ -203,7 +274,11 @@ def main() -> None:
     ap.add_argument("--equilibrate", type=int, default=0, metavar="STEPS",
                     help="with --interleave: every case starts from in.lj's state after STEPS steps of "
                          "nose-hoover at T* 1.44 (the same temperature for all; equilibrated())")
+    ap.add_argument("--lammps", action="store_true", help="also run LAMMPS on each case (not npt tri)")
+    ap.add_argument("--lammps-venv", default="/tmp/lmpvenv")
     args = ap.parse_args()
+    if args.lammps and args.interleave:
+        ap.error("--lammps runs separate processes: leave out --interleave")
     if args.equilibrate and not args.interleave:
         ap.error("--equilibrate applies to --interleave runs; add --interleave ROUNDS")
     cases = ["verlet", *[c for c in args.cases if c != "verlet"]]
@@ -218,6 +293,8 @@ def main() -> None:
           f"{args.repeats} alternating repeats; {platform.processor() or platform.machine()}, "
           f"{os.cpu_count()} cores, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
     results: dict[str, list[dict]] = {c: [] for c in cases}
+    lmp = lammps_exe(Path(args.lammps_venv)) if args.lammps else None
+    lmp_results: dict[str, list[dict]] = {c: [] for c in cases if lmp and c in LAMMPS_FIX}
     for r in range(args.repeats):
         # each repeat starts at another case (a fixed order put NVE first every time, and a case
         # may pay for memory an earlier one left), and the simulation of one case is collected
@@ -225,6 +302,8 @@ def main() -> None:
         for case in cases[r % len(cases):] + cases[:r % len(cases)]:
             results[case].append(run(n, case, args))
             gc.collect()
+            if case in lmp_results:
+                lmp_results[case].append(run_lammps(lmp, n, case, args.steps))
     base = statistics.median(r["step_s"] for r in results["verlet"])
     cbase = statistics.median(r["cpu_step_s"] for r in results["verlet"])
     parts = ("integrator", "forces", "rebuilds", "check")
@@ -242,6 +321,9 @@ def main() -> None:
         paired = statistics.median(r["cpu_step_s"] / b["cpu_step_s"] for r, b in zip(rs, results["verlet"]))
         print(f"| {case} | {1e3 * t:.2f} | {t / base:.3f} | {1e3 * c:.2f} | {c / cbase:.3f} | {paired:.3f} | {cols} | "
               f"{1e3 * (c - sum(split)):.2f} | {rs[0]['builds']} | {rs[0]['volume'] / v0:.4f} |")
+    if lmp_results:
+        print()
+        lammps_table(results, lmp_results)
 
 
 if __name__ == "__main__":
