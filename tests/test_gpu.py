@@ -194,3 +194,42 @@ def test_engine_cuda_matches_cpu(tmp_path):
     n = sim.state.n_atoms
     assert abs(gpu["potential_energy"] - cpu["potential_energy"]) / n < 1e-8
     assert abs(gpu["total_energy"] - cpu["total_energy"]) / n < 1e-8
+
+
+def test_states_built_from_atoms_run_on_cuda_alone_and_many(tmp_path, capfd, monkeypatch):
+    """A State built from ase.Atoms holds CPU tensors; it runs where device= says, through the
+    API and as each system of a many-system run (system.frames: every frame's state is built
+    from its Atoms). steps=0: each energy equals the float64 NumPy reference of its frame."""
+    import csv
+
+    from ase.build import bulk
+    from ase.io import write
+    from conftest import cli_in_process
+
+    from shardmd.engine.config.compose import compose_config
+    from shardmd.engine.run.simulation import Simulation
+    from shardmd.engine.run.state import State
+
+    rng = np.random.default_rng(3)
+    frames = []
+    for k in range(3):
+        a = bulk("Ar", "fcc", a=5.26, cubic=True).repeat((2, 2, 2 + k))
+        a.positions += rng.normal(0.0, 0.05, a.positions.shape)
+        frames.append(a)
+    eps, sig = mix_lorentz_berthelot([EPS["Ar"]], [SIG["Ar"]])
+    ref = [lj_reference(a.positions, a.cell.array, [True] * 3, a.numbers, eps, sig, {18: 0}, CUTOFF, True)[0]
+           for a in frames]
+    keys = [f"model.epsilon={{Ar:{EPS['Ar']}}}", f"model.sigma={{Ar:{SIG['Ar']}}}", f"model.cutoff={CUTOFF}",
+            "model.shift=true", "device=cuda", "steps=0", "quiet=true", "threads=1"]
+    cfg = compose_config(["model=lj", *keys, f"output={tmp_path}/api.h5"])
+    sim = Simulation(cfg, state=State.from_atoms(frames[0]))
+    out = sim.run()
+    assert sim.state.positions.is_cuda and sim.state.velocities.is_cuda
+    assert abs(out["potential_energy"] - ref[0]) <= 1e-9 * abs(ref[0])
+    write(tmp_path / "many.extxyz", frames)
+    r = cli_in_process(["run", "model=lj", *keys, f"system.file={tmp_path}/many.extxyz", "system.frames=all",
+                        f"output={tmp_path}/m.h5"], tmp_path, capfd, monkeypatch)
+    assert r.returncode == 0, r.stderr
+    with open(tmp_path / "m.summary.csv") as fh:
+        rows = list(csv.DictReader(fh))
+    assert [float(row["energy_eV"]) for row in rows] == pytest.approx(ref, rel=1e-9)

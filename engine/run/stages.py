@@ -139,6 +139,7 @@ def starting_state(cfg, state: State | None, checkpoint_in: dict | None, integra
         if "limits" in cfg:   # the builder's size before it builds
             check_builder(cfg, local_ranks(int(cfg.domains)))
         return initial_state(cfg, dtype, device, integrator.degrees_of_freedom, inputs=inputs, **kw), None
+    state = state.to(device)   # a state built from ase.Atoms lives on the CPU
     return inputs(given_state_velocities(cfg, state, integrator.degrees_of_freedom, **kw)), None
 
 

@@ -16,7 +16,7 @@ ASE constraint (refused by the Simulation, engine/run/constraints.py).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
@@ -63,6 +63,17 @@ class State:
 
     def volume(self) -> float:
         return float(volume(self.cell))
+
+    def to(self, device) -> "State":
+        """This state on ``device`` (itself where it is there already): a state given through the
+        API or built from ``ase.Atoms`` on the CPU runs where the configuration says."""
+        device = torch.device(device)
+        if self.device == device:
+            return self
+        move = lambda t: t.to(device) if torch.is_tensor(t) else t  # noqa: E731
+        return replace(self, **{k: move(getattr(self, k)) for k in (*PER_ATOM, "cell", "pbc", "fixed_ids")},
+                       inputs={k: move(v) for k, v in self.inputs.items()},
+                       system_inputs={k: move(v) for k, v in self.system_inputs.items()})
 
     def unwrapped_positions(self) -> torch.Tensor:
         """(n, 3) Å, continuous trajectories across periodic boundaries."""
