@@ -113,7 +113,8 @@ def main() -> None:
     p.add_argument("--cases", nargs="+", default=["64x256", "1024x64"])
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--warmup", type=int, default=5)
-    p.add_argument("--nl", nargs="+", default=["vesin_nl_ts", "torchsim_nl", "torch_nl_linked_cell"])
+    p.add_argument("--nl", nargs="+", default=["alchemiops_nl_n2", "alchemiops_nl_cell_list", "vesin_nl_ts",
+                                               "torchsim_nl", "torch_nl_linked_cell"])
     p.add_argument("--device", default="cuda", help="cpu: a smoke run of our side")
     a = p.parse_args()
     where = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "CPU"
