@@ -169,6 +169,33 @@ def test_bad_selections_are_one_line(frames_value, words, many, tmp_path, capfd,
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and words in r.stderr, r.stderr
 
 
+@pytest.mark.parametrize("args, words", [
+    (["system.file=empty.extxyz", "system.frames=all"], "ASE cannot read it (Empty file"),
+    (["system.file=bad.extxyz", "system.frames=0:1"], "its first line is not an atom count"),
+    (["system.frames=0:2"], "system.frames needs system.file"),
+    (["system.files=[]", "system.frames=all"], "system.frames needs system.file")])
+def test_an_empty_or_missing_input_of_frames_is_one_line(args, words, tmp_path, capfd, monkeypatch):
+    (tmp_path / "empty.extxyz").write_text("")
+    (tmp_path / "bad.extxyz").write_text("one\nAr 0 0 0\n")
+    r = cli_in_process(["run", "model=lj", "steps=1", *args], tmp_path, capfd, monkeypatch)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and words in r.stderr, r.stderr
+
+
+def test_restart_auto_with_another_input_is_one_line(many, tmp_path, capfd, monkeypatch):
+    """restart=auto continues the recorded systems: frames of another size are refused, not run
+    on from the old checkpoints under the new input's name."""
+    out = f"output={tmp_path / 'b.h5'}"
+    run([f"system.file={many}", "system.frames=all", "steps=5", out], tmp_path, capfd, monkeypatch)
+    before = (tmp_path / "b.summary.csv").read_text()
+    other = tmp_path / "other.extxyz"
+    write(other, [bulk("Ar", "fcc", a=5.26, cubic=True).repeat((3, 3, 3))] * 4)
+    r = cli_in_process(["run", "model=lj", *KR, "quiet=true", f"system.file={other}", "system.frames=all", "steps=10",
+                        out, "restart=auto"], tmp_path, capfd, monkeypatch)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "system 0 of" in r.stderr and "has 108 atoms" in r.stderr and "another input" in r.stderr
+    assert (tmp_path / "b.summary.csv").read_text() == before
+
+
 def test_an_earlier_record_is_not_overwritten_silently(many, tmp_path, capfd, monkeypatch):
     common = [f"system.file={many}", "system.frames=0:1", "steps=5", "output=w.h5"]
     run(common, tmp_path, capfd, monkeypatch)

@@ -170,6 +170,7 @@ HOSTILE = {
     "element": (["system.composition={Cu: 0.5, Qq: 0.5}"], ["unknown element 'Qq'"]),
     "negative": (["system.composition={Cu: 1.5, Au: -0.5}"], ["the fraction of Au is -0.5"]),
     "miller": (["system.miller=[0,0,0]"], ["[0,0,0] names no plane"]),
+    "vacuum": (["system.miller=[1,1,1]", "system.vacuum=1e20"], ["give a distance in [0, 10000] Å"]),
     "vacancies": (["system.repeat=[2,2,2]", "system.vacancies=40"], ["removes 40 of the 32 sites"]),
     "fraction": (["system.vacancies=1.5"], ["a fraction in [0, 1)"]),
     "two of three": (["system.lattice=random", "system.count=10"], ["needs two of system.count"]),

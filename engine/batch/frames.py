@@ -60,10 +60,24 @@ class BadFrame:
 
 
 def frame_count(path: str) -> int:
-    """Frames in ``path`` without parsing them (extxyz/xyz: from the atom-count lines)."""
+    """Frames in ``path`` without parsing them (extxyz/xyz: from the atom-count lines); a
+    missing, empty or unreadable file is a one-line UserError."""
     from ase.io.formats import filetype
 
-    kind = filetype(path, read=True)
+    from shardmd.engine.io.safe_io import input_file_problem
+
+    if path in (None, "", "None"):
+        raise UserError("system.frames needs system.file (or system.files): give the structure file to select "
+                        "frames from")
+    bad = input_file_problem(path)
+    if bad:
+        raise UserError(f"system.file={path!r}: {bad}; give a structure file ASE can read (e.g. .extxyz)")
+    try:
+        kind = filetype(path, read=True)
+    except Exception as exc:  # noqa: BLE001 - ASE's reason (an empty file, an unknown format) in one line
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise UserError(f"system.file={path!r}: ASE cannot read it ({first}); give a structure file such as "
+                        ".extxyz") from None
     if kind in ("extxyz", "xyz"):
         n = 0
         with open(path, "rb") as fh:
@@ -76,7 +90,8 @@ def frame_count(path: str) -> int:
                 try:
                     natoms = int(head.split()[0])
                 except ValueError:
-                    raise UserError(f"system.file={path!r}: line after frame {n - 1} is not an atom count; "
+                    where = f"the line after frame {n - 1}" if n else "its first line"
+                    raise UserError(f"system.file={path!r}: {where} is not an atom count; "
                                     "fix the file (extxyz: a count, a comment line, then one line per atom)"
                                     ) from None
                 for _ in range(natoms + 1):

@@ -148,6 +148,30 @@ def _room(cfg, device, dmodel):
     return Room(budget=FILL * budget[0], cost=cost)
 
 
+def _atoms_of_output(output: str) -> int | None:
+    """Atoms in a system's trajectory (a system that was running when the run stopped), or None."""
+    import h5py
+
+    try:
+        with h5py.File(output, "r") as f:
+            return int(f["particles/all/position/value"].shape[1])
+    except Exception:  # noqa: BLE001 - no file, or one without a frame: nothing to compare
+        return None
+
+
+def _same_systems(cfg, good, path: str, width: int) -> None:
+    """restart=auto continues the systems of the record: each frame must have the atom count its
+    finished row (or its running system's trajectory) holds; another input is a one-line error."""
+    rows = journal.finished(str(cfg.output))
+    for k, atoms in good:
+        had = int(rows[k].atoms) if k in rows and str(rows[k].atoms).isdigit() and int(rows[k].atoms) else \
+            _atoms_of_output(journal.system_output(str(cfg.output), k, width))
+        if had is not None and had != len(atoms):
+            raise UserError(f"restart=auto: system {k} of {path!r} has {len(atoms)} atoms, but the run recorded in "
+                            f"{str(journal.folder(str(cfg.output)))!r} ran {had}: another input; give the same "
+                            "input, or add overwrite=true to start again")
+
+
 def _together(cfg, todo, width: int, dmodel, resume: bool, finished, room, device) -> int:
     """MD of ``todo`` with up to ``batch.size`` systems per model call (engine/batch/lockstep.py)."""
     from shardmd.engine.batch.lockstep import run_together
@@ -220,6 +244,8 @@ def batch_run(cfg, comm: Comm | None, command: str = "run", structures=None) -> 
             raise UserError(f"system.frames={cfg.system.frames} selects none of the {len(structures)} structures")
         good, bad = checked(((k, structures[k]) for k in picked), path, *checks)
     width = len(str(max((frame_count(path) if structures is None else len(structures)) - 1, 0)))
+    if resume:
+        _same_systems(cfg, good, path, width)
     if cfg.overwrite and not resume and comm.is_root:
         for p in journal.folder(str(cfg.output)).glob("done.*.csv"):
             p.unlink()

@@ -133,8 +133,11 @@ class System:
     miller: Optional[List[int]] = key(None, "a slab of the crystal with this surface (e.g. [1,1,1]; hcp: of the "
                                       "hexagonal cell); system.repeat is then [a, b, layers]",
                                       Check(_miller, "give three whole numbers, e.g. [1,1,1]"))
+    # at 1e20 Å the atoms' float64 positions cannot tell neighbours apart (a silent nonsense
+    # energy), at 1e300 the bins divide by zero: a vacuum beyond any use is refused
     vacuum: float = key(10.0, "Å of vacuum on each side of a slab (system.miller; 0: none)",
-                        number("give a distance >= 0 in Å", ge=0))
+                        Check(lambda v: _is_num(v) and 0 <= v <= 1e4,
+                              "give a distance in [0, 10000] Å (far out, positions lose their precision)"))
     fixed_layers: int = key(0, "lowest atomic planes of a slab (system.miller) held fixed (FixAtoms)", whole(0))
     seed: Optional[int] = key(None, "seeds the builder's random choices (packing, sites, vacancies); null: seed",
                               Check(lambda v: v is None or (_is_int(v) and 0 <= v < 2**63), "give a whole number >= 0"))
