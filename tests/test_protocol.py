@@ -147,3 +147,19 @@ def test_info_lists_the_finished_stages(tmp_path, capfd, monkeypatch):
     assert lines[0] == "protocol i.h5: 4 stage(s) finished (record i.stages.csv)"
     assert [ln.split()[2].rstrip(":") for ln in lines[1:]] == list(NAMES)
     assert lines[-1].endswith("output i.nve.h5")
+
+
+@pytest.mark.parametrize("changed, words", [
+    ("[{name: c, kind: minimize}, {name: b, steps: 4}]", "stages[0] is 'c', but"),
+    ("[{name: a, steps: 9}, {name: b, steps: 4}]", "stages[0] (a) has steps=9, but it finished after 4"),
+])
+def test_restart_auto_of_another_protocol_is_one_line(changed, words, tmp_path, capfd, monkeypatch):
+    """restart=auto continues the recorded protocol: a renamed or lengthened finished stage is
+    refused (it was skipped without a word), and the record stays as it was."""
+    base = ["run", "model=lj", "system.repeat=[3,3,3]", "quiet=true", "output=p.h5"]
+    r = cli_in_process([*base, "stages=[{name: a, steps: 4}, {name: b, steps: 4}]"], tmp_path, capfd, monkeypatch)
+    assert r.returncode == 0, r.stderr
+    record = (tmp_path / "p.stages.csv").read_text()
+    r = cli_in_process([*base, f"stages={changed}", "restart=auto"], tmp_path, capfd, monkeypatch)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and words in r.stderr, r.stderr
+    assert (tmp_path / "p.stages.csv").read_text() == record

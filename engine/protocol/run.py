@@ -50,6 +50,24 @@ def _record(output: str, st: Stage, end: int, checkpoint: str) -> None:
                           f"{exc.strerror or exc}") from None
 
 
+def _same_protocol(stages: list[Stage], done: dict, path: str) -> None:
+    """restart=auto continues the recorded protocol: each finished stage must have the name it was
+    recorded with and, for MD, the steps it ran; another protocol is a one-line error."""
+    prev = 0
+    for st in stages:
+        if st.index not in done:
+            return
+        name, end, _ = done[st.index]
+        if name != st.name:
+            raise UserError(f"restart=auto: stages[{st.index}] is {st.name!r}, but {path!r} recorded {name!r} "
+                            "there: another protocol; restore it, or add overwrite=true to run it again")
+        if st.kind == "run" and end - prev != int(st.cfg.steps):
+            raise UserError(f"restart=auto: stages[{st.index}] ({name}) has steps={int(st.cfg.steps)}, but it "
+                            f"finished after {end - prev} ({path!r}); restore its steps, or add overwrite=true "
+                            "to run the protocol again")
+        prev = end
+
+
 def _ramp(start: float, stop: float, begin: int, end: int):
     def schedule(integrator, step: int) -> None:
         frac = (step - begin) / (end - begin) if end > begin else 1.0
@@ -103,6 +121,7 @@ def run_stages(cfg, comm, command: str = "run") -> int:
     stages = build(cfg)
     resume = cfg.restart.file == "auto"
     done = finished(str(cfg.output)) if resume else {}
+    _same_protocol(stages, done, str(record_path(str(cfg.output))))
     if not resume and not cfg.overwrite and record_path(str(cfg.output)).exists():
         raise UserError(f"{str(record_path(str(cfg.output)))!r} records an earlier protocol with this output; "
                         "continue it with restart=auto, or add overwrite=true to start again")
