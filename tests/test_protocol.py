@@ -130,10 +130,26 @@ def test_sigkill_inside_a_stage_and_restart_reach_the_same_bits(tmp_path):
     ("[{steps: 10}, {name: e, temperature: [1, 2, 3]}]", "stages[1] (e): temperature=[1, 2, 3] is neither"),
     ("[{name: x}, {name: x}]", "stages[1]: name 'x' must be unique"),
     ("[{steps: -5}]", "stages[0] (stage0): steps=-5 is invalid"),
+    ("[{steps: 10}, {name: warm, temperature: [100, 200], steps: 5}]",
+     "stages[1] (warm): a temperature ramp needs a thermostat"),
+    ("[{steps: 10}, {name: sym, kind: minimize, minimize: {symmetry: true}}]",
+     "stages[1] (sym): minimize.symmetry=true"),
 ])
 def test_bad_stages_are_one_line_before_anything_runs(stages, words, tmp_path, capfd, monkeypatch):
     r = cli_in_process(["run", "model=lj", f"stages={stages}", "output=b.h5"], tmp_path, capfd, monkeypatch)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and words in r.stderr, r.stderr
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith("b.")]
+
+
+def test_stages_with_many_systems_are_one_line(tmp_path, capfd, monkeypatch):
+    from ase.build import bulk
+    from ase.io import write
+
+    write(tmp_path / "two.extxyz", [bulk("Ar", "fcc", a=5.26, cubic=True).repeat((2, 2, 2))] * 2)
+    r = cli_in_process(["run", "model=lj", "system.file=two.extxyz", "system.frames=all", "stages=[{steps: 5}]",
+                        "output=b.h5"], tmp_path, capfd, monkeypatch)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "a protocol runs one structure" in r.stderr
     assert not [p for p in tmp_path.iterdir() if p.name.startswith("b.")]
 
 

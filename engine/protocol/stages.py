@@ -49,6 +49,9 @@ def build(cfg) -> list[Stage]:
     raw = OmegaConf.to_container(cfg.stages, resolve=True)
     if not isinstance(raw, list) or not raw:
         raise UserError("stages must be a non-empty list of mappings, e.g. [{kind: minimize}, {steps: 1000}]")
+    if cfg.system.get("frames") is not None or cfg.system.get("files"):
+        raise UserError("stages with system.frames or system.files: a protocol runs one structure; give "
+                        "system.file (or a builder) and run the protocol once per frame")
     stages, names = [], set()
     for i, entry in enumerate(raw):
         where = f"stages[{i}]"
@@ -75,11 +78,29 @@ def build(cfg) -> list[Stage]:
         temperature = entry.get("temperature")
         if isinstance(temperature, list):
             if len(temperature) != 2 or not all(isinstance(t, (int, float)) and t >= 0 for t in temperature):
-                raise UserError(f"{where}: temperature={temperature} is neither a number nor [start, stop] in K")
+                raise UserError(f"{where}: temperature={temperature} is neither a number nor [start, stop] in K "
+                                "(each >= 0)")
             ramp = (float(temperature[0]), float(temperature[1]))
             entry["temperature"] = ramp[0]
-        stages.append(Stage(i, name, kind, _merged(cfg, entry, where), ramp, stage_output(str(cfg.output), name)))
+        merged = _merged(cfg, entry, where)
+        _check_kind(merged, kind, ramp, where)
+        stages.append(Stage(i, name, kind, merged, ramp, stage_output(str(cfg.output), name)))
     return stages
+
+
+def _check_kind(c: DictConfig, kind: str, ramp, where: str) -> None:
+    """What a stage's kind excludes, said before the first stage runs: a temperature ramp needs a
+    thermostat; a minimize stage's keys must fit together."""
+    if ramp is not None and c.integrator.name == "verlet":
+        raise UserError(f"{where}: a temperature ramp needs a thermostat (integrator langevin, nose-hoover, csvr "
+                        "or npt); verlet has none")
+    if kind == "minimize":
+        from shardmd.engine.relax.minimize import check_method
+
+        try:
+            check_method(c.minimize)
+        except UserError as exc:
+            raise UserError(f"{where}: {exc}") from None
 
 
 def _merged(cfg, entry: dict, where: str) -> DictConfig:

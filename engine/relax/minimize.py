@@ -211,6 +211,13 @@ class FIRE(Relaxation):
         s.cell = torch.tensor(new_cell, dtype=s.cell.dtype, device=s.cell.device)
 
 
+def check_method(m) -> None:
+    """The minimize keys that exclude each other (one-line UserError)."""
+    if m.symmetry and m.method == "fire":
+        raise UserError("minimize.symmetry=true keeps the space group through ASE's FixSymmetry, which acts on ASE's "
+                        "optimisers: use minimize.method=lbfgs or bfgs (or drop minimize.symmetry)")
+
+
 def minimize_cfg(cfg):
     """The run configuration of ``python -m engine minimize``: no thermal velocities, no
     velocity field in frames, ``steps`` = ``minimize.steps`` (a restart's bound); refusals in
@@ -220,9 +227,7 @@ def minimize_cfg(cfg):
     from omegaconf import open_dict
 
     m = cfg.minimize
-    if m.symmetry and m.method == "fire":
-        raise UserError("minimize.symmetry=true keeps the space group through ASE's FixSymmetry, which acts on ASE's "
-                        "optimisers: use minimize.method=lbfgs or bfgs (or drop minimize.symmetry)")
+    check_method(m)
     from shardmd.engine.run.preflight import check_outputs
 
     check_outputs(cfg, structure=structure_path(cfg))   # the relaxed structure is no input, no other output
