@@ -179,3 +179,20 @@ def test_restart_auto_of_another_protocol_is_one_line(changed, words, tmp_path, 
     r = cli_in_process([*base, f"stages={changed}", "restart=auto"], tmp_path, capfd, monkeypatch)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and words in r.stderr, r.stderr
     assert (tmp_path / "p.stages.csv").read_text() == record
+
+
+@pytest.mark.parametrize("second", [["stages=[{steps: 3}]"], ["system.file=two.extxyz", "system.frames=all"]])
+def test_an_earlier_runs_log_is_kept(second, tmp_path, capfd, monkeypatch):
+    """A protocol or a many-system run under the output of an earlier run refuses to replace its
+    log (it did, without overwrite=true)."""
+    from ase.build import bulk
+    from ase.io import write
+
+    write(tmp_path / "two.extxyz", [bulk("Ar", "fcc", a=5.26, cubic=True).repeat((2, 2, 2))] * 2)
+    base = ["run", "model=lj", "system.repeat=[3,3,3]", "steps=3", "quiet=true", "output=x.h5"]
+    assert cli_in_process(base, tmp_path, capfd, monkeypatch).returncode == 0
+    log = (tmp_path / "x.log").read_text()
+    r = cli_in_process([*base, *second], tmp_path, capfd, monkeypatch)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "'x.log' exists (an earlier run's log); add overwrite=true" in r.stderr
+    assert (tmp_path / "x.log").read_text() == log

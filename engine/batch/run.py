@@ -18,6 +18,7 @@ from __future__ import annotations
 import copy
 import sys
 import time
+from pathlib import Path
 
 import torch
 from omegaconf import open_dict
@@ -232,6 +233,9 @@ def batch_run(cfg, comm: Comm | None, command: str = "run", structures=None) -> 
     if not resume and not cfg.overwrite and journal.folder(str(cfg.output)).exists():
         raise UserError(f"{str(journal.folder(str(cfg.output)))!r} holds the record of an earlier many-system run "
                         "with this output; continue it with restart=auto, or add overwrite=true to start again")
+    if not resume and not cfg.overwrite and Path(cfg.output.rsplit(".", 1)[0] + ".log").exists():
+        raise UserError(f"{cfg.output.rsplit('.', 1)[0] + '.log'!r} exists (an earlier run's log); add overwrite=true "
+                        "to replace it, or give another output=")
     dtype = stages.DTYPES[cfg.precision]
     device = stages.device_of(cfg, comm)
     dmodel, _ = stages.the_model(cfg, None, dtype, device)

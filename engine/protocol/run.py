@@ -50,6 +50,13 @@ def _record(output: str, st: Stage, end: int, checkpoint: str) -> None:
                           f"{exc.strerror or exc}") from None
 
 
+def refuse_old_log(path: Path, resume: bool, overwrite: bool) -> None:
+    """An earlier run's log under this output is kept unless overwrite=true (restart=auto appends)."""
+    if not resume and not overwrite and path.exists():
+        raise UserError(f"{str(path)!r} exists (an earlier run's log); add overwrite=true to replace it, or give "
+                        "another output=")
+
+
 def _same_protocol(stages: list[Stage], done: dict, path: str) -> None:
     """restart=auto continues the recorded protocol: each finished stage must have the name it was
     recorded with and, for MD, the steps it ran; another protocol is a one-line error."""
@@ -125,6 +132,9 @@ def run_stages(cfg, comm, command: str = "run") -> int:
     if not resume and not cfg.overwrite and record_path(str(cfg.output)).exists():
         raise UserError(f"{str(record_path(str(cfg.output)))!r} records an earlier protocol with this output; "
                         "continue it with restart=auto, or add overwrite=true to start again")
+    refuse_old_log(Path(str(cfg.output)).with_suffix(".log"), resume, bool(cfg.overwrite))
+    if comm is not None:
+        comm.barrier()   # every rank looked before rank 0 opens the log
     if not resume and (comm is None or comm.is_root):
         record_path(str(cfg.output)).unlink(missing_ok=True)
     dtype = run_stages_mod.DTYPES[cfg.precision]
