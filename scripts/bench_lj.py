@@ -233,18 +233,26 @@ def run_lammps(lmp: Path, n: int, args) -> dict:
         if out.returncode != 0:
             raise RuntimeError(f"LAMMPS failed:\n{out.stdout[-2000:]}\n{out.stderr[-2000:]}")
         text = out.stdout
+    r = parse_lammps(text)
+    wall, cpu, steps, natoms = r["wall_s"], r["cpu_s"], r["steps"], r["n_atoms"]
+    return {"wall_s": wall, "builds": r["builds"], "atom_steps_per_s": natoms * steps / wall,
+            "cpu_s": cpu, "atom_steps_per_cpu_s": natoms * steps / cpu, "n_atoms": natoms, "split_pct": r["split_pct"]}
+
+
+def parse_lammps(text: str) -> dict:
+    """LAMMPS's screen output of one run: its loop's wall and CPU s ("Loop time" x "% CPU"), steps,
+    atoms, neighbour builds and the timing breakdown (% of the loop per section)."""
     m = re.search(r"Loop time of ([\d.eE+-]+) on (\d+) procs for (\d+) steps with (\d+) atoms", text)
     wall, steps, natoms = float(m.group(1)), int(m.group(3)), int(m.group(4))
-    builds = int(re.search(r"Neighbor list builds = (\d+)", text).group(1))
     pct = re.search(r"([\d.]+)% CPU use with", text)
-    cpu = wall * float(pct.group(1)) / 100.0 if pct else wall
     split = {}
     for sec in ("Pair", "Neigh", "Comm", "Output", "Modify", "Other"):
         mm = re.search(rf"^{sec}\s*\|.*\|\s*([\d.]+)\s*$", text, re.M)
         if mm:
             split[sec.lower()] = float(mm.group(1))
-    return {"wall_s": wall, "builds": builds, "atom_steps_per_s": natoms * steps / wall,
-            "cpu_s": cpu, "atom_steps_per_cpu_s": natoms * steps / cpu, "n_atoms": natoms, "split_pct": split}
+    return {"wall_s": wall, "cpu_s": wall * float(pct.group(1)) / 100.0 if pct else wall, "steps": steps,
+            "n_atoms": natoms, "builds": int(re.search(r"Neighbor list builds = (\d+)", text).group(1)),
+            "split_pct": split}
 
 
 # -- profile ----------------------------------------------------------------------------

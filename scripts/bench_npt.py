@@ -49,7 +49,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_lj import EPSILON, SIGMA, cells_for, lammps_exe, units
+from bench_lj import EPSILON, SIGMA, cells_for, lammps_exe, parse_lammps, units
 
 LAMMPS_FIX = {"verlet": "nve", "verlet sums": "nve", "nose-hoover": "nvt temp 1.44 1.44 0.1",
               "npt iso": "npt temp 1.44 1.44 0.1 iso 1.0 1.0 5.0"}
@@ -155,7 +155,6 @@ def run(n: int, case: str, args) -> dict:
 
 def run_lammps(lmp: Path, n: int, case: str, steps: int) -> dict:
     """LAMMPS's loop on the case's fix: CPU s per step, builds and its time split (s per step)."""
-    import re
     import subprocess
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -165,16 +164,10 @@ def run_lammps(lmp: Path, n: int, case: str, steps: int) -> dict:
                              text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
     if out.returncode != 0:
         raise RuntimeError(f"LAMMPS failed:\n{out.stdout[-2000:]}\n{out.stderr[-2000:]}")
-    text = out.stdout
-    wall = float(re.search(r"Loop time of ([\d.eE+-]+) on", text).group(1))
-    pct = re.search(r"([\d.]+)% CPU use with", text)
-    cpu = wall * float(pct.group(1)) / 100.0 if pct else wall
-    split = {}
-    for sec in ("Pair", "Neigh", "Comm", "Output", "Modify", "Other"):
-        m = re.search(rf"^{sec}\s*\|.*\|\s*([\d.]+)\s*$", text, re.M)
-        split[sec.lower()] = cpu * float(m.group(1)) / 100.0 / steps if m else 0.0
-    return {"cpu_step_s": cpu / steps, "builds": int(re.search(r"Neighbor list builds = (\d+)", text).group(1)),
-            **{f"lmp_{k}_s": v for k, v in split.items()}}
+    r = parse_lammps(out.stdout)
+    cpu = r["cpu_s"]
+    split = {k: cpu * r["split_pct"].get(k, 0.0) / 100.0 / steps for k in ("pair", "neigh", "modify")}
+    return {"cpu_step_s": cpu / steps, "builds": r["builds"], **{f"lmp_{k}_s": v for k, v in split.items()}}
 
 
 def lammps_table(results: dict, lmp_results: dict) -> None:

@@ -66,9 +66,6 @@ def frame_count(path: str) -> int:
 
     from shardmd.engine.io.safe_io import input_file_problem
 
-    if path in (None, "", "None"):
-        raise UserError("system.frames needs system.file (or system.files): give the structure file to select "
-                        "frames from")
     bad = input_file_problem(path)
     if bad:
         raise UserError(f"system.file={path!r}: {bad}; give a structure file ASE can read (e.g. .extxyz)")

@@ -30,6 +30,7 @@ from shardmd.engine.config.checks import parse_frames
 from shardmd.engine.errors import UserError
 from shardmd.engine.launch.stop import EXIT_STOPPED
 from shardmd.engine.run import stages
+from shardmd.engine.run.preflight import refuse_earlier_log
 from shardmd.engine.run.reporting import Reporter
 from shardmd.engine.run.state import State
 from shardmd.integrators.random import frame_seed
@@ -165,7 +166,8 @@ def _same_systems(cfg, good, path: str, width: int) -> None:
     finished row (or its running system's trajectory) holds; another input is a one-line error."""
     rows = journal.finished(str(cfg.output))
     for k, atoms in good:
-        had = int(rows[k].atoms) if k in rows and str(rows[k].atoms).isdigit() and int(rows[k].atoms) else \
+        recorded = str(rows[k].atoms) if k in rows else ""
+        had = int(recorded) if recorded.isdigit() and int(recorded) else \
             _atoms_of_output(journal.system_output(str(cfg.output), k, width))
         if had is not None and had != len(atoms):
             raise UserError(f"restart=auto: system {k} of {path!r} has {len(atoms)} atoms, but the run recorded in "
@@ -221,6 +223,9 @@ def batch_run(cfg, comm: Comm | None, command: str = "run", structures=None) -> 
         if cfg.system.get("file"):
             raise UserError("system.file and system.files are both given; give one (system.files takes a list)")
         structures = read_files(cfg.system.files)
+    if structures is None and not cfg.system.get("file"):
+        raise UserError("system.frames needs system.file (or system.files): give the structure file to select "
+                        "frames from")
     path = str(cfg.system.file) if structures is None else "system.files" if cfg.system.get("files") else \
         "the structures given"
     if cfg.restart.file not in (None, "auto"):
@@ -233,9 +238,8 @@ def batch_run(cfg, comm: Comm | None, command: str = "run", structures=None) -> 
     if not resume and not cfg.overwrite and journal.folder(str(cfg.output)).exists():
         raise UserError(f"{str(journal.folder(str(cfg.output)))!r} holds the record of an earlier many-system run "
                         "with this output; continue it with restart=auto, or add overwrite=true to start again")
-    if not resume and not cfg.overwrite and Path(cfg.output.rsplit(".", 1)[0] + ".log").exists():
-        raise UserError(f"{cfg.output.rsplit('.', 1)[0] + '.log'!r} exists (an earlier run's log); add overwrite=true "
-                        "to replace it, or give another output=")
+    log_path = cfg.output.rsplit(".", 1)[0] + ".log"
+    refuse_earlier_log(Path(log_path), resume, bool(cfg.overwrite))
     dtype = stages.DTYPES[cfg.precision]
     device = stages.device_of(cfg, comm)
     dmodel, _ = stages.the_model(cfg, None, dtype, device)
@@ -254,7 +258,7 @@ def batch_run(cfg, comm: Comm | None, command: str = "run", structures=None) -> 
         for p in journal.folder(str(cfg.output)).glob("done.*.csv"):
             p.unlink()
     comm.barrier()
-    log = _Log(cfg.output.rsplit(".", 1)[0] + ".log" if comm.is_root else None, cfg.quiet, comm.is_root, resume)
+    log = _Log(log_path if comm.is_root else None, cfg.quiet, comm.is_root, resume)
     mine = [(k, a) for j, (k, a) in enumerate(good) if j % comm.size == comm.rank]
     todo = [(k, a) for k, a in mine if k not in done]
     log.line(f"{command}: {len(good)} systems of {path!r} ({len(bad)} bad frame(s) left out), "

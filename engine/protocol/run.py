@@ -50,13 +50,6 @@ def _record(output: str, st: Stage, end: int, checkpoint: str) -> None:
                           f"{exc.strerror or exc}") from None
 
 
-def refuse_old_log(path: Path, resume: bool, overwrite: bool) -> None:
-    """An earlier run's log under this output is kept unless overwrite=true (restart=auto appends)."""
-    if not resume and not overwrite and path.exists():
-        raise UserError(f"{str(path)!r} exists (an earlier run's log); add overwrite=true to replace it, or give "
-                        "another output=")
-
-
 def _same_protocol(stages: list[Stage], done: dict, path: str) -> None:
     """restart=auto continues the recorded protocol: each finished stage must have the name it was
     recorded with and, for MD, the steps it ran; another protocol is a one-line error."""
@@ -118,6 +111,7 @@ def _stage_config(st: Stage, begin: int, resume: bool):
 def run_stages(cfg, comm, command: str = "run") -> int:
     """Every stage of ``cfg.stages`` in order (collective); the exit status of the last run."""
     from shardmd.engine.run import stages as run_stages_mod
+    from shardmd.engine.run.preflight import refuse_earlier_log
     from shardmd.engine.run.reporting import Reporter
 
     if command != "run":
@@ -132,7 +126,7 @@ def run_stages(cfg, comm, command: str = "run") -> int:
     if not resume and not cfg.overwrite and record_path(str(cfg.output)).exists():
         raise UserError(f"{str(record_path(str(cfg.output)))!r} records an earlier protocol with this output; "
                         "continue it with restart=auto, or add overwrite=true to start again")
-    refuse_old_log(Path(str(cfg.output)).with_suffix(".log"), resume, bool(cfg.overwrite))
+    refuse_earlier_log(Path(str(cfg.output)).with_suffix(".log"), resume, bool(cfg.overwrite))
     if comm is not None:
         comm.barrier()   # every rank looked before rank 0 opens the log
     if not resume and (comm is None or comm.is_root):

@@ -26,6 +26,14 @@ def output_paths(output: str | os.PathLike) -> dict[str, Path]:
     return {"output": out, "log": out.with_suffix(".log"), "checkpoint folder": checkpoint_dir(out)}
 
 
+def refuse_earlier_log(log: Path, resume: bool, overwrite: bool) -> None:
+    """A protocol's or many-system run's log replaces an earlier run's only with overwrite=true
+    (restart=auto appends to it)."""
+    if not resume and not overwrite and log.exists():
+        raise UserError(f"{str(log)!r} exists (an earlier run's log); add overwrite=true to replace it, or give "
+                        "another output=")
+
+
 def _nearest_existing(p: Path) -> Path:
     p = p.absolute()
     while not p.exists() and p != p.parent:
