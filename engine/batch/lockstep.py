@@ -9,7 +9,7 @@ A system that reaches ``steps`` leaves and the next frame takes its place.
 
 Each system is still a one-rank ``Simulation``: the model's outputs for it are handed to it
 through :class:`_Handed`, the model it calls, which gives the batched call's outputs when they
-are there and calls the model itself otherwise (its first forces, a checkpoint's health check).
+are there and calls the model itself otherwise (a checkpoint's health check).
 The skin check reads every step (``neighbor.deferred=false``): a rollback of one system would
 replay steps the others have taken.
 """
@@ -62,14 +62,21 @@ class Member:
         self.index, self.sim = index, sim
         sim.dmodel = self.handed = _Handed(sim.dmodel)
         sim.stop = _SharedStop(stop)
-        sim.setup()
-        sim.started = True
+        sim.setup_lists()   # its first forces come from the joined call of :meth:`begin`
         self.last = int(sim.cfg.steps)
+        self.update = None
+        self.cost = 1.0   # its estimated bytes (engine/batch/room.py)
+
+    def begin(self, out) -> None:
+        """The rest of the set-up with the first forces ``out`` of the joined call: the frame
+        and thermo at the start."""
+        sim = self.sim
+        self.handed.ready = out
+        sim.setup_forces()
+        sim.started = True
         sim._last_step, sim._step0 = self.last, sim.state.step
         sim.timers.clear()
         sim.reporter.start(sim.state.step)
-        self.update = None
-        self.cost = 1.0   # its estimated bytes (engine/batch/room.py)
 
     @property
     def done(self) -> bool:
@@ -143,7 +150,7 @@ def _loop(source, start, room, model, on_end, on_error, on_stop, stop, UserError
                     break
                 waiting.append((*nxt, room.cost(nxt[1])))
             index, item, cost = waiting[0]
-            if not room.admits([m.cost for m in flying], cost):
+            if not room.admits([m.cost for m in flying + new], cost):
                 break
             waiting.clear()
             try:
@@ -152,18 +159,22 @@ def _loop(source, start, room, model, on_end, on_error, on_stop, stop, UserError
                 on_error(index, None, exc)
                 continue
             member.cost = cost
-            if member.done:
-                _leave(member)
-                continue
-            flying.append(member)
             new.append(member)
-        # the first forces again, in one call for the systems that joined together: a batch
-        # stopped by a signal restarts with the same systems in one call, as they were stepped
-        # when it stopped, so its next steps are the same bits (each system's own call, which
-        # set-up made, can differ from the joined one in the last bits)
+        # the first forces of the systems that joined together in one call (not one call each:
+        # most of a small system's start-up): a batch stopped by a signal restarts with the
+        # same systems in one call, as they were stepped when it stopped, so its next steps are
+        # the same bits (a system's own call can differ from the joined one in the last bits)
         for m, out in zip(new, model.compute_batch([m.item() for m in new]) if new else []):
-            m.handed.ready = out
-            m.sim.compute_forces()
+            try:
+                m.begin(out)
+            except UserError as exc:
+                m.sim.close()
+                on_error(m.index, m.sim, exc)
+                continue
+            if m.done:
+                _leave(m)
+                continue
+            flying.append(m)
 
     def _leave(member: Member) -> None:
         try:

@@ -307,6 +307,11 @@ class Simulation:
     # -- the loop --------------------------------------------------------------------
     def setup(self) -> None:
         """Neighbour list, first forces, output files, header; frame and thermo at the start."""
+        self.setup_lists()
+        self.setup_forces()
+
+    def setup_lists(self) -> None:
+        """The first half of :meth:`setup`: neighbour list, output files, header."""
         r = self.reporter
         s = self.state
         if self.checkpoint_in is not None and "minimizer" in self.checkpoint_in:   # its velocities are FIRE's
@@ -331,6 +336,10 @@ class Simulation:
             r.line(f"Restart from {self.checkpoint_in['shown']} at step {self.state.step}")
         r.summary(measure.notes(self.observable_modules))
         self.neighbors.start(s)
+
+    def setup_forces(self) -> None:
+        """The second half of :meth:`setup`: the first forces, the frame and thermo at the start
+        (engine/batch/lockstep.py runs the first halves of many systems, then one model call)."""
         try:
             self.compute_forces()
         except ValueError as exc:   # a model refusing its input at the first call (a sum's mixed precisions)
