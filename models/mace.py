@@ -259,6 +259,10 @@ class MaceModel:
         #: kept until a one-domain CUDA call runs out of memory, recomputed from then on)
         self._recompute = _install_recompute(self.model)
         self.cutoff = float(self.model.r_max)
+        #: message-passing steps (the reach of a site energy is layers x cutoff), and the energy
+        #: counts ``nl.n_counted`` rows where a list has them: a call can be made in parts
+        self.layers = len(self.model.interactions)
+        self.counts_rows = True
         #: select edges without a host read; then the caller must read ``capacity_fill`` (the
         #: engine does in its deferred skin check) and discard results where it is nonzero
         self.static_edges = False
@@ -376,7 +380,8 @@ class MaceModel:
             # scatter-add: on a GPU that accumulates ~1e6 float32 terms of E0 = 3.51 eV one by one
             # into a total of ~3e6 eV whose spacing is 0.25 eV (the error it caused:
             # docs/benchmarks.md, "Scaling on 1–2 GPUs"). The reported total is summed in float64.
-            nodes = out["node_energy"][:n_own]
+            # the energies counted: the query rows, or a part's own points (domain/subdomains.py)
+            nodes = out["node_energy"][: getattr(nl, "n_counted", n_own)]
             (grad,) = torch.autograd.grad(nodes.sum(), vectors, allow_unused=True)
             energy = nodes.detach().to(torch.float64).sum().to(self.dtype)
         if grad is None:

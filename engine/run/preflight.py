@@ -182,6 +182,9 @@ def check_domains(cfg, local: bool) -> None:
     n = int(cfg.domains)
     if n <= 1:
         return
+    if int(cfg.get("subdomains", 1) or 1) > 1:   # before any rank starts (engine/run/stages.py says it too)
+        raise UserError(f"subdomains={int(cfg.subdomains)} with domains={n}: parts run on one domain per process "
+                        "for now; use domains=1 with subdomains, or domains without subdomains")
     local_only = bool(cfg.restart.file)   # a restart's system is the checkpoint's: the ranks check it
     if local:
         most, why = local_rank_ceiling()

@@ -89,7 +89,7 @@ def threads_line(cfg, comm: Comm, device) -> str:
 
 def the_model(cfg, model, dtype: torch.dtype, device) -> tuple[DistributedModel, dict]:
     """(wrapped model, origin record): ``cfg.model`` built when ``model`` is None, else ``model``
-    checked against models/contract.py."""
+    checked against models/contract.py; made in parts where ``subdomains`` > 1."""
     if model is None:
         try:
             model = build_model(with_term_defaults(to_container(cfg.model)), dtype, device,
@@ -104,7 +104,31 @@ def the_model(cfg, model, dtype: torch.dtype, device) -> tuple[DistributedModel,
         except ValueError as exc:
             raise UserError(str(exc)) from None
         origin = api_model_origin(model)
-    return (model if isinstance(model, DistributedModel) else wrap_model(model)), origin
+    dmodel = model if isinstance(model, DistributedModel) else wrap_model(model)
+    return in_parts(cfg, dmodel), origin
+
+
+def in_parts(cfg, dmodel):
+    """``dmodel`` called in ``subdomains`` parts (domain/subdomains.py) when that is > 1: for a
+    model whose energy counts a list's ``n_counted`` rows (``counts_rows``: models/mace.py)."""
+    count = int(cfg.get("subdomains", 1) or 1)
+    if count == 1:
+        return dmodel
+    inner = getattr(dmodel, "model", None)
+    if not getattr(inner, "counts_rows", False) or not getattr(inner, "layers", None):
+        raise UserError(f"subdomains={count}: the model {type(inner).__name__} cannot be evaluated in parts (it must "
+                        "count the energies of a part's own atoms: model=mace does); use subdomains=1")
+    if int(cfg.domains) > 1:
+        raise UserError(f"subdomains={count} with domains={int(cfg.domains)}: parts run on one domain per process "
+                        "for now; use domains=1 with subdomains, or domains without subdomains")
+    if cfg.system.get("frames") or cfg.system.get("files"):
+        raise UserError(f"subdomains={count} with many systems (system.frames/files): each system is one piece; "
+                        "use subdomains=1")
+    from shardmd.domain.subdomains import PartedModel
+
+    # one CUDA graph per part would keep each part's activations: parts run eagerly
+    inner.graph_max_points = None
+    return PartedModel(dmodel, count, inner.layers, float(cfg.neighbor.skin))
 
 
 def wrap_model(model) -> DistributedModel:
@@ -147,6 +171,13 @@ def check_state(cfg, comm: Comm, state: State, dmodel: DistributedModel, device)
     """Finite inputs, sizes against limits and memory, and species the model knows."""
     health.check_inputs(state)
     check_size(cfg, comm, state, dmodel.cutoff + float(cfg.neighbor.skin), device, dmodel.model)
+    if hasattr(dmodel, "reach"):   # made in parts: parts as wide as the model's reach, before any file opens
+        from shardmd.domain.subdomains import part_grid
+
+        try:
+            part_grid(dmodel.count, state.cell, [bool(p) for p in state.pbc], dmodel.reach)
+        except ValueError as exc:
+            raise UserError(str(exc)) from None
     if hasattr(dmodel.model, "check_species"):
         try:
             dmodel.model.check_species(state.numbers)

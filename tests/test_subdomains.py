@@ -1,0 +1,116 @@
+"""A domain's model call made in parts (``subdomains=N``, domain/subdomains.py): the same energy,
+forces, virial and site energies as the call in one piece (float64, a random mace-torch model),
+the same trajectory as the run in one piece and as two MPI domains, and the refusals."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+import torch
+from ase.build import bulk
+from conftest import cli_in_process, run_engine
+
+SKIN = 1.0
+
+
+@pytest.fixture(scope="module")
+def model_file(tmp_path_factory) -> Path:
+    from shardmd.models.mace_random import make_random_mace
+
+    return make_random_mace(tmp_path_factory.mktemp("m") / "cu.model", r_max=3.0)
+
+
+def crystal(n=5, rattle=0.1, seed=0):
+    a = bulk("Cu", "fcc", a=3.59, cubic=True).repeat((n, n, n))
+    a.positions += np.random.default_rng(seed).normal(0.0, rattle, a.positions.shape)
+    return a
+
+
+@pytest.mark.parametrize("count", [2, 4, 8])
+def test_parts_give_the_one_piece_call(model_file, count):
+    from shardmd.domain.neighbors import build_neighbor_list
+    from shardmd.domain.subdomains import build_part, evaluate_parts, owner_parts, part_grid
+    from shardmd.models.mace import MaceModel
+
+    m = MaceModel(model_file, dtype=torch.float64, trust_pickle=True)
+    a = crystal()
+    x, cell, z = torch.tensor(a.positions), torch.tensor(a.cell.array), torch.tensor(a.numbers)
+    pbc = (True, True, True)
+    nl = build_neighbor_list(x, cell, torch.tensor(pbc), m.cutoff + SKIN)
+    ref = m.compute(x, cell, pbc, z, nl)
+    grid = part_grid(count, cell, pbc, m.layers * (m.cutoff + SKIN))
+    owner = owner_parts(x, cell, pbc, grid)
+    parts = [build_part(nl, torch.nonzero(owner == p).squeeze(1), m.layers, x.dtype) for p in range(count)]
+    assert sorted(torch.cat([p.ids[: p.n_counted] for p in parts]).tolist()) == list(range(len(a)))
+    assert all(p.ids.numel() > p.n_counted for p in parts)   # each part has a halo
+    out = evaluate_parts(m, parts, x, cell, pbc, z)
+    scale = float(ref["forces"].abs().max())
+    assert float((out["forces"] - ref["forces"]).abs().max()) <= 1e-10 * scale
+    assert abs(float(out["energy"] - ref["energy"])) <= 1e-10 * abs(float(ref["energy"]))
+    assert float((out["virial"] - ref["virial"]).abs().max()) <= 1e-10 * float(ref["virial"].abs().max())
+    assert float((out["energies"] - ref["energies"]).abs().max()) <= 1e-10 * float(ref["energies"].abs().max())
+
+
+def test_a_part_walk_reaches_a_site_energys_whole_neighbourhood(model_file):
+    """An independent count: the points a part's own point depends on are those within
+    ``layers`` list edges; a part holding fewer (one walk step short) gives other forces."""
+    from shardmd.domain.neighbors import build_neighbor_list
+    from shardmd.domain.subdomains import build_part, evaluate_parts, owner_parts
+    from shardmd.models.mace import MaceModel
+
+    m = MaceModel(model_file, dtype=torch.float64, trust_pickle=True)
+    a = crystal()
+    x, cell, z = torch.tensor(a.positions), torch.tensor(a.cell.array), torch.tensor(a.numbers)
+    pbc = (True, True, True)
+    nl = build_neighbor_list(x, cell, torch.tensor(pbc), m.cutoff + SKIN)
+    ref = m.compute(x, cell, pbc, z, nl)
+    owner = owner_parts(x, cell, pbc, (2, 1, 1))
+    short = [build_part(nl, torch.nonzero(owner == p).squeeze(1), m.layers - 1, x.dtype) for p in range(2)]
+    out = evaluate_parts(m, short, x, cell, pbc, z)
+    assert float((out["forces"] - ref["forces"]).abs().max()) > 1e-6
+
+
+def final(path):
+    with h5py.File(path) as f:
+        return f["particles/all/position/value"][-1] + f["particles/all/image/value"][-1] @ \
+            f["particles/all/box/edges/value"][-1]
+
+
+@pytest.mark.slow
+@pytest.mark.mpi
+def test_a_run_in_parts_follows_the_run_in_one_piece_and_on_two_domains(model_file, tmp_path):
+    crystal(rattle=0.05).write(tmp_path / "cu.extxyz")
+    common = ["run", "model=mace", f"model.checkpoint={model_file}", "model.trust_pickle=true",
+              "system.file=cu.extxyz", "steps=50", "temperature=900", "dt=2", "trajectory.every=50",
+              "quiet=true", "threads=1", "neighbor.skin=1.0"]
+    runs = {"one": ["output=one.h5"], "parts": ["subdomains=4", "output=parts.h5"],
+            "domains": ["domains=2", "output=two.h5"]}
+    for name, extra in runs.items():
+        r = run_engine([*common, *extra], tmp_path, timeout=900)
+        assert r.returncode == 0, (name, r.stderr[-2000:])
+    one = final(tmp_path / "one.h5")
+    assert np.abs(final(tmp_path / "parts.h5") - one).max() <= 1e-10
+    assert np.abs(final(tmp_path / "two.h5") - one).max() <= 1e-10
+    assert np.abs(final(tmp_path / "parts.h5") - crystal(rattle=0.05).positions).max() > 0.01   # it moved
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["subdomains=64"], "use at most subdomains=8 for this system"),
+    (["subdomains=2", "domains=2"], "parts run on one domain per process"),
+])
+def test_parts_refused_up_front(model_file, args, needle, tmp_path, capfd, monkeypatch):
+    crystal().write(tmp_path / "cu.extxyz")
+    r = cli_in_process(["run", "model=mace", f"model.checkpoint={model_file}", "model.trust_pickle=true",
+                        "system.file=cu.extxyz", "steps=2", "quiet=true", *args], tmp_path, capfd, monkeypatch)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and lines[0].startswith("error: ") and needle in lines[0], r.stderr
+    assert not (tmp_path / "run.h5").exists()   # refused before any file
+
+
+def test_a_model_that_cannot_count_its_rows_is_refused(tmp_path, capfd, monkeypatch):
+    r = cli_in_process(["run", "model=lj", "system.repeat=[6,6,6]", "steps=2", "quiet=true", "subdomains=2"],
+                       tmp_path, capfd, monkeypatch)
+    assert r.returncode == 2 and "cannot be evaluated in parts" in r.stderr and "use subdomains=1" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
