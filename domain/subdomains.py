@@ -207,6 +207,8 @@ class PartedModel:
         if ctx.comm.size != 1 or ctx.plan.n_ghost:
             raise ValueError("subdomains > 1 runs on one domain per process; use domains=1 with subdomains, "
                              "or domains without subdomains")
+        if self.count == 1:   # one piece (subdomains=0 chose it): the call as it is
+            return self.dmodel.compute(ctx, positions, numbers, nl, extras)
         if extras:
             raise ValueError(f"subdomains > 1 does not pass the model's inputs {sorted(extras)}; use subdomains=1")
         parts = self.parts(ctx, positions, nl)

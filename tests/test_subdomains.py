@@ -114,3 +114,41 @@ def test_a_model_that_cannot_count_its_rows_is_refused(tmp_path, capfd, monkeypa
                        tmp_path, capfd, monkeypatch)
     assert r.returncode == 2 and "cannot be evaluated in parts" in r.stderr and "use subdomains=1" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
+
+
+@pytest.fixture(scope="module")
+def big(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("big")
+    crystal(n=10, rattle=0.05).write(d / "cu.extxyz")
+    return d / "cu.extxyz"
+
+
+def engine_run(model_file, big, args, tmp_path, capfd, monkeypatch):
+    return cli_in_process(["run", "model=mace", f"model.checkpoint={model_file}", "model.trust_pickle=true",
+                           f"system.file={big}", "steps=1", "quiet=false", "thermo.every=1", *args],
+                          tmp_path, capfd, monkeypatch)
+
+
+def test_a_memory_budget_chooses_the_parts(model_file, big, tmp_path, capfd, monkeypatch):
+    """4,000 atoms: one piece is estimated over 0.13 GiB (refused, naming subdomains=0); with
+    subdomains=0 the run chooses parts that fit and says so in its header; with room, one piece."""
+    r = engine_run(model_file, big, ["limits.memory_gb=0.13"], tmp_path, capfd, monkeypatch)
+    assert r.returncode == 2 and "or subdomains=0" in r.stderr, r.stderr
+    r = engine_run(model_file, big, ["limits.memory_gb=0.13", "subdomains=0", "output=a.h5"], tmp_path, capfd,
+                   monkeypatch)
+    assert r.returncode == 0, r.stderr
+    assert "subdomains 8 (grid 2x2x2, reach 8 Å)" in r.stdout + r.stderr
+    r = engine_run(model_file, big, ["limits.memory_gb=50", "subdomains=0", "output=b.h5"], tmp_path, capfd,
+                   monkeypatch)
+    assert r.returncode == 0 and "subdomains" not in r.stdout + r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["limits.memory_gb=0.01", "subdomains=0"], "give limits.memory_gb >= 0.05"),
+    (["limits.memory_gb=0.01", "subdomains=2"], "no count fits"),
+])
+def test_a_budget_too_small_for_one_part_is_refused(model_file, big, args, needle, tmp_path, capfd, monkeypatch):
+    r = engine_run(model_file, big, args, tmp_path, capfd, monkeypatch)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1 and needle in lines[0], r.stderr
+    assert not (tmp_path / "run.h5").exists()

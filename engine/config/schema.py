@@ -323,8 +323,8 @@ class ShardMD:
                                     "volume", _triple(lambda g: _is_int(g) and g >= 1,
                                                       "give three whole numbers, e.g. [2,2,1]"))
     subdomains: int = key(1, "parts each domain's model call is made in, one after another (peak memory: one "
-                          "part's activations plus the per-atom arrays; docs/design.md); 1: in one piece",
-                          whole(1))
+                          "part's activations plus the per-atom arrays; docs/design.md); 1: in one piece; 0: as "
+                          "few as the memory (limits.memory_gb, else what is free) needs", whole(0))
     steps: int = key(1000, "total step number to reach", whole(0))
     dt: float = key(1.0, "time step, fs", number("give a time step > 0 in fs", gt=0))
     temperature: float = key(100.0, "K: initial Maxwell-Boltzmann velocities and the Langevin target",

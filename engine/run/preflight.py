@@ -182,7 +182,7 @@ def check_domains(cfg, local: bool) -> None:
     n = int(cfg.domains)
     if n <= 1:
         return
-    if int(cfg.get("subdomains", 1) or 1) > 1:   # before any rank starts (engine/run/stages.py says it too)
+    if int(cfg.get("subdomains", 1)) != 1:   # before any rank starts (engine/run/stages.py says it too)
         raise UserError(f"subdomains={int(cfg.subdomains)} with domains={n}: parts run on one domain per process "
                         "for now; use domains=1 with subdomains, or domains without subdomains")
     local_only = bool(cfg.restart.file)   # a restart's system is the checkpoint's: the ranks check it
@@ -317,10 +317,11 @@ def check_builder(cfg, local_ranks: int = 1) -> None:
 
 
 def size_problem(cfg, n: int, cell, pbc, positions, cutoff: float, ranks: int, device=None,
-                 model=None, local_ranks: int = 1) -> str | None:
+                 model=None, local_ranks: int = 1, parts: dict | None = None) -> str | None:
     """Why a system cannot run (too many atoms, denser than ``health.min_distance`` allows, more
     memory than one rank has), or None.  cell: (3, 3) Å rows; pbc: 3 bools; positions: (n, 3) Å;
-    cutoff: the list radius, Å (model cutoff + skin)."""
+    cutoff: the list radius, Å (model cutoff + skin); parts: {"count": subdomains (0: as few as
+    the memory needs, written back), "reach": Å} for a call made in parts."""
     import numpy as np
 
     cell, pbc = np.asarray(cell, dtype=np.float64), np.asarray(pbc, dtype=bool)
@@ -362,11 +363,63 @@ def size_problem(cfg, n: int, cell, pbc, positions, cutoff: float, ranks: int, d
     atoms = n / max(1, ranks)
     need = atoms * (ATOM_BYTES + neighbours * float(per_edge))
     budget = memory_budget(cfg, device, local_ranks)
+    if parts is not None:   # a call made in parts (subdomains): one part's activations at a time
+        return _parts_problem(parts, n, cell, pbc, neighbours, float(per_edge), budget)
     if budget is not None and need > budget[0]:
         return (f"the run needs about {need / GIB:.3g} GiB per rank ({atoms:,.0f} atoms each, ~{neighbours:,.0f} "
                 f"neighbours within {cutoff:g} Å at {density:.3g} atoms/Å^3, ~{per_edge} B per edge) and one rank "
-                f"has {budget[0] / GIB:.3g} GiB ({budget[1]}); " + _fix())
+                f"has {budget[0] / GIB:.3g} GiB ({budget[1]}); " + _fix()
+                + ("; or subdomains=0 (the model evaluated in parts that fit)" if getattr(model, "counts_rows", False)
+                   else ""))
     return None
+
+
+#: bytes per list edge a call in parts keeps for the whole system (indices and shifts, packed)
+LIST_EDGE_BYTES = 24
+
+
+def _parts_problem(parts: dict, n: int, cell, pbc, neighbours: float, per_edge: float, budget) -> str | None:
+    """The memory of a call in ``parts["count"]`` parts: the whole system's atoms and list plus
+    one part's activations (its atoms grown by the reach on each side of a split or periodic
+    axis). Count 0: the fewest parts that fit, written back; None: fits (or no budget known)."""
+    from shardmd.domain.grid_shape import DecompositionError, grid_shape, max_domains_of, perpendicular_widths_of
+
+    widths, reach = perpendicular_widths_of(cell), float(parts["reach"])
+    whole = n * (ATOM_BYTES + neighbours * LIST_EDGE_BYTES)
+
+    def need(count: int) -> float | None:
+        if count == 1:   # one piece: the call as it is without parts
+            return n * (ATOM_BYTES + neighbours * per_edge)
+        try:
+            g = grid_shape(count, widths, list(pbc), reach)
+        except DecompositionError:
+            return None
+        grow = 1.0
+        for k in range(3):
+            if g[k] > 1 or pbc[k]:
+                grow *= (widths[k] / g[k] + 2 * reach) / (widths[k] / g[k])
+        return whole + min(n, n / count * grow) * neighbours * per_edge
+
+    most = max_domains_of(widths, reach, 4096)
+    fits = [c for c in range(1, most + 1) if need(c) is not None and (budget is None or need(c) <= budget[0])]
+    asked = int(parts["count"])
+    if asked == 0:
+        if fits:
+            parts["count"] = fits[0]
+            return None
+        least = min(need(c) for c in range(1, most + 1) if need(c) is not None)
+        return (f"subdomains=0 (auto): no part count fits {budget[0] / GIB:.3g} GiB ({budget[1]}): the fewest "
+                f"bytes are ~{least / GIB:.3g} GiB (the system's atoms and list ~{whole / GIB:.3g} GiB, at most "
+                f"subdomains={most} parts as wide as the reach {reach:g} Å); give limits.memory_gb >= "
+                f"{least / GIB:.3g} if the device has it, or use more domains")
+    got = need(asked)
+    if budget is None or got is None or got <= budget[0]:
+        return None   # a count too many for the reach is refused by name (domain/subdomains.py's part_grid)
+    fix = (f"use subdomains={fits[0]} (or subdomains=0 to choose)" if fits else
+           f"no count fits: the least is ~{min(need(c) for c in range(1, most + 1) if need(c)) / GIB:.3g} GiB; "
+           "use more domains")
+    return (f"subdomains={asked} needs about {got / GIB:.3g} GiB (one part's activations and the whole system's "
+            f"atoms and list) and one rank has {budget[0] / GIB:.3g} GiB ({budget[1]}); {fix}")
 
 
 def local_ranks(size: int) -> int:
@@ -381,7 +434,7 @@ def local_ranks(size: int) -> int:
     return 1
 
 
-def check_size(cfg, comm, state, cutoff: float, device=None, model=None) -> None:
+def check_size(cfg, comm, state, cutoff: float, device=None, model=None, parts: dict | None = None) -> None:
     """:func:`size_problem` of the run's state, decided on rank 0 and raised on every rank
     (CollectiveError).  Collective."""
     from shardmd.engine.errors import CollectiveError
@@ -390,6 +443,6 @@ def check_size(cfg, comm, state, cutoff: float, device=None, model=None) -> None
     if comm.is_root:
         problem = size_problem(cfg, int(state.n_atoms), state.cell.detach().cpu().numpy(),
                                state.pbc.cpu().numpy(), state.positions.detach().cpu().numpy(), cutoff,
-                               comm.size, device, model, local_ranks(comm.size))
+                               comm.size, device, model, local_ranks(comm.size), parts)
     if comm.any(problem is not None):
         raise CollectiveError(problem or "the system is too large for this job (rank 0 says why)")

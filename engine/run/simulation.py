@@ -331,6 +331,7 @@ class Simulation:
                f"integrator {self.integrator.name}, "
                f"dt {shown('dt', self.integrator.dt)} fs, {shown('precision', self.cfg.precision)} on {self.device}, "
                f"domains {self.comm.size} (grid {'x'.join(map(str, self.domain.grid.shape))})"
+               f"{stages.parts_line(self.dmodel, self.state)}"
                f"{stages.threads_line(self.cfg, self.comm, self.device)}")
         if restored:
             r.line(f"Restart from {self.checkpoint_in['shown']} at step {self.state.step}")

@@ -111,7 +111,7 @@ def the_model(cfg, model, dtype: torch.dtype, device) -> tuple[DistributedModel,
 def in_parts(cfg, dmodel):
     """``dmodel`` called in ``subdomains`` parts (domain/subdomains.py) when that is > 1: for a
     model whose energy counts a list's ``n_counted`` rows (``counts_rows``: models/mace.py)."""
-    count = int(cfg.get("subdomains", 1) or 1)
+    count = int(cfg.get("subdomains", 1))   # 0: as few parts as the memory needs (engine/run/preflight.py)
     if count == 1:
         return dmodel
     inner = getattr(dmodel, "model", None)
@@ -129,6 +129,16 @@ def in_parts(cfg, dmodel):
     # one CUDA graph per part would keep each part's activations: parts run eagerly
     inner.graph_max_points = None
     return PartedModel(dmodel, count, inner.layers, float(cfg.neighbor.skin))
+
+
+def parts_line(dmodel, state) -> str:
+    """The header's words for a call made in parts: ``, subdomains 8 (grid 2x2x2)``."""
+    if not hasattr(dmodel, "reach") or dmodel.count == 1:
+        return ""
+    from shardmd.domain.subdomains import part_grid
+
+    grid = part_grid(dmodel.count, state.cell, [bool(p) for p in state.pbc], dmodel.reach)
+    return f", subdomains {dmodel.count} (grid {'x'.join(map(str, grid))}, reach {dmodel.reach:g} Å)"
 
 
 def wrap_model(model) -> DistributedModel:
@@ -170,10 +180,12 @@ def starting_state(cfg, state: State | None, checkpoint_in: dict | None, integra
 def check_state(cfg, comm: Comm, state: State, dmodel: DistributedModel, device) -> None:
     """Finite inputs, sizes against limits and memory, and species the model knows."""
     health.check_inputs(state)
-    check_size(cfg, comm, state, dmodel.cutoff + float(cfg.neighbor.skin), device, dmodel.model)
-    if hasattr(dmodel, "reach"):   # made in parts: parts as wide as the model's reach, before any file opens
+    parts = {"count": dmodel.count, "reach": dmodel.reach} if hasattr(dmodel, "reach") else None
+    check_size(cfg, comm, state, dmodel.cutoff + float(cfg.neighbor.skin), device, dmodel.model, parts)
+    if parts is not None:   # made in parts: parts as wide as the model's reach, before any file opens
         from shardmd.domain.subdomains import part_grid
 
+        dmodel.count = parts["count"]   # subdomains=0: the count the memory needs
         try:
             part_grid(dmodel.count, state.cell, [bool(p) for p in state.pbc], dmodel.reach)
         except ValueError as exc:
