@@ -101,6 +101,8 @@ BAD_INPUT = [
     (["output=run.log"], "same path"),
     (["output=run.ckpt"], "same path"),
     (["output=adir"], "is a directory"),
+    (["output=run.pdb"], "the trajectory is H5MD (HDF5), not PDB; give output=run.h5"),
+    (["output=run.extxyz"], "not extended XYZ; give output=run.h5"),
     (["output=afile/run.h5"], "is a file, not a folder"),
     # launches too large for the system or the machine (refused before any rank starts)
     (["domains=1000"], "domains=1000 would start 1000 local ranks"),

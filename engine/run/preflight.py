@@ -63,6 +63,13 @@ def _same(a: tuple, b: tuple) -> str | None:
     return None
 
 
+#: suffixes of other formats than the trajectory's (H5MD): refused as ``output`` by name
+OTHER_FORMATS = {".pdb": "PDB", ".xyz": "XYZ", ".extxyz": "extended XYZ", ".xtc": "XTC", ".dcd": "DCD",
+                 ".lammpstrj": "a LAMMPS dump", ".dump": "a LAMMPS dump", ".data": "LAMMPS data", ".cif": "CIF",
+                 ".traj": "an ASE trajectory", ".nc": "NetCDF", ".gro": "GROMACS .gro", ".trr": "TRR",
+                 ".vasp": "POSCAR", ".json": "JSON", ".csv": "CSV"}
+
+
 def check_outputs(cfg, structure: str | os.PathLike | None = None) -> None:
     """Trajectory, log and checkpoint folder (and ``structure``, the relaxed structure of
     ``minimize``): distinct, of the right kind, writable, and none of them an input (the
@@ -75,6 +82,11 @@ def check_outputs(cfg, structure: str | os.PathLike | None = None) -> None:
         bad = None if value is None else name_problem(lock_path(value) if key == "output" else value)
         if bad:
             raise UserError(f"{key}={str(value)[:40]!r}...: {bad}")
+    kind = Path(str(cfg.output)).suffix.lower()
+    if kind in OTHER_FORMATS:   # the trajectory is always HDF5: a .pdb or .xyz would be HDF5 by that name
+        stem = Path(str(cfg.output)).with_suffix(".h5").name
+        raise UserError(f"output={cfg.output!r}: the trajectory is H5MD (HDF5), not {OTHER_FORMATS[kind]}; give "
+                        f"output={stem} and convert it (`python -m engine convert {stem} <file>`, or ase.io.read)")
     paths = output_paths(cfg.output)
     if structure is not None:
         paths["relaxed structure (minimize.structure)"] = Path(structure)
