@@ -4,6 +4,7 @@ and ASE; bad frames named by index or left out; the record that restart=auto con
 from __future__ import annotations
 
 import csv
+import re
 
 import h5py
 import numpy as np
@@ -233,6 +234,32 @@ def test_one_mace_call_for_many_systems_equals_each_alone(integrator, tmp_path, 
         mace([*common, f"system.index={k}", f"output=a{k}.h5"], tmp_path, capfd, monkeypatch)
         assert np.abs(final(tmp_path / f"b.{k}.h5") - final(tmp_path / f"a{k}.h5")).max() <= 1e-10
     assert [r["status"] for r in summary(tmp_path / "b.summary.csv")] == ["ok"] * 4
+
+
+def test_fire_steps_of_many_systems_in_one_mace_call_equal_each_alone(tmp_path, capfd, monkeypatch):
+    """minimize, batch.size=3 over 4 frames: FIRE stepped together (one model call per step for
+    the systems in flight, engine/batch/relax_lockstep.py); each relaxation is its frame's alone."""
+    from shardmd.models import mace as mace_mod
+
+    write(tmp_path / "cu.extxyz", cu_frames())
+    calls = []
+    joined = mace_mod.MaceModel.compute_batch
+    monkeypatch.setattr(mace_mod.MaceModel, "compute_batch", lambda self, items: calls.append(len(items)) or
+                        joined(self, items))
+    common = ["minimize", "model=mace", "quiet=true", "system.file=cu.extxyz", "minimize.fmax=0.02",
+              "trajectory.every=0"]
+    r = cli_in_process([*common, "system.frames=all", "batch.size=3", "output=b.h5"], tmp_path, capfd, monkeypatch)
+    assert r.returncode == 0, r.stderr
+    assert max(calls) == 3 and sum(calls) > 3 * 10   # three systems per call, for many steps
+    rows = summary(tmp_path / "b.summary.csv")
+    assert [x["status"] for x in rows] == ["ok"] * 4 and all(x["converged"] == "True" for x in rows)
+    for k in (0, 3):
+        r = cli_in_process([*common, f"system.index={k}", f"output=a{k}.h5"], tmp_path, capfd, monkeypatch)
+        assert r.returncode == 0, r.stderr
+        together, alone = read(tmp_path / f"b.{k}.extxyz"), read(tmp_path / f"a{k}.extxyz")
+        assert np.abs(together.positions - alone.positions).max() <= 1e-10
+        alone_steps = re.search(r"FIRE converged: (\d+) steps", (tmp_path / f"a{k}.log").read_text()).group(1)
+        assert int(rows[k]["steps"]) == int(alone_steps)
 
 
 def test_a_system_that_blows_up_leaves_the_others_running(tmp_path, capfd, monkeypatch):

@@ -3,6 +3,7 @@ forces, virial and site energies as the call in one piece (float64, a random mac
 the same trajectory as the run in one piece and as two MPI domains, and the refusals."""
 from __future__ import annotations
 
+import csv
 from pathlib import Path
 
 import h5py
@@ -152,3 +153,27 @@ def test_a_budget_too_small_for_one_part_is_refused(model_file, big, args, needl
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 2 and len(lines) == 1 and needle in lines[0], r.stderr
     assert not (tmp_path / "run.h5").exists()
+
+
+@pytest.mark.slow
+def test_a_system_too_large_for_the_budget_runs_in_parts_among_many(model_file, tmp_path, capfd, monkeypatch):
+    """system.frames: three 32-atom crystals and one of 4,000 atoms whose one-piece estimate is over
+    limits.memory_gb: the large one runs alone in parts (the others as usual), and its trajectory
+    is the one it has in one piece."""
+    from ase.io import write
+
+    small = [crystal(n=2, seed=s) for s in range(3)]
+    write(tmp_path / "mixed.extxyz", [small[0], crystal(n=10, rattle=0.05), small[1], small[2]])
+    common = ["run", "model=mace", f"model.checkpoint={model_file}", "model.trust_pickle=true", "steps=3",
+              "quiet=true", "trajectory.every=3", "system.file=mixed.extxyz"]
+    r = cli_in_process([*common, "system.frames=all", "limits.memory_gb=0.13", "output=m.h5"], tmp_path, capfd,
+                       monkeypatch)
+    assert r.returncode == 0, r.stderr
+    log = (tmp_path / "m.log").read_text()
+    assert "system 1: ~0.142 GiB in one piece" in log and "its model call in parts (subdomains=0)" in log
+    assert "subdomains" not in log.split("system 1:")[0]   # only that one
+    rows = list(csv.DictReader(open(tmp_path / "m.summary.csv")))
+    assert [x["status"] for x in rows] == ["ok"] * 4 and int(rows[1]["atoms"]) == 4000
+    r = cli_in_process([*common, "system.index=1", "output=one.h5"], tmp_path, capfd, monkeypatch)
+    assert r.returncode == 0, r.stderr
+    assert np.abs(final(tmp_path / "m.1.h5") - final(tmp_path / "one.h5")).max() <= 1e-10

@@ -209,6 +209,60 @@ def _together(cfg, todo, width: int, dmodel, resume: bool, finished, room, devic
     return run_together(iter(todo), start, room, dmodel.model, on_end, on_error, on_stop, peak)
 
 
+def _relaxed_together(cfg, todo, width: int, dmodel, resume: bool, finished, room) -> None:
+    """FIRE relaxations of ``todo`` with up to ``batch.size`` systems per model call
+    (engine/batch/relax_lockstep.py); each system's files and row as :func:`_one` makes them."""
+    from shardmd.engine.batch.relax_lockstep import relax_together
+    from shardmd.engine.relax.minimize import minimize_cfg, minimizer, structure_path
+    from shardmd.engine.run.simulation import Simulation
+
+    outputs = {}
+
+    def start(k, atoms):
+        cfg_i = minimize_cfg(system_config(cfg, k, width, "minimize", resume))
+        outputs[k] = str(cfg_i.output)
+        state = State.from_atoms(atoms, dtype=stages.DTYPES[cfg_i.precision])
+        sim = Simulation(cfg_i, state=state, model=dmodel, reporter=_silent(), comm=Comm())
+        m = cfg_i.minimize
+        return minimizer(sim, m), structure_path(cfg_i), float(m.fmax), int(m.steps)
+
+    def on_end(k, sim, res):
+        finished(journal.Row(k, sim.n_global, "ok", energy_eV=float(res["energy"]), volume_A3=_volume(sim),
+                             steps=int(res["steps"]), converged=bool(res["converged"]),
+                             fmax_eV_per_A=float(res["fmax"]), output=outputs[k]), 0)
+
+    def on_error(k, sim, exc):
+        atoms = sim.n_global if sim is not None else next(len(a) for j, a in todo if j == k)
+        finished(journal.Row(k, atoms, "failed", output=outputs.get(k, ""),
+                             note=f"exit status {exc.exit_code}: {exc.one_line()}"), exc.exit_code)
+
+    relax_together(iter(todo), start, room, dmodel.model, on_end, on_error)
+
+
+def _too_large(cfg, todo, dmodel, device) -> dict:
+    """{index: why} of the systems whose estimate in one piece exceeds the memory budget
+    (engine/run/preflight.py's), for a model that can be called in parts: each of them runs
+    alone with ``subdomains=0`` (the fewest parts that fit) instead of failing."""
+    from shardmd.engine.batch.room import system_bytes
+    from shardmd.engine.run.preflight import ATOM_BYTES, EDGE_BYTES, GIB, LEARNED_EDGE_BYTES, memory_budget
+
+    if not getattr(dmodel.model, "counts_rows", False) or int(cfg.get("subdomains", 1)) != 1:
+        return {}
+    budget = memory_budget(cfg, device)
+    if budget is None:
+        return {}
+    radius = float(dmodel.cutoff) + float(cfg.neighbor.skin)
+    per_edge = float(getattr(dmodel.model, "bytes_per_edge", None)
+                     or EDGE_BYTES.get(str(cfg.model.name), LEARNED_EDGE_BYTES))
+    out = {}
+    for k, atoms in todo:
+        volume = abs(float(atoms.cell.volume)) if all(atoms.pbc) else None
+        need = system_bytes(len(atoms), volume, radius, per_edge, ATOM_BYTES)
+        if need > budget[0]:
+            out[k] = f"~{need / GIB:.3g} GiB in one piece, more than {budget[0] / GIB:.3g} GiB ({budget[1]})"
+    return out
+
+
 def _volume(sim) -> float | str:
     return float(sim.state.volume()) if bool(sim.state.pbc.all()) else ""
 
@@ -275,11 +329,22 @@ def batch_run(cfg, comm: Comm | None, command: str = "run", structures=None) -> 
                  + (f", {row.steps} steps, energy {row.energy_eV:.10g} eV" if row.status == "ok" else f" ({row.note})"))
 
     room = _room(cfg, device, dmodel)
-    together = command == "run" and hasattr(dmodel.model, "compute_batch") and (room.count or 2) > 1
-    if together:
-        _together(cfg, todo, width, dmodel, resume, finished, room, device)
-    for k, atoms in ([] if together else todo):
-        finished(*_one(system_config(cfg, k, width, command, resume), atoms, dmodel, command, resume))
+    large = _too_large(cfg, todo, dmodel, device)
+    for k in large:
+        log.line(f"system {k}: {large[k]}; it runs alone, its model call in parts (subdomains=0)")
+    batch, alone = [(k, a) for k, a in todo if k not in large], [(k, a) for k, a in todo if k in large]
+    joinable = hasattr(dmodel.model, "compute_batch") and (room.count or 2) > 1
+    together = joinable and (command == "run" or (command == "minimize" and cfg.minimize.method == "fire"))
+    if together and command == "run":
+        _together(cfg, batch, width, dmodel, resume, finished, room, device)
+    elif together:   # FIRE's steps of many systems in one model call each
+        _relaxed_together(cfg, batch, width, dmodel, resume, finished, room)
+    for k, atoms in ([] if together else batch) + alone:
+        cfg_k = system_config(cfg, k, width, command, resume)
+        if k in large:
+            with open_dict(cfg_k):
+                cfg_k.subdomains = 0
+        finished(*_one(cfg_k, atoms, dmodel, command, resume))
         if codes[-1] == EXIT_STOPPED:   # a signal stops the run, not only the system it reached
             log.line("stopped by a signal; continue with restart=auto")
             break

@@ -83,43 +83,68 @@ class Relaxation:
         frames every ``trajectory.every`` steps and at the end; checkpoints every
         ``checkpoint.every`` steps and at the end; the relaxed structure to ``structure`` (any
         ASE format by its suffix; None: not written).  Returns {'converged', 'steps', 'energy'
-        (eV), 'fmax' (eV/Å)} on every rank.  Collective."""
+        (eV), 'fmax' (eV/Å)} on every rank.  Collective.  The loop in pieces (:meth:`begin_lists`,
+        :meth:`begin_forces`, :meth:`step`, :meth:`after_step`, :meth:`finish`) is what
+        engine/batch/relax_lockstep.py drives for many systems, one model call per step."""
+        try:
+            self.begin_lists(fmax, steps)
+            self.begin_forces()
+            while not self.done:
+                self.step()
+                self.after_step()
+            return self.finish(structure)
+        finally:
+            self.sim.close()
+
+    def begin_lists(self, fmax: float, steps: int) -> None:
+        """The set-up up to the first forces: the lists, the output file, the header."""
         if not (isinstance(fmax, (int, float)) and math.isfinite(fmax) and fmax > 0):
             raise UserError(f"fmax={fmax!r}: give a force > 0 in eV/Å")
         if not (isinstance(steps, int) and steps >= 0):
             raise UserError(f"steps={steps!r}: give a whole number >= 0")
-        sim = self.sim
+        self.fmax_asked, self.steps_asked = float(fmax), int(steps)
+        self.converged = False
+        self._setup(fmax, steps)
+
+    def begin_forces(self) -> None:
+        """The first forces, the method's start, the first line and frame."""
+        self._setup_forces()
+        fm, e = self._measure(), self._energy()
+        self._log(e, fm, force=True)
+        if self.restored is None:   # a restart's file has this step's frame already
+            self._frame(e, fm)
+        self.fm, self.e, self.converged = fm, e, fm < self.fmax_asked
+
+    @property
+    def done(self) -> bool:
+        return self.converged or self.sim.state.step >= self.steps_asked
+
+    def after_step(self) -> None:
+        """After a step's forces: the test, the line, the frame and the checkpoint that are due."""
+        sim, s = self.sim, self.sim.state
         every, thermo = int(sim.cfg.trajectory.every), int(sim.cfg.thermo.every)
         ckpt = int(sim.cfg.checkpoint.every)
-        self.fmax_asked = float(fmax)
-        try:
-            self._setup(fmax, steps)
-            s = sim.state
-            fm, e = self._measure(), self._energy()
-            self._log(e, fm, force=True)
-            if self.restored is None:   # a restart's file has this step's frame already
-                self._frame(e, fm)
-            converged = fm < fmax
-            while not converged and s.step < steps:
-                self.step()
-                fm, e = self._measure(), self._energy()
-                converged = fm < fmax
-                last = converged or s.step >= steps
-                self._log(e, fm, force=last or (thermo > 0 and s.step % thermo == 0))
-                if last or (every > 0 and s.step % every == 0):
-                    self._frame(e, fm)
-                if ckpt > 0 and s.step % ckpt == 0 and not last:
-                    self.checkpoint()
-            self.checkpoint()   # at the end too: raise minimize.steps and restart=auto to go on
-            s.velocities.zero_()
-            word = "converged" if converged else f"NOT converged within {steps} steps"
-            sim.reporter.line(f"{self.name} {word}: {s.step} steps, energy {e:.10f} eV, fmax {fm:.3e} eV/Å "
-                              f"(asked < {fmax:g})")
-            if structure is not None:
-                self._write_structure(structure, e)
-            return {"converged": bool(converged), "steps": s.step, "energy": e, "fmax": fm}
-        finally:
-            sim.close()
+        fm, e = self._measure(), self._energy()
+        self.fm, self.e, self.converged = fm, e, fm < self.fmax_asked
+        last = self.done
+        self._log(e, fm, force=last or (thermo > 0 and s.step % thermo == 0))
+        if last or (every > 0 and s.step % every == 0):
+            self._frame(e, fm)
+        if ckpt > 0 and s.step % ckpt == 0 and not last:
+            self.checkpoint()
+
+    def finish(self, structure: str | None = None) -> dict:
+        """The end: a checkpoint (raise minimize.steps and restart=auto to go on), the last line,
+        the relaxed structure; the result."""
+        sim, s = self.sim, self.sim.state
+        self.checkpoint()
+        s.velocities.zero_()
+        word = "converged" if self.converged else f"NOT converged within {self.steps_asked} steps"
+        sim.reporter.line(f"{self.name} {word}: {s.step} steps, energy {self.e:.10f} eV, fmax {self.fm:.3e} eV/Å "
+                          f"(asked < {self.fmax_asked:g})")
+        if structure is not None:
+            self._write_structure(structure, self.e)
+        return {"converged": bool(self.converged), "steps": s.step, "energy": self.e, "fmax": self.fm}
 
     def _setup(self, fmax: float, steps: int) -> None:
         sim = self.sim
@@ -148,6 +173,9 @@ class Relaxation:
                           + (f"; the cell relaxes too (FrechetCellFilter, {self.pressure:g} bar)" if self.cell else ""))
         if self.restored is not None:
             sim.reporter.line(f"Restart from {sim.checkpoint_in['shown']} at step {s.step}")
+
+    def _setup_forces(self) -> None:
+        sim = self.sim
         sim.compute_forces()
         if self.cell and sim.results.get("virial") is None:
             raise UserError(f"minimize.cell=true needs the model's virial (the stress) and model "
@@ -171,6 +199,11 @@ class Relaxation:
     def _moved(self, what: str = "positions") -> None:
         """After the atoms moved: the skin check (one all-reduce), a rebuild or a ghost refresh,
         the new forces; ``state.step`` += 1.  Non-finite positions end the run in one line."""
+        self.moved_lists(what)
+        self.moved_forces()
+
+    def moved_lists(self, what: str = "positions") -> None:
+        """:meth:`_moved` up to the forces."""
         sim = self.sim
         s = sim.state
         need, worst = sim.domain.check(s, 0.0)   # skin criterion; worst is inf for non-finite positions
@@ -181,8 +214,11 @@ class Relaxation:
             sim.rebuild()
         else:
             sim.domain.refresh(s)
-        sim.compute_forces()
-        s.step += 1
+
+    def moved_forces(self) -> None:
+        """:meth:`_moved`'s forces; ``state.step`` += 1."""
+        self.sim.compute_forces()
+        self.sim.state.step += 1
 
     # -- output -------------------------------------------------------------------------------------
     def _frame(self, e: float, fm: float) -> None:

@@ -152,6 +152,12 @@ class FIRE(Relaxation):
     def step(self) -> None:
         """ASE's FIRE.step with the forces :meth:`_measure` saw (fixed rows 0) and, relaxing
         the cell, the cell's rows: moves the atoms (and the cell), then the list and the forces."""
+        self.move()
+        self._moved()
+
+    def move(self) -> None:
+        """:meth:`step` up to the list and the forces (engine/batch/relax_lockstep.py: many
+        systems' forces in one call)."""
         p, f, fc = self.p, self._f, self._fc
         s = self.sim.state
         v = s.velocities.double()
@@ -196,7 +202,6 @@ class FIRE(Relaxation):
             self._move_with_cell(dr, drc)
         self.vc = vc
         s.velocities.copy_(v.to(s.dtype))
-        self._moved()
 
     def _move_with_cell(self, dr: torch.Tensor, drc: np.ndarray) -> None:
         """The filter's move: cell coordinates + drc, atoms x' = (x F^-T + dr) (I + (F' - I)^T)."""
