@@ -114,9 +114,46 @@ def nequip(*, config: str | None = None, weights: str | None = None, species=("C
                        num_layers=num_layers, l_max=l_max, num_features=num_features, seed=seed)
 
 
+class _Family:
+    """A family's factory in its own module (``models/<module>.py``: ``factory``), imported when
+    it is built or its parameters are read, never with this registry."""
+
+    def __init__(self, module: str, doc: str):
+        self.module, self.__doc__ = module, doc
+        self.__qualname__ = self.__name__ = module
+
+    def _factory(self) -> Callable:
+        return importlib.import_module(f"shardmd.models.{self.module}").factory
+
+    def __call__(self, **kwargs):
+        return self._factory()(**kwargs)
+
+    @property
+    def __signature__(self):   # the factory's parameters, for build_model's checks
+        return inspect.signature(self._factory())
+
+
+sevennet = _Family("sevennet", "SevenNet via sevenn (models/sevennet.py; pip install 'shardmd[sevennet]' in its own "
+                               "environment: sevenn needs e3nn >= 0.5, mace-torch pins 0.4)")
+
 #: the shipped families (the entry points of pyproject.toml name these)
 MODELS: dict[str, Callable] = {"lj": lj, "morse": morse, "coulomb": coulomb, "d3": d3, "mace": mace,
-                               "nequip": nequip, "sum": model_sum}
+                               "nequip": nequip, "sevennet": sevennet, "sum": model_sum}
+#: pretrained models by name (``model.name=7net-0``): the family that loads them and the key
+#: that names them there (``model=sevennet model.checkpoint=7net-0``)
+PRETRAINED = {name: ("sevennet", "checkpoint") for name in
+              ("7net-0", "sevennet-0", "7net-0_11jul2024", "7net-0_11july2024", "7net-0_22may2024", "7net-l3i5")}
+
+
+def canonical(cfg: Mapping) -> dict:
+    """The model node with a pretrained name (``model.name=7net-0``) as its family and key."""
+    cfg = dict(cfg)
+    name = cfg.get("name")
+    if isinstance(name, str) and name.lower() in PRETRAINED and name not in registered():
+        family, key = PRETRAINED[name.lower()]
+        cfg["name"] = family
+        cfg.setdefault(key, name)
+    return cfg
 
 
 # -- routes --------------------------------------------------------------------------------------
@@ -188,6 +225,7 @@ def factory_arguments(cfg: Mapping) -> dict:
 def build_model(cfg: Mapping, dtype: torch.dtype = torch.float64, device="cpu", allow_imports: bool = False):
     """Model from a config mapping with a ``name`` key (the composed ``model`` node);
     ``allow_imports``: a ``spec`` file may import the modules it names (``allow_code=true``)."""
+    cfg = canonical(cfg)
     name = cfg["name"]
     factory = resolve(name)
     kwargs = factory_arguments(cfg)
@@ -257,6 +295,7 @@ def model_origin(cfg: Mapping) -> dict:
     factory (module:qualname and source file), its arguments, the SHA-256 of every file
     involved (the factory's source, the spec, any argument naming an existing file) and, for a
     multi-head model built from ``cfg`` by :func:`build_model`, the ``head`` it runs."""
+    cfg = canonical(cfg)
     name = cfg["name"]
     out: dict = {"route": name, "arguments": factory_arguments(cfg)}
     files: dict[str, str] = {}

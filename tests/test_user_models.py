@@ -362,3 +362,20 @@ def test_factory_arguments_named_like_another_models_keys_reach_the_factory():
     assert (node["cutoff"], node["epsilon"], node["features"]) == (4.5, {"Kr": 0.3}, 8), node
     with pytest.raises(UserError, match="model.cutoff"):   # under LJ the key is LJ's, and checked
         compose_config(["model=lj", "model.cutoff=-1"])
+
+
+def test_a_pretrained_name_routes_to_its_family(tmp_path, capfd, monkeypatch):
+    """``model.name=7net-0`` is ``model=sevennet model.checkpoint=7net-0``; without sevenn installed
+    (this environment: mace-torch's e3nn excludes it) the run says how to install it, in one line."""
+    from conftest import cli_in_process
+
+    from shardmd.models.registry import canonical
+
+    assert canonical({"name": "7net-0", "dtype": "float32"}) == {"name": "sevennet", "checkpoint": "7net-0",
+                                                                 "dtype": "float32"}
+    assert canonical({"name": "mace"}) == {"name": "mace"}
+    pytest.importorskip("mace")   # the main environment, where sevenn cannot be
+    r = cli_in_process(["run", "model=sevennet", "model.name=7net-0", "system.lattice=fcc", "system.element=Cu",
+                        "system.a=3.61", "system.repeat=[2,2,2]", "steps=1"], tmp_path, capfd, monkeypatch)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1 and "pip install 'sevenn==0.13.0'" in lines[0], r.stderr

@@ -1,0 +1,106 @@
+"""Each model family's step on the CPU (or one GPU), beside the package's own ASE calculator.
+
+    python scripts/bench_families.py --atoms 1000 --families mace nequip        # the main environment
+    python scripts/bench_families.py --families sevennet                        # sevenn's environment
+    python scripts/bench_families.py --families metatomic --checkpoint pet.pt --trust-code
+
+fcc Cu (a = 3.61 Å, rattled 0.05 Å, periodic) of about --atoms atoms. For each family installed
+here: the model as ``model=<family>`` builds it (the shipped MACE, a random NequIP, SevenNet-0
+from sevenn's wheel, a metatomic file), evaluated for energy, forces and stress (i) through
+ShardMDCalculator (the engine's neighbour list and spec path, one domain) and (ii) through the
+package's own calculator on the same weights; CPU seconds per call (process time, median of
+--repeats after one warm-up) and the largest force difference. A family that is missing or
+fails gets one row saying why.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+import traceback
+
+import numpy as np
+import torch
+
+A_CU = 3.61
+
+
+def crystal(atoms: int):
+    from ase.build import bulk
+
+    n = max(1, round((atoms / 4) ** (1 / 3)))
+    a = bulk("Cu", "fcc", a=A_CU, cubic=True).repeat((n, n, max(1, round(atoms / (4 * n * n)))))
+    a.rattle(0.05, seed=3)
+    return a
+
+
+def keys(family: str, a) -> dict:
+    if family == "nequip":
+        return {"species": ["Cu"]}
+    if family == "metatomic":
+        return {"checkpoint": a.checkpoint, "trust_code": a.trust_code}
+    return {}
+
+
+def timed(calc, atoms, repeats: int) -> tuple[float, np.ndarray]:
+    x = atoms.copy()
+    x.calc = calc
+    x.get_forces()
+    x.get_stress()
+    times = []
+    for k in range(repeats):
+        x.positions[0, 0] += 1e-4 * (k + 1)   # a new geometry each time: no cached results
+        t = time.process_time()
+        x.get_forces()
+        x.get_stress()
+        times.append(time.process_time() - t)
+    return statistics.median(times), x.get_forces()
+
+
+def row(family: str, a) -> str:
+    from shardmd.engine.ase_calculator import ShardMDCalculator
+    from shardmd.models.registry import build_model
+
+    atoms = crystal(a.atoms)
+    dtype = {"float32": torch.float32, "float64": torch.float64}[a.precision]
+    ours = ShardMDCalculator(model=family, precision=a.precision, device=a.device, **keys(family, a))
+    t_ours, f_ours = timed(ours, atoms, a.repeats)
+    model = build_model({"name": family, **keys(family, a)}, dtype, a.device)
+    if not hasattr(model, "ase_calculator"):   # MACE: mace-torch's own calculator on the same file
+        from mace.calculators import MACECalculator
+
+        own = MACECalculator(model_paths=str(model.path), device=a.device, default_dtype=a.precision)
+    else:
+        own = model.ase_calculator()
+    t_own, f_own = timed(own, atoms, a.repeats)
+    df = float(np.abs(f_ours - f_own).max())
+    return (f"| {family} | {len(atoms)} | {a.precision} | {t_ours:.3g} | {t_own:.3g} | {t_ours / t_own:.2f} | "
+            f"{df:.1e} |")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--families", nargs="+", default=["mace", "nequip", "sevennet", "metatomic"])
+    p.add_argument("--atoms", type=int, default=1000)
+    p.add_argument("--precision", default="float32", choices=["float32", "float64"])
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--checkpoint", default=None, help="model=metatomic: the exported .pt file")
+    p.add_argument("--trust-code", action="store_true", help="model=metatomic: model.trust_code=true")
+    a = p.parse_args()
+    torch.set_num_threads(a.threads)
+    print(f"# fcc Cu, {a.device}, {a.threads} thread(s); CPU s per energy + forces + stress call, median of "
+          f"{a.repeats}")
+    print("| family | atoms | precision | ours, s | package's calculator, s | ours / it | max dF, eV/Å |\n"
+          "|---|---|---|---|---|---|---|")
+    for family in a.families:
+        try:
+            print(row(family, a), flush=True)
+        except Exception as exc:  # noqa: BLE001 - one row says why, the others go on
+            traceback.print_exc()
+            print(f"| {family} | | | | | | {type(exc).__name__}: {' '.join(str(exc).split())[:100]} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
