@@ -472,9 +472,21 @@ SPEC_MPNN_SHARDED = MLIPSpec(
     owned_only_outputs={"energies", "forces"},
 )
 
-PRESETS = {s.name: s for s in (SPEC_MPNN_HALO, SPEC_PAIR_HALO, SPEC_MPNN_SHARDED)}
+SPEC_WIDE_HALO = MLIPSpec(
+    name="wide-halo",
+    description="the model builds its own graph over owned and halo points (the halo as deep as its whole "
+                "receptive field: its cutoff) and returns the owned points' share of the energy; autograd forces "
+                "(halo rows added to their owners), halo storage without correction",
+    distribution=DistributionSpec(storage=HaloStorage("local")),
+    output_kinds={"energy": OutputKind.PER_GRAPH, "virial": OutputKind.PER_GRAPH, "forces": OutputKind.PER_NODE,
+                  "energies": OutputKind.PER_NODE},
+    owned_only_outputs={"forces", "energies"},
+    all_reduce_outputs={"energy"},
+)
+
+PRESETS = {s.name: s for s in (SPEC_MPNN_HALO, SPEC_PAIR_HALO, SPEC_MPNN_SHARDED, SPEC_WIDE_HALO)}
 
 __all__ = ["CompilePolicy", "DistributionSpec", "FrozenMap", "GraphPadder", "HaloStorage", "MLIPSpec",
            "OutputKind", "PRESETS", "SPEC_MPNN_HALO",
-           "SPEC_MPNN_SHARDED", "SPEC_PAIR_HALO", "SPEC_VERSION", "STORAGES", "ShardedStorage",
+           "SPEC_MPNN_SHARDED", "SPEC_PAIR_HALO", "SPEC_VERSION", "SPEC_WIDE_HALO", "STORAGES", "ShardedStorage",
            "SpecImportRefused", "SpecLoadError", "spec_modules"]

@@ -120,6 +120,8 @@ def findings(cfg: DictConfig, overrides: list[str]) -> list[str]:
         out.append(f"model.name={name} (a model route from a file: its module is imported)")
     if model.get("trust_pickle") is True and not _given(overrides, "model.trust_pickle"):
         out.append("model.trust_pickle=true (from a file: the model file is unpickled, which runs any code)")
+    if model.get("trust_code") is True and not _given(overrides, "model.trust_code"):
+        out.append("model.trust_code=true (from a file: the model file's TorchScript runs with this process's rights)")
     obs = job.get("observables") if isinstance(job.get("observables"), dict) else {}
     if obs.get("modules"):   # from the command line too: a module is code however it is named
         from shardmd.engine.observables.modules import refusal

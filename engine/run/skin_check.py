@@ -141,7 +141,7 @@ class DeferredSkinCheck:
             self.rate = last / elapsed
         # rebuild when the next step would likely cross skin/2: a margin of one step's growth;
         # a rollback costs only the replayed steps, so the lean margin wins over a wide one
-        # (in.lj counts: docs/benchmarks.md, "Deferred skin check")
+        # (in.lj counts: docs/design.md, "Deferred skin check: measured margins")
         rebuild = last > self.half_skin or (self.rate is not None and last + lead * self.rate > self.half_skin)
         rebuild = self._plan_fill(step, lead) or rebuild
         self.schedule(step, 0.0 if rebuild else last)
