@@ -174,11 +174,13 @@ def test_bad_selections_are_one_line(frames_value, words, many, tmp_path, capfd,
     (["system.file=empty.extxyz", "system.frames=all"], "ASE cannot read it (Empty file"),
     (["system.file=bad.extxyz", "system.frames=0:1"], "its first line is not an atom count"),
     (["system.frames=0:2"], "system.frames needs system.file"),
-    (["system.files=[]", "system.frames=all"], "system.frames needs system.file")])
+    (["system.files=[]", "system.frames=all"], "system.frames needs system.file"),
+    (["system.file=five.extxyz", "system.frames=all", "system.index=2"], "system.index=2 picks one frame")])
 def test_an_empty_or_missing_input_of_frames_is_one_line(args, words, tmp_path, capfd, monkeypatch):
     (tmp_path / "empty.extxyz").write_text("")
     (tmp_path / "bad.extxyz").write_text("one\nAr 0 0 0\n")
-    r = cli_in_process(["run", "model=lj", "steps=1", *args], tmp_path, capfd, monkeypatch)
+    write(tmp_path / "five.extxyz", frames(5))
+    r = cli_in_process(["run", "model=lj", *KR, "steps=1", *args], tmp_path, capfd, monkeypatch)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and words in r.stderr, r.stderr
 
 

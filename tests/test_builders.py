@@ -177,6 +177,8 @@ HOSTILE = {
     "with file": (["system.file=x.extxyz", "system.vacancies=2"], ["system.vacancies is a builder key"]),
     "all fixed": (["system.miller=[1,0,0]", "system.repeat=[1,1,1]", "system.fixed_layers=2"],
                   ["fixes every atomic plane of the slab (it has 2)"]),
+    "fixed without a slab": (["system.fixed_layers=2"], ["system.fixed_layers applies to a slab (system.miller)"]),
+    "vacuum without a slab": (["system.vacuum=20"], ["system.vacuum applies to a slab", "drop system.vacuum"]),
 }
 
 

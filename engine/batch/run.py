@@ -282,6 +282,9 @@ def batch_run(cfg, comm: Comm | None, command: str = "run", structures=None) -> 
                         "frames from")
     path = str(cfg.system.file) if structures is None else "system.files" if cfg.system.get("files") else \
         "the structures given"
+    if int(cfg.system.get("index", -1)) != -1:   # each system's index is its frame's: the key would be ignored
+        raise UserError(f"system.index={cfg.system.index} picks one frame, system.frames/files run many; give one of "
+                        "them (system.frames=I:I+1 runs frame I alone)")
     if cfg.restart.file not in (None, "auto"):
         raise UserError(f"restart={cfg.restart.file}: a many-system run continues with restart=auto (each system "
                         "from its own checkpoint); drop the path")

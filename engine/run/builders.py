@@ -128,6 +128,11 @@ def check_system(system_cfg) -> None:
     building: builder keys beside ``system.file``, a packing no random insertion (or no packing
     at all) reaches, more vacancies than sites, a slab of the random builder."""
     lattice = system_cfg["lattice"]
+    if system_cfg.get("miller") is None:   # a slab's keys would be ignored without a slab
+        for k, unset in (("fixed_layers", 0), ("vacuum", 10.0)):
+            if system_cfg.get(k) is not None and float(system_cfg[k]) != unset:
+                raise UserError(f"system.{k} applies to a slab (system.miller); give system.miller=[h,k,l] or "
+                                f"drop system.{k}")
     if system_cfg.get("file"):
         used = [k for k in ("composition", "molecule", "miller") if system_cfg.get(k) is not None]
         used += ["vacancies"] if system_cfg.get("vacancies") else []
