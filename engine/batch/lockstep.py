@@ -54,6 +54,39 @@ class _SharedStop:
         pass
 
 
+def item_of(sim):
+    """(positions, cell, pbc, numbers, nl) of a set-up one-rank ``Simulation`` for a batched call."""
+    d, s = sim.domain, sim.state
+    return d.padded_positions, s.cell, s.pbc, d.padded_numbers, d.nl.current
+
+
+def admit(source, waiting: list, room, costs: list, make: Callable, on_error: Callable, stopped=lambda: False) -> list:
+    """The systems that join the ones in flight (``costs``: theirs): read from ``source`` (one
+    kept in ``waiting`` when the room is full), each made by ``make(index, item)``; a
+    UserError of one goes to ``on_error(index, None, exc)`` and the next is tried."""
+    from shardmd.engine.errors import UserError
+
+    new = []
+    while not stopped():
+        if not waiting:
+            nxt = next(source, None)
+            if nxt is None:
+                break
+            waiting.append((*nxt, room.cost(nxt[1])))
+        index, item, cost = waiting[0]
+        if not room.admits(costs + [m.cost for m in new], cost):
+            break
+        waiting.clear()
+        try:
+            member = make(index, item)
+        except UserError as exc:
+            on_error(index, None, exc)
+            continue
+        member.cost = cost
+        new.append(member)
+    return new
+
+
 class Member:
     """One system in flight: its ``Simulation`` set up and its loop state (a run's ``run()``,
     taken apart at the model call)."""
@@ -87,8 +120,7 @@ class Member:
 
     def item(self):
         """(positions, cell, pbc, numbers, nl) of this system for the batched call."""
-        d, s = self.sim.domain, self.sim.state
-        return d.padded_positions, s.cell, s.pbc, d.padded_numbers, d.nl.current
+        return item_of(self.sim)
 
     def finish(self, out) -> None:
         """The step's forces from ``out``, the second half, and what a run does after a step."""
@@ -142,24 +174,8 @@ def _loop(source, start, room, model, on_end, on_error, on_stop, stop, UserError
     waiting: list = []   # the next system, read from ``source`` but not yet admitted
 
     def refill() -> None:
-        new = []
-        while not stop.requested:
-            if not waiting:
-                nxt = next(source, None)
-                if nxt is None:
-                    break
-                waiting.append((*nxt, room.cost(nxt[1])))
-            index, item, cost = waiting[0]
-            if not room.admits([m.cost for m in flying + new], cost):
-                break
-            waiting.clear()
-            try:
-                member = Member(index, start(index, item), stop)
-            except UserError as exc:
-                on_error(index, None, exc)
-                continue
-            member.cost = cost
-            new.append(member)
+        new = admit(source, waiting, room, [m.cost for m in flying],
+                    lambda index, item: Member(index, start(index, item), stop), on_error, lambda: stop.requested)
         # the first forces of the systems that joined together in one call (not one call each:
         # most of a small system's start-up): a batch stopped by a signal restarts with the
         # same systems in one call, as they were stepped when it stopped, so its next steps are

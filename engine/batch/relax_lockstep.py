@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
-from shardmd.engine.batch.lockstep import _Handed
+from shardmd.engine.batch.lockstep import _Handed, admit, item_of
 from shardmd.engine.errors import UserError
 
 
@@ -27,8 +27,7 @@ class _Relaxing:
         relax.begin_lists(fmax, steps)
 
     def item(self):
-        d, s = self.relax.sim.domain, self.relax.sim.state
-        return d.padded_positions, s.cell, s.pbc, d.padded_numbers, d.nl.current
+        return item_of(self.relax.sim)
 
 
 def relax_together(todo: Iterator, start: Callable, room, model, on_end: Callable, on_error: Callable) -> int:
@@ -69,24 +68,8 @@ def relax_together(todo: Iterator, start: Callable, room, model, on_end: Callabl
         return kept
 
     def refill() -> None:
-        new: list[_Relaxing] = []
-        while True:
-            if not waiting:
-                nxt = next(source, None)
-                if nxt is None:
-                    break
-                waiting.append((*nxt, room.cost(nxt[1])))
-            index, atoms, cost = waiting[0]
-            if not room.admits([m.cost for m in flying + new], cost):
-                break
-            waiting.clear()
-            try:
-                m = _Relaxing(index, *start(index, atoms))
-            except UserError as exc:
-                on_error(index, None, exc)
-                continue
-            m.cost = cost
-            new.append(m)
+        new = admit(source, waiting, room, [m.cost for m in flying],
+                    lambda index, atoms: _Relaxing(index, *start(index, atoms)), on_error)
         flying.extend(joined(new, lambda m: m.relax.begin_forces()))
 
     def moved(m: _Relaxing) -> None:
