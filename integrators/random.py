@@ -46,7 +46,7 @@ def philox4x32(counter: torch.Tensor, key: tuple[int, int], rounds: int = 10) ->
     Returns (n, 4) int64 holding 32-bit unsigned words.
     """
     c0, c1, c2, c3 = (counter[:, k] for k in range(4))
-    k0, k1 = key[0] & _MASK, key[1] & _MASK
+    k0, k1 = key[0] & _MASK, key[1] & _MASK   # ints, or (n,) int64 tensors (a key per counter)
     for r in range(rounds):
         if r:
             k0, k1 = (k0 + _W0) & _MASK, (k1 + _W1) & _MASK
@@ -65,14 +65,28 @@ def gaussian_noise(seed: int, step: int, stream: int, ids: torch.Tensor,
     """
     if step < 0 or step >= 1 << 48 or not 0 <= stream < 1 << 16:
         raise ValueError("step must be in [0, 2^48) and stream in [0, 2^16)")
-    ids = ids.to(torch.int64)
+    return _noise((seed & _MASK, (seed >> 32) & _MASK), step, stream, ids.to(torch.int64), dtype)
+
+
+def gaussian_noise_keyed(seeds: torch.Tensor, steps: torch.Tensor, stream: int, ids: torch.Tensor,
+                         dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    """:func:`gaussian_noise` with a seed and a step per atom (``seeds``, ``steps``: (n,) int64):
+    many systems in one pass (engine/batch/joined.py), each atom's numbers the bits its own
+    system's ``gaussian_noise(seed, step, stream, ids)`` gives.  The caller keeps steps in
+    [0, 2^48) (a run's step count)."""
+    seeds, steps = seeds.to(torch.int64), steps.to(torch.int64)
+    return _noise((seeds & _MASK, (seeds >> 32) & _MASK), steps, stream, ids.to(torch.int64), dtype)
+
+
+def _noise(key, step, stream: int, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Box-Muller on Philox words; ``key`` words and ``step`` ints or (n,) int64 tensors."""
     n = ids.shape[0]
     ctr = torch.empty(n, 4, dtype=torch.int64, device=ids.device)
     ctr[:, 0] = ids & _MASK
     ctr[:, 1] = (ids >> 32) & _MASK
     ctr[:, 2] = step & _MASK
     ctr[:, 3] = (stream << 16) | ((step >> 32) & 0xFFFF)
-    words = philox4x32(ctr, (seed & _MASK, (seed >> 32) & _MASK))
+    words = philox4x32(ctr, key)
     u = (words.to(torch.float64) + 1.0) * (1.0 / 4294967296.0)  # (0, 1]
     r1 = torch.sqrt(-2.0 * torch.log(u[:, 0]))
     r2 = torch.sqrt(-2.0 * torch.log(u[:, 2]))

@@ -333,6 +333,20 @@ class MaceModel:
 
         return compute_batch(self, items, _Exchange, _fixed_jit_executor)
 
+    def join(self, items):
+        """The joined graph of whole systems ``items`` (as :meth:`compute_batch` takes them),
+        kept by a caller between rebuilds: models/mace_batch.py ``JoinedGraph``."""
+        from shardmd.models.mace_batch import join
+
+        return join(self, items)
+
+    def compute_joined(self, graph, positions: torch.Tensor) -> dict[str, torch.Tensor]:
+        """One call over a joined graph at positions (N, 3) Å: per-system energy (S,) float64 and
+        virial (S, 3, 3), forces (N, 3) and site energies (N,) (models/mace_batch.py)."""
+        from shardmd.models.mace_batch import compute_joined
+
+        return compute_joined(self, graph, positions, _Exchange, _fixed_jit_executor)
+
     def _evaluate_fitting(self, positions, cell, numbers, nl, ctx) -> dict[str, torch.Tensor]:
         """:meth:`_evaluate`; if it runs out of device memory with the radial MLPs' activations
         kept, once more with them recomputed, which stays on for later calls. One domain only:

@@ -14,49 +14,86 @@ busy with many small systems (docs/batch.md).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 
-def _joined(mm, items):
-    """(x (N, 3), numbers (N,), receivers, senders, vectors (E, 3) Å, node system (N,), edge
-    system (E,)) of the joined graph, edges past r_max dropped (the exact selection)."""
-    xs, zs, rs, ss, shifts, node_sys, edge_sys = [], [], [], [], [], [], []
-    offset = 0
-    for k, (x, _cell, _pbc, z, nl) in enumerate(items):
-        n = int(x.shape[0])
-        if nl.n_query != n:
-            raise ValueError("compute_batch takes whole systems (one domain, no ghost rows)")
-        xs.append(x.as_subclass(torch.Tensor).to(mm.dtype))
-        zs.append(z.as_subclass(torch.Tensor))
-        rs.append(nl.centers() + offset)
-        ss.append(nl.neighbors.long() + offset)
-        shifts.append(nl.shifts)
-        node_sys.append(torch.full((n,), k, dtype=torch.int64, device=mm.device))
-        edge_sys.append(torch.full((int(nl.n_edges),), k, dtype=torch.int64, device=mm.device))
-        offset += n
-    cells = torch.stack([c.as_subclass(torch.Tensor).to(mm.dtype) for _, c, _, _, _ in items])
-    x, edge_k = torch.cat(xs), torch.cat(edge_sys)
-    receivers, senders = torch.cat(rs), torch.cat(ss)
-    shift = torch.einsum("ei,eij->ej", torch.cat(shifts).to(mm.dtype), cells[edge_k])
-    vectors = x[receivers] - x[senders] - shift
-    keep = torch.nonzero(torch.linalg.vector_norm(vectors, dim=1) < mm.cutoff).squeeze(1)
-    return (x, torch.cat(zs), receivers[keep], senders[keep], vectors[keep], torch.cat(node_sys),
-            edge_k[keep])
+@dataclass(frozen=True)
+class JoinedGraph:
+    """The joined list of many whole systems, kept between their lists' rebuilds (the step of
+    a batch computes only the edge vectors from it: engine/batch/joined.py).
+
+        node_attrs: (N, species) one-hot rows of the nodes, all systems' concatenated
+        receivers, senders: (E,) int64 node rows of the edges (each system's offset)
+        shift: (E, 3) Å, each edge's image shift ``shifts @ cell`` with its own system's cell
+        node_k: (N,) int64 system of each node; edge_k: (E,) system of each edge
+        sizes: nodes per system, in order
+    """
+
+    node_attrs: torch.Tensor
+    receivers: torch.Tensor
+    senders: torch.Tensor
+    shift: torch.Tensor
+    node_k: torch.Tensor
+    edge_k: torch.Tensor
+    sizes: tuple[int, ...]
 
 
-def compute_batch(mm, items, exchange, executor) -> list[dict[str, torch.Tensor]]:
-    """``mm``: a :class:`~shardmd.models.mace.MaceModel`; ``items``: see the module docstring;
-    ``exchange``, ``executor``: models/mace.py's ``_Exchange`` and ``_fixed_jit_executor`` (given,
-    so this module imports nothing of mace.py's)."""
-    if not items:
-        return []
-    x, numbers, receivers, senders, vectors, node_k, edge_k = _joined(mm, items)
-    n, s = int(x.shape[0]), len(items)
+def join(mm, items) -> JoinedGraph:
+    """The :class:`JoinedGraph` of ``items`` (module docstring), in ``mm``'s dtype and device."""
+    return merge([_one(mm, item) for item in items])
+
+
+def _one(mm, item) -> JoinedGraph:
+    """One system's graph: its shifts taken as three products summed per edge (not a matrix
+    product), so an edge's shift has the same bits whichever systems it is joined with."""
+    x, cell, _pbc, z, nl = item
+    n = int(x.shape[0])
+    if nl.n_query != n:
+        raise ValueError("compute_batch takes whole systems (one domain, no ghost rows)")
+    h = cell.as_subclass(torch.Tensor).to(mm.dtype)
+    s = nl.shifts.to(mm.dtype)
+    shift = s[:, 0:1] * h[0] + s[:, 1:2] * h[1] + s[:, 2:3] * h[2]
+    numbers = z.as_subclass(torch.Tensor)
     node_attrs = torch.nn.functional.one_hot(mm._lut[numbers.long()], len(mm.atomic_numbers)).to(mm.dtype)
+    dev = x.device
+    return JoinedGraph(node_attrs, nl.centers().long(), nl.neighbors.long(), shift,
+                       torch.zeros(n, dtype=torch.int64, device=dev),
+                       torch.zeros(int(nl.n_edges), dtype=torch.int64, device=dev), (n,))
+
+
+def merge(parts: list[JoinedGraph]) -> JoinedGraph:
+    """One graph of one-system graphs ``parts`` (their nodes and edges in order, each system's
+    node rows offset by the nodes before it): a caller replaces one system's part after its
+    rebuild and merges again, without redoing the others."""
+    dev = parts[0].receivers.device
+    s = len(parts)
+    n_nodes, n_edges = [g.sizes[0] for g in parts], [int(g.receivers.shape[0]) for g in parts]
+    nodes = torch.tensor(n_nodes, dtype=torch.int64, device=dev)
+    edges = torch.tensor(n_edges, dtype=torch.int64, device=dev)
+    systems = torch.arange(s, dtype=torch.int64, device=dev)
+    node_k = torch.repeat_interleave(systems, nodes, output_size=sum(n_nodes))   # sizes known: no device read
+    edge_k = torch.repeat_interleave(systems, edges, output_size=sum(n_edges))
+    offset = (torch.cumsum(nodes, 0) - nodes)[edge_k]
+    return JoinedGraph(torch.cat([g.node_attrs for g in parts]), torch.cat([g.receivers for g in parts]) + offset,
+                       torch.cat([g.senders for g in parts]) + offset, torch.cat([g.shift for g in parts]),
+                       node_k, edge_k, tuple(g.sizes[0] for g in parts))
+
+
+def compute_joined(mm, graph: JoinedGraph, x: torch.Tensor, exchange, executor) -> dict[str, torch.Tensor]:
+    """One forward and backward pass over the joined graph at node positions ``x`` (N, 3) Å:
+    {"energy": (S,) float64 eV, "forces": (N, 3) eV/Å, "virial": (S, 3, 3) eV, "energies":
+    (N,) eV}; edges past r_max dropped (the exact selection each system's own call makes)."""
+    x = x.as_subclass(torch.Tensor).to(mm.dtype)
+    vectors = x[graph.receivers] - x[graph.senders] - graph.shift
+    keep = torch.nonzero(torch.linalg.vector_norm(vectors, dim=1) < mm.cutoff).squeeze(1)
+    receivers, senders, vectors, edge_k = graph.receivers[keep], graph.senders[keep], vectors[keep], graph.edge_k[keep]
+    n, s = int(x.shape[0]), len(graph.sizes)
     with torch.enable_grad(), executor():
         vectors = vectors.detach().requires_grad_(True)
         data = {
-            "node_attrs": node_attrs,
+            "node_attrs": graph.node_attrs,
             "edge_index": torch.stack([senders, receivers]),
             "vectors": vectors,
             "batch": torch.zeros(n, dtype=torch.int64, device=x.device),
@@ -75,14 +112,32 @@ def compute_batch(mm, items, exchange, executor) -> list[dict[str, torch.Tensor]
     forces.index_add_(0, receivers, -grad)
     forces.index_add_(0, senders, grad)
     # per system: energies summed in float64 (as the single call does), virials over its edges
-    energy = torch.zeros(s, dtype=torch.float64, device=x.device).index_add_(0, node_k, nodes.to(torch.float64))
+    energy = torch.zeros(s, dtype=torch.float64, device=x.device).index_add_(0, graph.node_k, nodes.to(torch.float64))
     outer = -(vectors.detach()[:, :, None] * grad[:, None, :])
     virial = torch.zeros(s, 3, 3, dtype=mm.dtype, device=x.device).index_add_(0, edge_k, outer)
     virial = 0.5 * (virial + virial.transpose(1, 2))
+    return {"energy": energy, "forces": forces, "virial": virial, "energies": nodes.to(mm.dtype)}
+
+
+def split(joined: dict[str, torch.Tensor], sizes, k: int, start: int, dtype) -> dict[str, torch.Tensor]:
+    """System ``k``'s outputs (its nodes from row ``start``) of :func:`compute_joined`'s, as
+    :meth:`MaceModel.compute` gives them for it alone."""
+    stop = start + sizes[k]
+    return {"energy": joined["energy"][k].to(dtype), "forces": joined["forces"][start:stop],
+            "virial": joined["virial"][k], "energies": joined["energies"][start:stop]}
+
+
+def compute_batch(mm, items, exchange, executor) -> list[dict[str, torch.Tensor]]:
+    """``mm``: a :class:`~shardmd.models.mace.MaceModel`; ``items``: see the module docstring;
+    ``exchange``, ``executor``: models/mace.py's ``_Exchange`` and ``_fixed_jit_executor`` (given,
+    so this module imports nothing of mace.py's)."""
+    if not items:
+        return []
+    graph = join(mm, items)
+    x = torch.cat([item[0].as_subclass(torch.Tensor).to(mm.dtype) for item in items])
+    joined = compute_joined(mm, graph, x, exchange, executor)
     results, start = [], 0
-    for k, item in enumerate(items):
-        stop = start + int(item[0].shape[0])
-        results.append({"energy": energy[k].to(mm.dtype), "forces": forces[start:stop], "virial": virial[k],
-                        "energies": nodes[start:stop].to(mm.dtype)})
-        start = stop
+    for k in range(len(items)):
+        results.append(split(joined, graph.sizes, k, start, mm.dtype))
+        start += graph.sizes[k]
     return results

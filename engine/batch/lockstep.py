@@ -124,9 +124,13 @@ class Member:
 
     def finish(self, out) -> None:
         """The step's forces from ``out``, the second half, and what a run does after a step."""
-        sim, s = self.sim, self.sim.state
         self.handed.ready = out
-        sim._finish_step(self.update.kick)
+        self.sim._finish_step(self.update.kick)
+        self.after_step()
+
+    def after_step(self) -> None:
+        """What a run does after a step: thermo and frame when due, a checkpoint when due."""
+        sim, s = self.sim, self.sim.state
         sim._report(force_thermo=s.step == self.last)
         every = sim._ckpt_every
         if every and s.step % every == 0 and s.step < self.last:
@@ -170,6 +174,8 @@ def run_together(todo: Iterator, start: Callable, room, model, on_end: Callable,
 
 def _loop(source, start, room, model, on_end, on_error, on_stop, stop, UserError, stopped_code,
           peak) -> int:
+    from shardmd.engine.batch import joined
+
     flying: list[Member] = []
     waiting: list = []   # the next system, read from ``source`` but not yet admitted
 
@@ -198,34 +204,49 @@ def _loop(source, start, room, model, on_end, on_error, on_stop, stop, UserError
         except UserError as exc:
             on_error(member.index, member.sim, exc)
 
-    refill()
-    while flying:
+    def fail(member: Member, exc) -> None:
+        member.sim.close()
+        on_error(member.index, member.sim, exc)
+
+    def each_alone() -> list[Member]:
+        """One step of ``flying``, each system's own arrays, one joined model call."""
         alive = []
         for m in flying:
             try:
                 m.drift()
                 alive.append(m)
             except UserError as exc:
-                m.sim.close()
-                on_error(m.index, m.sim, exc)
+                fail(m, exc)
         if peak is not None:
             peak[0]()
         outs = model.compute_batch([m.item() for m in alive]) if alive else []
         if peak is not None and alive:
             room.observe(peak[1](), [m.cost for m in alive])
-        flying = []
+        rest = []
         for m, out in zip(alive, outs):
             try:
                 m.finish(out)
             except UserError as exc:
-                m.sim.close()
-                on_error(m.index, m.sim, exc)
+                fail(m, exc)
                 continue
             if m.done:
                 _leave(m)
             else:
-                flying.append(m)
+                rest.append(m)
+        return rest
+
+    refill()
+    together = None   # a Joined of ``flying`` (engine/batch/joined.py), while they can be stepped as one
+    while flying:
+        if together is None and joined.usable(flying, model):
+            together = joined.Joined(flying, model)
+        if together is not None:
+            flying, together = _step_joined(together, model, room, peak, fail, _leave, UserError)
+        else:
+            flying = each_alone()
         if stop.requested:
+            if together is not None:
+                together.hand_back_all(with_outputs=True)
             for m in flying:
                 try:
                     m.sim.checkpoint()
@@ -233,5 +254,61 @@ def _loop(source, start, room, model, on_end, on_error, on_stop, stop, UserError
                     m.sim.close()
                 on_stop(m.index, m.sim)
             return stopped_code
+        before = len(flying)
         refill()
+        if together is not None and len(flying) != before:   # others joined: a new set with them
+            together.hand_back_all()
+            together = None
     return 0
+
+
+def _step_joined(together, model, room, peak, fail, leave, UserError):
+    """One step of the systems of ``together`` (engine/batch/joined.py); returns (the systems
+    still in flight, ``together`` or None when they changed: their arrays are handed back then)."""
+    from shardmd.engine.batch.joined import Joined
+    from shardmd.engine.run.rebuild import Outcome
+
+    together.first_half()
+    failed = set()
+    for j in together.flagged():   # each decides as it would alone: a rebuild, or its health error
+        m = together.members[j]
+        together.hand_back(j)
+        try:
+            update = m.sim.neighbors.update(m.sim.state, True, False)
+        except UserError as exc:
+            failed.add(j)
+            fail(m, exc)
+            continue
+        if update.outcome is Outcome.REBUILT:
+            together.rebuilt(j)
+    if failed:   # mid-step, after the first half: the others go on as a new set
+        keep = [j for j in range(len(together.members)) if j not in failed]
+        for j in keep:
+            together.hand_back(j)
+        if not keep:
+            return [], None
+        together = Joined([together.members[j] for j in keep], model)
+    if peak is not None:
+        peak[0]()
+    together.forces()
+    if peak is not None:
+        room.observe(peak[1](), [m.cost for m in together.members])
+    gone = set()
+    for j in together.due():
+        m = together.members[j]
+        try:
+            together.hand_back(j, with_outputs=True)
+            m.after_step()
+        except UserError as exc:
+            gone.add(j)
+            fail(m, exc)
+            continue
+        if m.done:
+            gone.add(j)
+            leave(m)
+    if not gone:
+        return together.members, together
+    rest = [j for j in range(len(together.members)) if j not in gone]
+    for j in rest:
+        together.hand_back(j)
+    return [together.members[j] for j in rest], None

@@ -1,0 +1,180 @@
+"""The systems in flight as one array set: a batch's steps without Python per system.
+
+engine/batch/lockstep.py steps many one-rank ``Simulation``s with one model call per step. Where
+every system runs velocity Verlet or Langevin on a fixed cell (no fixed atoms, no protocol ramp)
+and the model joins graphs (``compute_joined``: MACE, models/mace_batch.py), a step of all of
+them is a fixed number of tensor operations, whatever their number:
+
+    first half    integrators/batched.py over all atoms (each atom its system's constants;
+                  Langevin's noise keyed by its system's seed and step)
+    skin check    |x - x_build| per atom against its system's skin / 2 and the health measure
+                  |v| dt against health.max_step: one flag per system, one read
+    forces        one model call over the joined graph, kept since the last rebuild
+    second half   the half kick with the new forces
+
+A flagged system gets its arrays back (:meth:`Joined.hand_back`: its ``Simulation`` state) and
+makes its own decision as it would alone (its rebuild: wrap, sort, list, then its arrays and
+graph come back into the set; or the health error that ends it). A system whose step writes
+output or a checkpoint, or is its last, gets its arrays and its outputs of the joined call and
+does that step's reporting itself. So every system's trajectory is the one it has alone, to
+rounding (the same operations per atom; sums over systems in another order).
+
+Variables (N atoms of S systems, in the members' order):
+
+    x, v, f       (N, 3)  Å, Å/fs, eV/Å
+    masses, ids   (N,)    amu, int64 ids within each system
+    system        (N,)    int64 each atom's system
+    ref           (N, 3)  Å positions at each system's last build
+    trigger       (N,)    Å half its system's skin; bound (N,) its health.max_step
+    steps, times  (S,)    numpy: each system's step count and time (fs)
+    change        (S,)    float64 eV: Langevin's O-step energy not yet handed to its system
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from shardmd.integrators import batched
+from shardmd.models.mace_batch import merge, split
+
+
+def usable(members, model) -> bool:
+    """True when ``members``' steps can be taken together here (module docstring)."""
+    if not members or not hasattr(model, "compute_joined"):
+        return False
+    first = members[0].sim.integrator
+    return all(_plain(m.sim) and type(m.sim.integrator) is type(first) and m.sim.integrator.dt == first.dt
+               and _periods(m.sim) == _periods(members[0].sim) for m in members)
+
+
+def _plain(sim) -> bool:
+    from shardmd.integrators.langevin import Langevin
+    from shardmd.integrators.velocity_verlet import VelocityVerlet
+
+    n = sim.neighbors
+    return (type(sim.integrator) in (VelocityVerlet, Langevin) and sim.schedule is None and not sim._barostat
+            and n.deferred is None and n.every == 1 and n.check and not sim.domain.nl.box_check
+            and sim.domain.nl.reference is not None)
+
+
+def _periods(sim) -> tuple[int, ...]:
+    """The step intervals at which ``sim`` writes something (its ``_output_due`` but the last)."""
+    has_writer = sim.writer is not None
+    return tuple(sorted({p for p, on in ((sim._thermo_every, True), (sim._traj_every, has_writer),
+                                         (sim._obs_every, has_writer), (sim._ckpt_every, True)) if on and p > 0}))
+
+
+class Joined:
+    """``members`` (engine/batch/lockstep.py ``Member``s, each set up and at the same point of
+    its step loop) as one array set; ``model`` with ``join`` and ``compute_joined``."""
+
+    def __init__(self, members, model):
+        self.members, self.model = list(members), model
+        sims = [m.sim for m in self.members]
+        s0 = sims[0].state
+        self.dt = float(sims[0].integrator.dt)
+        self.langevin = sims[0].integrator.name == "langevin"
+        self.sizes = [sim.state.n_atoms for sim in sims]
+        starts = np.concatenate([[0], np.cumsum(self.sizes)]).tolist()
+        self.slices = [slice(a, b) for a, b in zip(starts[:-1], starts[1:])]
+        dev, S = s0.device, len(sims)
+        self.system = torch.repeat_interleave(torch.arange(S, device=dev),
+                                              torch.tensor(self.sizes, device=dev), output_size=starts[-1])
+        self.x = torch.cat([sim.state.positions for sim in sims])
+        self.v = torch.cat([sim.state.velocities for sim in sims])
+        self.f = torch.cat([sim.state.forces for sim in sims])
+        self.masses = torch.cat([sim.state.masses for sim in sims])
+        self.ids = torch.cat([sim.state.ids for sim in sims])
+        self.ref = torch.cat([sim.domain.nl.reference for sim in sims])
+        per_system = lambda values, dtype: torch.tensor(values, dtype=dtype, device=dev)[self.system]  # noqa: E731
+        self.trigger = per_system([0.5 * sim.domain.nl.skin for sim in sims], self.x.dtype)
+        self.bound = per_system([sim._max_step for sim in sims], torch.float64)
+        self.steps = np.array([sim.state.step for sim in sims], dtype=np.int64)
+        self.times = np.array([sim.state.time for sim in sims], dtype=np.float64)
+        self.lasts = np.array([m.last for m in self.members], dtype=np.int64)
+        self.periods = _periods(sims[0])
+        self.change = torch.zeros(S, dtype=torch.float64, device=dev)
+        if self.langevin:
+            self.seeds = per_system([sim.integrator.seed for sim in sims], torch.int64)
+            self.c1 = torch.cat([torch.full((n, 1), self._constants(sim)[0], dtype=self.v.dtype, device=dev)
+                                 for n, sim in zip(self.sizes, sims)])
+            self.scale = torch.cat([self._constants(sim)[1] for sim in sims])
+        from shardmd.engine.batch.lockstep import item_of
+
+        self._item_of = item_of
+        self.parts = [model.join([item_of(sim)]) for sim in sims]
+        self.graph = None   # merged when next needed
+        self.out = None     # the last joined call's outputs
+
+    def _constants(self, sim):
+        i = sim.integrator
+        return batched.langevin_constants(self.dt, i.temperature, i.friction, sim.state.masses, sim.state.dtype)
+
+    # -- the step ------------------------------------------------------------------------
+    def first_half(self) -> None:
+        """Every system's first half; step counts and times advance."""
+        if self.langevin:
+            steps = torch.as_tensor(self.steps, device=self.x.device)[self.system]
+            self.change += batched.langevin_first(self.x, self.v, self.f, self.masses, self.ids, self.dt, self.c1,
+                                                  self.scale, self.seeds, steps, self.system, len(self.sizes))
+        else:
+            batched.verlet_first(self.x, self.v, self.f, self.masses, self.dt)
+        self.steps += 1
+        self.times += self.dt
+
+    def flagged(self) -> list[int]:
+        """The systems past their skin criterion or health bound (or not finite): they decide themselves."""
+        d = torch.linalg.vector_norm(self.x - self.ref, dim=1)
+        h = torch.linalg.vector_norm(self.v, dim=1).to(torch.float64) * self.dt
+        bad = ~(d <= self.trigger) | ~(h <= self.bound)
+        count = torch.zeros(len(self.sizes), dtype=torch.int32, device=self.x.device).index_add_(0, self.system,
+                                                                                                 bad.int())
+        return torch.nonzero(count).flatten().tolist()
+
+    def rebuilt(self, j: int) -> None:
+        """System ``j`` rebuilt its list (its arrays wrapped and reordered): they come back."""
+        sim, sl = self.members[j].sim, self.slices[j]
+        s = sim.state
+        for name, mine in (("positions", self.x), ("velocities", self.v), ("forces", self.f),
+                           ("masses", self.masses), ("ids", self.ids)):
+            mine[sl] = getattr(s, name)
+        self.ref[sl] = sim.domain.nl.reference
+        if self.langevin:
+            self.scale[sl] = self._constants(sim)[1]
+        self.parts[j] = self.model.join([self._item_of(sim)])
+        self.graph = None
+
+    def forces(self) -> None:
+        """One model call over every system, then their second half."""
+        if self.graph is None:
+            self.graph = merge(self.parts)
+        self.out = self.model.compute_joined(self.graph, self.x)
+        self.f = self.out["forces"].to(self.x.dtype)
+        batched.half_kick(self.v, self.f, self.masses, self.dt)
+
+    def due(self) -> list[int]:
+        """The systems whose step now writes something or is their last."""
+        due = self.steps >= self.lasts
+        for p in self.periods:
+            due |= self.steps % p == 0
+        return np.nonzero(due)[0].tolist()
+
+    # -- a system's own work ---------------------------------------------------------------
+    def hand_back(self, j: int, with_outputs: bool = False) -> None:
+        """System ``j``'s state (and Langevin energy change) into its ``Simulation``; with
+        ``with_outputs`` also this step's model outputs, as its own call would have left them."""
+        sim, sl = self.members[j].sim, self.slices[j]
+        s = sim.state
+        s.positions, s.velocities, s.forces = self.x[sl].clone(), self.v[sl].clone(), self.f[sl].clone()
+        s.step, s.time = int(self.steps[j]), float(self.times[j])
+        if self.langevin:
+            sim.integrator.add_change(self.change[j].clone())
+            self.change[j] = 0.0
+        sim.domain.refresh(s)
+        if with_outputs:
+            self.members[j].handed.ready = split(self.out, self.sizes, j, sl.start, self.out["forces"].dtype)
+            sim.compute_forces()
+
+    def hand_back_all(self, with_outputs: bool = False) -> None:
+        for j in range(len(self.members)):
+            self.hand_back(j, with_outputs)

@@ -1,0 +1,111 @@
+"""Systems stepped as one array set (engine/batch/joined.py, integrators/batched.py): the batched
+integrators give each system's atoms the bits of its own integrator; a batch of mixed sizes,
+species and cells, with rebuilds inside the set, equals each system run alone (float64, 200
+steps, 1e-10 Å), with one joined model call per step and no Python per system on a quiet step."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from ase.build import bulk
+from ase.io import write
+from conftest import cli_in_process
+from test_batch import final, summary
+
+from shardmd.integrators import batched
+from shardmd.integrators.langevin import Langevin
+from shardmd.integrators.velocity_verlet import VelocityVerlet
+
+
+def _systems(dtype=torch.float64):
+    g = torch.Generator().manual_seed(3)
+    out = []
+    for n in (5, 9, 2):
+        out.append({"x": torch.randn(n, 3, generator=g, dtype=dtype),
+                    "v": 0.01 * torch.randn(n, 3, generator=g, dtype=dtype),
+                    "f": torch.randn(n, 3, generator=g, dtype=dtype),
+                    "m": (1.0 + 100 * torch.rand(n, generator=g)).to(dtype), "ids": torch.randperm(n, generator=g)})
+    return out
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_batched_langevin_gives_each_system_its_own_bits(dtype):
+    systems, seeds, steps, temps = _systems(dtype), [7, 2**40 + 5, 0], [0, 13, 2**33 + 1], [300.0, 50.0, 1000.0]
+    alone = []
+    for s, seed, step, t in zip(systems, seeds, steps, temps):
+        x, v, f = s["x"].clone(), s["v"].clone(), s["f"].clone()
+        lg = Langevin(dt=2.0, temperature=t, friction=0.01, seed=seed)
+        lg.first_half(x, v, f, s["m"], s["ids"], step)
+        alone.append((x, v, float(lg.local_change)))
+    cat = lambda key: torch.cat([s[key] for s in systems])  # noqa: E731
+    x, v, f, m, ids = cat("x"), cat("v"), cat("f"), cat("m"), cat("ids")
+    sizes = [len(s["ids"]) for s in systems]
+    system = torch.repeat_interleave(torch.arange(3), torch.tensor(sizes))
+    consts = [batched.langevin_constants(2.0, t, 0.01, s["m"], dtype) for s, t in zip(systems, temps)]
+    c1 = torch.cat([torch.full((n, 1), c, dtype=dtype) for n, (c, _) in zip(sizes, consts)])
+    scale = torch.cat([sc for _, sc in consts])
+    change = batched.langevin_first(x, v, f, m, ids, 2.0, c1, scale, torch.tensor(seeds)[system],
+                                    torch.tensor(steps)[system], system, 3)
+    for k, (xa, va, dk) in enumerate(alone):
+        sl = system == k
+        assert torch.equal(x[sl], xa) and torch.equal(v[sl], va)
+        assert float(change[k]) == pytest.approx(dk, rel=1e-12, abs=1e-15)
+
+
+def test_batched_verlet_gives_each_system_its_own_bits():
+    systems = _systems()
+    vv = VelocityVerlet(dt=1.5)
+    x, v, f, m = (torch.cat([s[k] for s in systems]) for k in ("x", "v", "f", "m"))
+    batched.verlet_first(x, v, f, m, 1.5)
+    batched.half_kick(v, f, m, 1.5)
+    start = 0
+    for s in systems:
+        xa, va = s["x"].clone(), s["v"].clone()
+        vv.first_half(xa, va, s["f"], s["m"], s["ids"], 0)
+        vv.second_half(va, s["f"], s["m"])
+        n = len(s["ids"])
+        assert torch.equal(x[start:start + n], xa) and torch.equal(v[start:start + n], va)
+        start += n
+
+
+def _frames():
+    """Cu/Ag cells of 32 and 48 atoms, one sheared, rattled."""
+    rng = np.random.default_rng(5)
+    out = []
+    for k in range(3):
+        a = bulk("Cu", "fcc", a=3.7, cubic=True).repeat((2, 2, 2 + k % 2))
+        a.positions += rng.normal(0.0, 0.05, a.positions.shape)
+        a.numbers[k::3] = 47
+        if k == 2:
+            a.cell[0, 1] = 0.3
+        out.append(a)
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("integrator", ["verlet", "langevin"])
+def test_a_joined_batch_with_rebuilds_equals_each_system_alone(integrator, tmp_path, capfd, monkeypatch):
+    from shardmd.engine.batch import joined
+    from shardmd.models.mace import MaceModel
+    from shardmd.models.mace_random import make_random_mace
+
+    make_random_mace(tmp_path / "cuag.model", elements=(29, 47), r_max=4.0)
+    write(tmp_path / "cuag.extxyz", _frames())
+    seen = {"calls": 0, "rebuilt": 0}
+    call, rebuilt = MaceModel.compute_joined, joined.Joined.rebuilt
+    monkeypatch.setattr(MaceModel, "compute_joined",
+                        lambda self, g, x: seen.__setitem__("calls", seen["calls"] + 1) or call(self, g, x))
+    monkeypatch.setattr(joined.Joined, "rebuilt",
+                        lambda self, j: seen.__setitem__("rebuilt", seen["rebuilt"] + 1) or rebuilt(self, j))
+    common = ["run", "model=mace", "model.checkpoint=cuag.model", "quiet=true", "system.file=cuag.extxyz",
+              "steps=200", "trajectory.every=50", "temperature=900", f"integrator={integrator}", "neighbor.skin=0.3"]
+    r = cli_in_process([*common, "system.frames=all", "batch.size=3", "output=b.h5"], tmp_path, capfd, monkeypatch)
+    assert r.returncode == 0, r.stderr
+    assert seen["calls"] == 200 and seen["rebuilt"] > 3   # every step one joined call, lists rebuilt inside the set
+    for k in range(3):
+        r = cli_in_process([*common, f"system.index={k}", f"output=a{k}.h5"], tmp_path, capfd, monkeypatch)
+        assert r.returncode == 0, r.stderr
+        for field in ("position", "velocity"):
+            assert np.abs(final(tmp_path / f"b.{k}.h5", field) - final(tmp_path / f"a{k}.h5", field)).max() <= 1e-10
+    rows = summary(tmp_path / "b.summary.csv")
+    assert [int(x["atoms"]) for x in rows] == [32, 48, 32] and all(int(x["steps"]) == 200 for x in rows)
