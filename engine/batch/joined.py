@@ -38,6 +38,12 @@ from shardmd.integrators import batched
 from shardmd.models.mace_batch import merge, split
 
 
+def item_of(sim):
+    """(positions, cell, pbc, numbers, nl) of a set-up one-rank ``Simulation`` for a batched call."""
+    d, s = sim.domain, sim.state
+    return d.padded_positions, s.cell, s.pbc, d.padded_numbers, d.nl.current
+
+
 def usable(members, model) -> bool:
     """True when ``members``' steps can be taken together here (module docstring)."""
     if not members or not hasattr(model, "compute_joined"):
@@ -99,9 +105,6 @@ class Joined:
             self.c1 = torch.cat([torch.full((n, 1), self._constants(sim)[0], dtype=self.v.dtype, device=dev)
                                  for n, sim in zip(self.sizes, sims)])
             self.scale = torch.cat([self._constants(sim)[1] for sim in sims])
-        from shardmd.engine.batch.lockstep import item_of
-
-        self._item_of = item_of
         self.parts = [model.join([item_of(sim)]) for sim in sims]
         self.graph = None   # merged when next needed
         self.out = None     # the last joined call's outputs
@@ -141,7 +144,7 @@ class Joined:
         self.ref[sl] = sim.domain.nl.reference
         if self.langevin:
             self.scale[sl] = self._constants(sim)[1]
-        self.parts[j] = self.model.join([self._item_of(sim)])
+        self.parts[j] = self.model.join([item_of(sim)])
         self.graph = None
 
     def forces(self) -> None:

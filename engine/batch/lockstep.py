@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
+from shardmd.engine.batch.joined import item_of
+
 
 class _Handed:
     """A system's model: the batched call's outputs once (``ready``), else the model's own call."""
@@ -52,12 +54,6 @@ class _SharedStop:
 
     def uninstall(self) -> None:
         pass
-
-
-def item_of(sim):
-    """(positions, cell, pbc, numbers, nl) of a set-up one-rank ``Simulation`` for a batched call."""
-    d, s = sim.domain, sim.state
-    return d.padded_positions, s.cell, s.pbc, d.padded_numbers, d.nl.current
 
 
 def admit(source, waiting: list, room, costs: list, make: Callable, on_error: Callable, stopped=lambda: False) -> list:

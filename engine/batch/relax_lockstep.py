@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
-from shardmd.engine.batch.lockstep import _Handed, admit, item_of
+from shardmd.engine.batch.joined import item_of
+from shardmd.engine.batch.lockstep import _Handed, admit
 from shardmd.engine.errors import UserError
 
 
