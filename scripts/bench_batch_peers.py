@@ -48,22 +48,37 @@ def _sync() -> None:
         torch.cuda.synchronize()
 
 
-def ours(frames, steps: int, warmup: int, device: str = "cuda", t0: float | None = None) -> dict:
+def ours(frames, steps: int, warmup: int, device: str = "cuda", t0: float | None = None, each: bool = False) -> dict:
     """``t0``: the wall time to count the start-up from (a fresh process's launch), else the
-    run's start."""
+    run's start; ``each``: every system steps its own arrays (the joined set off)."""
+    from shardmd.engine.batch import joined as joined_mod
     from shardmd.engine.batch.run import batch_run
     from shardmd.engine.config.compose import compose_config
     from shardmd.models import mace as mace_mod
 
     calls = []
-    joined = mace_mod.MaceModel.compute_batch
+    batch, joined = mace_mod.MaceModel.compute_batch, mace_mod.MaceModel.compute_joined
 
-    def timed(self, items):
+    def timed(self, items):   # the first forces of the systems that join
         _sync()
         calls.append((time.perf_counter(), sum(int(i[0].shape[0]) for i in items)))
-        return joined(self, items)
+        return batch(self, items)
 
-    mace_mod.MaceModel.compute_batch = timed
+    spent = []   # each joined call's own time (the model), s
+
+    def timed_joined(self, graph, x):   # a step of the systems in flight as one array set
+        _sync()
+        t = time.perf_counter()
+        calls.append((t, int(x.shape[0])))
+        out = joined(self, graph, x)
+        _sync()
+        spent.append(time.perf_counter() - t)
+        return out
+
+    mace_mod.MaceModel.compute_batch, mace_mod.MaceModel.compute_joined = timed, timed_joined
+    usable = joined_mod.usable
+    if each:
+        joined_mod.usable = lambda members, model: False
     try:
         with tempfile.TemporaryDirectory() as d:
             cfg = compose_config(["model=mace", f"device={device}", "precision=float32", f"steps={warmup + steps + 1}",
@@ -72,12 +87,15 @@ def ours(frames, steps: int, warmup: int, device: str = "cuda", t0: float | None
             t0 = time.perf_counter() - (0.0 if t0 is None else time.time() - t0)
             batch_run(cfg, None, "run", structures=frames)
     finally:
-        mace_mod.MaceModel.compute_batch = joined
+        mace_mod.MaceModel.compute_batch, mace_mod.MaceModel.compute_joined = batch, joined
+        joined_mod.usable = usable
     n = sum(len(a) for a in frames)
     full = [(t, k) for t, k in calls if k == n]
     timed_calls = full[warmup:]
     rate = n * (len(timed_calls) - 1) / (timed_calls[-1][0] - timed_calls[0][0])
-    return {"rate": rate, "startup": full[0][0] - t0, "note": f"{len(calls)} joined calls"}
+    model = sum(spent[warmup:-1]) / (timed_calls[-1][0] - timed_calls[0][0]) if len(spent) > warmup + 1 else None
+    return {"rate": rate, "startup": full[0][0] - t0,
+            "note": f"{len(calls)} joined calls" + (f", model call {100 * model:.0f} % of a step" if model else "")}
 
 
 def torchsim(frames, steps: int, warmup: int, nl_name: str, t0: float | None = None) -> dict:
@@ -90,9 +108,6 @@ def torchsim(frames, steps: int, warmup: int, nl_name: str, t0: float | None = N
 
     dev = torch.device("cuda")
     t0 = time.perf_counter()
-    module = to_cueq(load_mace(resolve_checkpoint(None), dev, torch.float32, trust_pickle=True), dev)
-    model = TSMace(model=module, device=dev, dtype=torch.float32, compute_forces=True, compute_stress=False,
-                   neighbor_list_fn=getattr(tsn, nl_name))
     flavor = None
     for get in (lambda: ts.integrators.MdFlavor("nve"), lambda: ts.Integrator.nve, lambda: "nve"):
         try:
@@ -108,12 +123,29 @@ def torchsim(frames, steps: int, warmup: int, nl_name: str, t0: float | None = N
         torch.cuda.synchronize()
         return time.perf_counter() - t
 
-    startup = integrate(1) + (time.perf_counter() - t0)   # build and convert the model, one step
+    # its fastest route first: mace-torch's torch-sim model converting to cuEquivariance itself
+    # (enable_cueq), then our converted module, then plain e3nn; the first that steps is timed
+    tried = []
+    for route in ("enable_cueq", "converted", "e3nn"):
+        try:
+            plain = load_mace(resolve_checkpoint(None), dev, torch.float32, trust_pickle=True)
+            module = to_cueq(plain, dev) if route == "converted" else plain
+            model = TSMace(model=module, device=dev, dtype=torch.float32, compute_forces=True, compute_stress=False,
+                           neighbor_list_fn=getattr(tsn, nl_name), **({"enable_cueq": True} if route == "enable_cueq"
+                                                                      else {}))
+            startup = integrate(1) + (time.perf_counter() - t0)   # build and convert the model, one step
+            break
+        except Exception as exc:  # noqa: BLE001 - the next route; the note says why this one failed
+            tried.append(f"{route}: {type(exc).__name__}: {' '.join(str(exc).split())[:60]}")
+            traceback.print_exc()
+    else:
+        raise RuntimeError("; ".join(tried))
     if t_launch is not None:   # from the process's launch: imports included
         startup = time.perf_counter() - t_launch
     t1, t2 = integrate(warmup), integrate(warmup + steps)
     n = sum(len(a) for a in frames)
-    return {"rate": n * steps / (t2 - t1), "startup": startup, "note": f"torch-sim {ts.__version__}, {nl_name}"}
+    return {"rate": n * steps / (t2 - t1), "startup": startup,
+            "note": f"torch-sim {ts.__version__}, {nl_name}, {route}" + (f" ({'; '.join(tried)})" if tried else "")}
 
 
 def main() -> None:
@@ -121,11 +153,16 @@ def main() -> None:
     p.add_argument("--cases", nargs="+", default=["64x256", "1024x64"])
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--warmup", type=int, default=5)
-    p.add_argument("--nl", nargs="+", default=["alchemiops_nl_n2", "alchemiops_nl_cell_list", "vesin_nl_ts",
+    p.add_argument("--nl", nargs="*", default=["alchemiops_nl_n2", "alchemiops_nl_cell_list", "vesin_nl_ts",
                                                "torchsim_nl", "torch_nl_linked_cell"])
     p.add_argument("--device", default="cuda", help="cpu: a smoke run of our side")
+    p.add_argument("--each", action="store_true",
+                   help="also our side with each system's own arrays (engine/batch/joined.py off): what one "
+                        "array set gains")
     p.add_argument("--startup", action="store_true",
                    help="also each side's start-up in a fresh process (imports, model, first step), first case")
+    p.add_argument("--profile", action="store_true",
+                   help="also our side of the first case under cProfile: where its start-up and steps go")
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.child is not None:   # one side's start-up in this fresh process, launched at BENCH_T0
@@ -145,6 +182,8 @@ def main() -> None:
         frames = systems(count, atoms)
         rows = []
         for name, fn in [("ShardMD", lambda f=frames: ours(f, a.steps, a.warmup, a.device))] + [
+                ("ShardMD, each system's arrays", lambda f=frames: ours(f, a.steps, a.warmup, a.device, each=True))
+                for _ in range(a.each)] + [
                 ("torch-sim", lambda f=frames, nl=nl: torchsim(f, a.steps, a.warmup, nl)) for nl in a.nl]:
             try:
                 r = fn()
@@ -161,6 +200,22 @@ def main() -> None:
                   f"{'' if name == 'ShardMD' else f'{ratio:.2f}'} | {r['note']} |", flush=True)
     if a.startup:
         fresh_startup(a)
+    if a.profile:
+        profile(a)
+
+
+def profile(a) -> None:
+    """Our side of the first case under cProfile: the 25 functions of ours (shardmd) and of the
+    model package with the largest cumulative time."""
+    import cProfile
+    import pstats
+
+    count, atoms = (int(x) for x in a.cases[0].split("x"))
+    frames = systems(count, atoms)
+    prof = cProfile.Profile()
+    prof.runcall(ours, frames, a.steps, a.warmup, a.device)
+    print(f"\n# cProfile of our side, {count} x {atoms}, {a.warmup} + {a.steps} steps (cumulative s)")
+    pstats.Stats(prof).sort_stats("cumulative").print_stats(r"shardmd|mace/|torch/autograd", 25)
 
 
 def fresh_startup(a) -> None:
