@@ -3,14 +3,15 @@
     python scripts/bench_families.py --atoms 1000 --families mace nequip        # the main environment
     python scripts/bench_families.py --families sevennet                        # sevenn's environment
     python scripts/bench_families.py --families metatomic --checkpoint pet.pt --trust-code
+    python scripts/bench_families.py --families allegro --precision float64     # nequip-allegro's environment
 
 fcc Cu (a = 3.61 Å, rattled 0.05 Å, periodic) of about --atoms atoms. For each family installed
 here: the model as ``model=<family>`` builds it (the shipped MACE, a random NequIP, SevenNet-0
-from sevenn's wheel, a metatomic file), evaluated for energy, forces and stress (i) through
-ShardMDCalculator (the engine's neighbour list and spec path, one domain) and (ii) through the
-package's own calculator on the same weights; CPU seconds per call (process time, median of
---repeats after one warm-up) and the largest force difference. A family that is missing or
-fails gets one row saying why.
+from sevenn's wheel, a metatomic file, a random Allegro or --checkpoint's), evaluated for energy,
+forces and stress (i) through ShardMDCalculator (the engine's neighbour list and spec path, one
+domain) and (ii) through the package's own calculator on the same weights; CPU seconds per call
+(process time, median of --repeats after one warm-up) and the largest force difference. A family
+that is missing or fails gets one row saying why.
 """
 from __future__ import annotations
 
@@ -37,8 +38,10 @@ def crystal(atoms: int):
 def keys(family: str, a) -> dict:
     if family == "nequip":
         return {"species": ["Cu"]}
-    if family == "metatomic":
+    if family == "metatomic" or (family == "allegro" and a.checkpoint):
         return {"checkpoint": a.checkpoint, "trust_code": a.trust_code}
+    if family == "allegro":   # Allegro's architecture with random weights (models/allegro.py random_config)
+        return {"random": True, "species": ["Cu"]}
     return {}
 
 
@@ -80,14 +83,15 @@ def row(family: str, a) -> str:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--families", nargs="+", default=["mace", "nequip", "sevennet", "metatomic"])
+    p.add_argument("--families", nargs="+", default=["mace", "nequip", "sevennet", "metatomic", "allegro"])
     p.add_argument("--atoms", type=int, default=1000)
     p.add_argument("--precision", default="float32", choices=["float32", "float64"])
     p.add_argument("--device", default="cpu")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--checkpoint", default=None, help="model=metatomic: the exported .pt file")
-    p.add_argument("--trust-code", action="store_true", help="model=metatomic: model.trust_code=true")
+    p.add_argument("--checkpoint", default=None, help="model=metatomic: the exported .pt file; model=allegro: a "
+                   ".ckpt or .nequip.zip")
+    p.add_argument("--trust-code", action="store_true", help="model.trust_code=true (metatomic, an Allegro package)")
     a = p.parse_args()
     torch.set_num_threads(a.threads)
     print(f"# fcc Cu, {a.device}, {a.threads} thread(s); CPU s per energy + forces + stress call, median of "

@@ -27,6 +27,8 @@ EXTRAS = {
                  "tests/test_sevennet.py"),
     "metatomic": (["torch==2.13.0", "mpich==5.0.2", "-e", f"{ROOT}[metatomic]", "metatrain", "pytest", "pytest-xdist",
                    "scipy"], "tests/test_metatomic.py"),
+    "allegro": (["torch==2.13.0", "mpich==5.0.2", "-e", f"{ROOT}[allegro]", "pytest", "pytest-xdist", "scipy"],
+                "tests/test_allegro.py"),
 }
 
 
