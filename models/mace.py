@@ -271,6 +271,7 @@ class MaceModel:
         self.graph_max_points = (None if cuda_graph not in (True, "auto") or self.device.type != "cuda"
                                  else GRAPH_MAX_POINTS if cuda_graph == "auto" else 2**62)
         self._graphed = GraphedCall()
+        self._graphed_joined = GraphedCall()   # many systems' joined call (models/mace_batch.py)
         self.atomic_numbers = [int(z) for z in self.model.atomic_numbers]
         lut = torch.full((max(self.atomic_numbers) + 1,), -1, dtype=torch.int64)
         lut[torch.tensor(self.atomic_numbers)] = torch.arange(len(self.atomic_numbers))
@@ -340,12 +341,19 @@ class MaceModel:
 
         return join(self, items)
 
-    def compute_joined(self, graph, positions: torch.Tensor) -> dict[str, torch.Tensor]:
+    def compute_joined(self, graph, positions: torch.Tensor, capacity: int | None = None,
+                       owner=None) -> dict[str, torch.Tensor]:
         """One call over a joined graph at positions (N, 3) Å: per-system energy (S,) float64 and
-        virial (S, 3, 3), forces (N, 3) and site energies (N,) (models/mace_batch.py)."""
+        virial (S, 3, 3), forces (N, 3) and site energies (N,) (models/mace_batch.py). With an
+        edge ``capacity`` (sync-free selection) and an ``owner`` (what bounds the shapes), on
+        CUDA up to ``graph_max_points``: replayed as a CUDA graph."""
         from shardmd.models.mace_batch import compute_joined
 
-        return compute_joined(self, graph, positions, _Exchange, _fixed_jit_executor)
+        graphed = None
+        if (capacity is not None and owner is not None and self.graph_max_points is not None and positions.is_cuda
+                and positions.shape[0] <= self.graph_max_points):
+            graphed = self._graphed_joined
+        return compute_joined(self, graph, positions, _Exchange, _fixed_jit_executor, capacity, graphed, owner)
 
     def _evaluate_fitting(self, positions, cell, numbers, nl, ctx) -> dict[str, torch.Tensor]:
         """:meth:`_evaluate`; if it runs out of device memory with the radial MLPs' activations

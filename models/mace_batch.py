@@ -81,19 +81,67 @@ def merge(parts: list[JoinedGraph]) -> JoinedGraph:
                        node_k, edge_k, tuple(g.sizes[0] for g in parts))
 
 
-def compute_joined(mm, graph: JoinedGraph, x: torch.Tensor, exchange, executor) -> dict[str, torch.Tensor]:
+def pad_edges(graph: JoinedGraph, rows: int, cutoff: float) -> JoinedGraph:
+    """``graph`` with ``rows`` edges: the added ones are self-edges of nodes spread over the
+    graph with a shift of length 2 ``cutoff`` (never selected), so that graphs of several lists
+    have one shape (a CUDA graph replays over them; models/edge_filter.py says why spread)."""
+    extra = rows - int(graph.receivers.shape[0])
+    if extra <= 0:
+        return graph
+    dev, n = graph.receivers.device, int(graph.node_attrs.shape[0])
+    spread = torch.arange(extra, device=dev) % max(n, 1)
+    far = torch.zeros(extra, 3, dtype=graph.shift.dtype, device=dev)
+    far[:, 0] = 2.0 * cutoff
+    return JoinedGraph(graph.node_attrs, torch.cat([graph.receivers, spread]), torch.cat([graph.senders, spread]),
+                       torch.cat([graph.shift, far]), graph.node_k,
+                       torch.cat([graph.edge_k, torch.zeros(extra, dtype=torch.int64, device=dev)]), graph.sizes)
+
+
+def compute_joined(mm, graph: JoinedGraph, x: torch.Tensor, exchange, executor, capacity: int | None = None,
+                   graphed=None, owner=None) -> dict:
     """One forward and backward pass over the joined graph at node positions ``x`` (N, 3) Å:
     {"energy": (S,) float64 eV, "forces": (N, 3) eV/Å, "virial": (S, 3, 3) eV, "energies":
-    (N,) eV}; edges past r_max dropped (the exact selection each system's own call makes)."""
+    (N,) eV}; edges past r_max dropped. ``capacity`` None: the exact selection each system's
+    own call makes (and "selected", the count kept, an int); else sync-free, into ``capacity``
+    rows (models/edge_filter.py), with "capacity_fill" (count / capacity, > 1: incomplete,
+    discard), and replayed by ``graphed`` (domain/graphed_call.py's GraphedCall, for ``owner``)
+    where given."""
     x = x.as_subclass(torch.Tensor).to(mm.dtype)
-    vectors = x[graph.receivers] - x[graph.senders] - graph.shift
-    keep = torch.nonzero(torch.linalg.vector_norm(vectors, dim=1) < mm.cutoff).squeeze(1)
-    receivers, senders, vectors, edge_k = graph.receivers[keep], graph.senders[keep], vectors[keep], graph.edge_k[keep]
-    n, s = int(x.shape[0]), len(graph.sizes)
+    inputs = (x, graph.node_attrs, graph.receivers, graph.senders, graph.shift, graph.node_k, graph.edge_k)
+
+    def call(*t):
+        return _call(mm, *t, len(graph.sizes), exchange, executor, capacity)
+
+    if graphed is None or capacity is None:
+        return call(*inputs)
+    signature = (int(x.shape[0]), int(graph.receivers.shape[0]), capacity, len(graph.sizes), x.dtype)
+    return graphed(call, owner, signature, inputs)
+
+
+def _call(mm, x, node_attrs, receivers, senders, shift, node_k, edge_k, s: int, exchange, executor,
+          capacity: int | None) -> dict:
+    n = int(x.shape[0])
+    vectors = x[receivers] - x[senders] - shift
+    inside = torch.linalg.vector_norm(vectors, dim=1) < mm.cutoff
+    valid = fill = None
+    if capacity is None:
+        keep = torch.nonzero(inside).squeeze(1)
+    else:   # no host read: a fixed number of rows, the tail padding (self-edges at 2 r_max)
+        count = inside.sum()
+        keep = torch.nonzero_static(inside, size=capacity, fill_value=0).squeeze(1)
+        valid = torch.arange(capacity, device=x.device) < count
+        fill = count.to(torch.float64) / capacity
+    receivers, senders, vectors, edge_k = receivers[keep], senders[keep], vectors[keep], edge_k[keep]
+    if valid is not None:
+        spread = torch.arange(capacity, device=x.device) % max(n, 1)
+        far = torch.zeros(3, dtype=vectors.dtype, device=x.device)
+        far[0] = 2.0 * mm.cutoff
+        receivers, senders = torch.where(valid, receivers, spread), torch.where(valid, senders, spread)
+        vectors = torch.where(valid[:, None], vectors, far)
     with torch.enable_grad(), executor():
         vectors = vectors.detach().requires_grad_(True)
         data = {
-            "node_attrs": graph.node_attrs,
+            "node_attrs": node_attrs,
             "edge_index": torch.stack([senders, receivers]),
             "vectors": vectors,
             "batch": torch.zeros(n, dtype=torch.int64, device=x.device),
@@ -107,16 +155,23 @@ def compute_joined(mm, graph: JoinedGraph, x: torch.Tensor, exchange, executor) 
         (grad,) = torch.autograd.grad(nodes.sum(), vectors, allow_unused=True)
     if grad is None:
         grad = torch.zeros_like(vectors)
+    if valid is not None:   # padding edges: exactly zero already; never let them carry a NaN
+        grad = torch.where(valid[:, None], grad, 0.0)
     nodes = nodes.detach()
     forces = torch.zeros(n, 3, dtype=mm.dtype, device=x.device)
     forces.index_add_(0, receivers, -grad)
     forces.index_add_(0, senders, grad)
     # per system: energies summed in float64 (as the single call does), virials over its edges
-    energy = torch.zeros(s, dtype=torch.float64, device=x.device).index_add_(0, graph.node_k, nodes.to(torch.float64))
+    energy = torch.zeros(s, dtype=torch.float64, device=x.device).index_add_(0, node_k, nodes.to(torch.float64))
     outer = -(vectors.detach()[:, :, None] * grad[:, None, :])
     virial = torch.zeros(s, 3, 3, dtype=mm.dtype, device=x.device).index_add_(0, edge_k, outer)
     virial = 0.5 * (virial + virial.transpose(1, 2))
-    return {"energy": energy, "forces": forces, "virial": virial, "energies": nodes.to(mm.dtype)}
+    result = {"energy": energy, "forces": forces, "virial": virial, "energies": nodes.to(mm.dtype)}
+    if fill is None:
+        result["selected"] = int(keep.shape[0])
+    else:
+        result["capacity_fill"] = fill
+    return result
 
 
 def split(joined: dict[str, torch.Tensor], sizes, k: int, start: int, dtype) -> dict[str, torch.Tensor]:

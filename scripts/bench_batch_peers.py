@@ -66,11 +66,11 @@ def ours(frames, steps: int, warmup: int, device: str = "cuda", t0: float | None
 
     spent = []   # each joined call's own time (the model), s
 
-    def timed_joined(self, graph, x):   # a step of the systems in flight as one array set
+    def timed_joined(self, graph, x, **kw):   # a step of the systems in flight as one array set
         _sync()
         t = time.perf_counter()
         calls.append((t, int(x.shape[0])))
-        out = joined(self, graph, x)
+        out = joined(self, graph, x, **kw)
         _sync()
         spent.append(time.perf_counter() - t)
         return out

@@ -94,7 +94,7 @@ def test_a_joined_batch_with_rebuilds_equals_each_system_alone(integrator, tmp_p
     seen = {"calls": 0, "rebuilt": 0}
     call, rebuilt = MaceModel.compute_joined, joined.Joined.rebuilt
     monkeypatch.setattr(MaceModel, "compute_joined",
-                        lambda self, g, x: seen.__setitem__("calls", seen["calls"] + 1) or call(self, g, x))
+                        lambda self, g, x, **kw: seen.__setitem__("calls", seen["calls"] + 1) or call(self, g, x, **kw))
     monkeypatch.setattr(joined.Joined, "rebuilt",
                         lambda self, j: seen.__setitem__("rebuilt", seen["rebuilt"] + 1) or rebuilt(self, j))
     common = ["run", "model=mace", "model.checkpoint=cuag.model", "quiet=true", "system.file=cuag.extxyz",
@@ -109,3 +109,38 @@ def test_a_joined_batch_with_rebuilds_equals_each_system_alone(integrator, tmp_p
             assert np.abs(final(tmp_path / f"b.{k}.h5", field) - final(tmp_path / f"a{k}.h5", field)).max() <= 1e-10
     rows = summary(tmp_path / "b.summary.csv")
     assert [int(x["atoms"]) for x in rows] == [32, 48, 32] and all(int(x["steps"]) == 200 for x in rows)
+
+
+@pytest.mark.slow
+def test_sync_free_selection_and_its_overflow_equal_each_system_alone(tmp_path, capfd, monkeypatch):
+    """The CUDA route's edge selection (fixed rows, padding edges, no host read) run on the CPU,
+    its room cut to nothing so that it overflows: each overflowing step is redone exactly and the
+    room grows; every system still equals its run alone."""
+    from shardmd.engine.batch import joined
+    from shardmd.models.mace import MaceModel
+    from shardmd.models.mace_random import make_random_mace
+
+    make_random_mace(tmp_path / "cuag.model", elements=(29, 47), r_max=4.0)
+    write(tmp_path / "cuag.extxyz", _frames())
+    monkeypatch.setattr(joined.Joined, "sync_free", True)
+    monkeypatch.setattr(joined, "MARGIN", 1.0)
+    monkeypatch.setattr(joined, "SLACK", -20)   # the first room 20 edges short
+    fills = []
+    call = MaceModel.compute_joined
+
+    def seen(self, g, x, **kw):
+        out = call(self, g, x, **kw)
+        if "capacity_fill" in out:
+            fills.append(float(out["capacity_fill"]))
+        return out
+
+    monkeypatch.setattr(MaceModel, "compute_joined", seen)
+    common = ["run", "model=mace", "model.checkpoint=cuag.model", "quiet=true", "system.file=cuag.extxyz",
+              "steps=60", "trajectory.every=30", "temperature=900", "integrator=langevin", "neighbor.skin=0.3"]
+    r = cli_in_process([*common, "system.frames=all", "batch.size=3", "output=b.h5"], tmp_path, capfd, monkeypatch)
+    assert r.returncode == 0, r.stderr
+    assert len(fills) >= 50 and max(fills) > 1 and min(fills) < 1   # overflowed, redone, then fitted
+    for k in range(3):
+        r = cli_in_process([*common, f"system.index={k}", f"output=a{k}.h5"], tmp_path, capfd, monkeypatch)
+        assert r.returncode == 0, r.stderr
+        assert np.abs(final(tmp_path / f"b.{k}.h5") - final(tmp_path / f"a{k}.h5")).max() <= 1e-10

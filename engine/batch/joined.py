@@ -35,7 +35,10 @@ import numpy as np
 import torch
 
 from shardmd.integrators import batched
-from shardmd.models.mace_batch import merge, split
+from shardmd.models.mace_batch import merge, pad_edges, split
+
+#: room over a count of edges (joined list, selected edges): a tenth more, and a fixed slack
+MARGIN, SLACK = 1.1, 1024
 
 
 def item_of(sim):
@@ -74,6 +77,10 @@ class Joined:
     """``members`` (engine/batch/lockstep.py ``Member``s, each set up and at the same point of
     its step loop) as one array set; ``model`` with ``join`` and ``compute_joined``."""
 
+    #: the sync-free edge selection: None on CUDA only (there a host read drains the launch
+    #: queue; on the CPU the exact selection costs nothing extra), else always or never
+    sync_free: bool | None = None
+
     def __init__(self, members, model):
         self.members, self.model = list(members), model
         sims = [m.sim for m in self.members]
@@ -108,6 +115,10 @@ class Joined:
         self.parts = [model.join([item_of(sim)]) for sim in sims]
         self.graph = None   # merged when next needed
         self.out = None     # the last joined call's outputs
+        # on CUDA: the joined edges padded to ``edge_rows`` and selected into ``capacity`` rows
+        # without a host read, so the call keeps one shape over rebuilds (a CUDA graph replays it)
+        self.static = dev.type == "cuda" if self.sync_free is None else self.sync_free
+        self.edge_rows, self.capacity = 0, None
 
     def _constants(self, sim):
         i = sim.integrator
@@ -150,10 +161,30 @@ class Joined:
     def forces(self) -> None:
         """One model call over every system, then their second half."""
         if self.graph is None:
-            self.graph = merge(self.parts)
-        self.out = self.model.compute_joined(self.graph, self.x)
-        self.f = self.out["forces"].to(self.x.dtype)
+            self.graph = self._merged()
+        out = None
+        if self.capacity is not None:
+            out = self.model.compute_joined(self.graph, self.x, capacity=self.capacity, owner=self)
+            fill = float(out["capacity_fill"])   # the step's one other read
+            if fill > 1:   # edges lost: this step again, exactly, and more room from now on
+                seen = fill * self.capacity
+                self.capacity, out = max(int(seen * MARGIN) + SLACK, int(seen) + 1), None
+        if out is None:
+            out = self.model.compute_joined(self.graph, self.x)
+            if self.static:
+                self.capacity = max(self.capacity or 0, int(out["selected"] * MARGIN) + SLACK)
+        self.out = out
+        self.f = out["forces"].to(self.x.dtype)
         batched.half_kick(self.v, self.f, self.masses, self.dt)
+
+    def _merged(self):
+        graph = merge(self.parts)
+        if not self.static:
+            return graph
+        rows = int(graph.receivers.shape[0])
+        if rows > self.edge_rows:
+            self.edge_rows = int(rows * MARGIN) + SLACK
+        return pad_edges(graph, self.edge_rows, self.model.cutoff)
 
     def due(self) -> list[int]:
         """The systems whose step now writes something or is their last."""
