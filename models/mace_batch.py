@@ -134,8 +134,8 @@ def _call(mm, x, node_attrs, receivers, senders, shift, node_k, edge_k, s: int, 
     receivers, senders, vectors, edge_k = receivers[keep], senders[keep], vectors[keep], edge_k[keep]
     if valid is not None:
         spread = torch.arange(capacity, device=x.device) % max(n, 1)
-        far = torch.zeros(3, dtype=vectors.dtype, device=x.device)
-        far[0] = 2.0 * mm.cutoff
+        # (2 r_max, 0, 0) made on the device: a host scalar written into it is a copy a graph cannot hold
+        far = (torch.arange(3, device=x.device) == 0).to(vectors.dtype) * (2.0 * mm.cutoff)
         receivers, senders = torch.where(valid, receivers, spread), torch.where(valid, senders, spread)
         vectors = torch.where(valid[:, None], vectors, far)
     with torch.enable_grad(), executor():

@@ -48,7 +48,8 @@ def _sync() -> None:
         torch.cuda.synchronize()
 
 
-def ours(frames, steps: int, warmup: int, device: str = "cuda", t0: float | None = None, each: bool = False) -> dict:
+def ours(frames, steps: int, warmup: int, device: str = "cuda", t0: float | None = None, each: bool = False,
+         graph: str = "auto") -> dict:
     """``t0``: the wall time to count the start-up from (a fresh process's launch), else the
     run's start; ``each``: every system steps its own arrays (the joined set off)."""
     from shardmd.engine.batch import joined as joined_mod
@@ -81,7 +82,8 @@ def ours(frames, steps: int, warmup: int, device: str = "cuda", t0: float | None
         joined_mod.usable = lambda members, model: False
     try:
         with tempfile.TemporaryDirectory() as d:
-            cfg = compose_config(["model=mace", f"device={device}", "precision=float32", f"steps={warmup + steps + 1}",
+            cfg = compose_config(["model=mace", f"model.cuda_graph={graph}", f"device={device}", "precision=float32",
+                                  f"steps={warmup + steps + 1}",
                                   "trajectory.every=0", "checkpoint.every=0", "thermo.every=0", "quiet=true",
                                   f"batch.size={len(frames)}", "system.frames=all", f"output={d}/b.h5"])
             t0 = time.perf_counter() - (0.0 if t0 is None else time.time() - t0)
@@ -161,6 +163,7 @@ def main() -> None:
                         "array set gains")
     p.add_argument("--startup", action="store_true",
                    help="also each side's start-up in a fresh process (imports, model, first step), first case")
+    p.add_argument("--graph", default="auto", help="our model.cuda_graph (auto: up to 50,000 atoms a call)")
     p.add_argument("--profile", action="store_true",
                    help="also our side of the first case under cProfile: where its start-up and steps go")
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
@@ -181,7 +184,7 @@ def main() -> None:
         count, atoms = (int(x) for x in case.split("x"))
         frames = systems(count, atoms)
         rows = []
-        for name, fn in [("ShardMD", lambda f=frames: ours(f, a.steps, a.warmup, a.device))] + [
+        for name, fn in [("ShardMD", lambda f=frames: ours(f, a.steps, a.warmup, a.device, graph=a.graph))] + [
                 ("ShardMD, each system's arrays", lambda f=frames: ours(f, a.steps, a.warmup, a.device, each=True))
                 for _ in range(a.each)] + [
                 ("torch-sim", lambda f=frames, nl=nl: torchsim(f, a.steps, a.warmup, nl)) for nl in a.nl]:
