@@ -54,6 +54,8 @@ import torch
 
 from shardmd.domain.api import SPEC_MPNN_HALO, HaloStorage, ModelConfig, NeighborConfig, OutputKind
 
+from .contract import refuse_unknown_species
+
 #: what the errors tell to install (nequip >= 0.18 needs e3nn >= 0.5; mace-torch pins 0.4.4)
 INSTALL = "pip install 'shardmd[allegro]'"
 ENVIRONMENT = "in its own environment: nequip >= 0.18 needs e3nn >= 0.5, which mace-torch excludes"
@@ -407,14 +409,9 @@ class AllegroModel:
         return h.hexdigest()
 
     def check_species(self, numbers) -> None:
-        from ase.data import chemical_symbols
+        refuse_unknown_species(numbers, self.atomic_numbers, self.label,
+                               "use an Allegro model trained on those elements")
 
-        have = set(int(z) for z in torch.as_tensor(numbers).unique().tolist())
-        missing = sorted(have - set(self.atomic_numbers))
-        if missing:
-            known = ", ".join(chemical_symbols[z] for z in self.atomic_numbers)
-            raise ValueError(f"{self.label} does not know {', '.join(chemical_symbols[z] for z in missing)} "
-                             f"(it knows {known}); use an Allegro model trained on those elements")
 
     def ase_calculator(self):
         """nequip's own ``NequIPCalculator`` on the same model object (its neighbour list, its

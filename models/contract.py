@@ -100,3 +100,18 @@ def has_virial(outputs: Mapping[str, Any]) -> bool:
 
 
 __all__ = ["CONTRACT_UNITS", "OPTIONAL_OUTPUTS", "REQUIRED_OUTPUTS", "Model", "check_model", "has_virial"]
+
+
+def refuse_unknown_species(numbers, known, what: str, fix: str = "use a model trained on those elements") -> None:
+    """A model's ``check_species``: raise a one-line ValueError, "<what> does not know X, Y (it
+    knows A, B); <fix>", for the elements of ``numbers`` (atomic numbers, any shape) that
+    ``known`` (atomic numbers) lacks."""
+    import torch
+    from ase.data import chemical_symbols
+
+    have = {int(z) for z in torch.as_tensor(numbers).unique().tolist()}
+    missing = sorted(have - {int(z) for z in known})
+    if missing:
+        raise ValueError(f"{what} does not know {', '.join(chemical_symbols[z] for z in missing)} (it knows "
+                         f"{', '.join(chemical_symbols[int(z)] for z in known)}); {fix}")
+

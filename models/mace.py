@@ -27,6 +27,7 @@ import torch
 
 from shardmd.domain.api import SPEC_MPNN_HALO, GraphedCall, OutputKind, current_scope
 
+from .contract import refuse_unknown_species
 from .edge_filter import RadiusFilter
 from .mace_files import (  # noqa: F401 - the model files' API, here for its users
     DEFAULT_MODEL,
@@ -292,15 +293,8 @@ class MaceModel:
         return file_sha256(self.path)
 
     def check_species(self, numbers) -> None:
-        from ase.data import chemical_symbols
+        refuse_unknown_species(numbers, self.atomic_numbers, f"the MACE model {self.path.name}")
 
-        have = set(int(z) for z in torch.as_tensor(numbers).unique().tolist())
-        missing = sorted(have - set(self.atomic_numbers))
-        if missing:
-            known = ", ".join(chemical_symbols[z] for z in self.atomic_numbers)
-            raise ValueError(f"the MACE model {self.path.name} does not know "
-                             f"{', '.join(chemical_symbols[z] for z in missing)} (it knows {known}); "
-                             "use a model trained on those elements")
 
     def compute(self, positions: torch.Tensor, cell: torch.Tensor, pbc, numbers: torch.Tensor, nl,
                 ctx=None) -> dict[str, torch.Tensor]:

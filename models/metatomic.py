@@ -59,6 +59,8 @@ import torch
 
 from shardmd.domain.api import PRESETS, ModelConfig, NeighborConfig, current_scope
 
+from .contract import refuse_unknown_species
+
 INSTALL = "pip install 'metatomic-torch>=0.1.19' vesin"
 TRUST_FIX = ("it is a TorchScript program that runs with your rights (it can read and write files): "
              "add model.trust_code=true if you trust its source")
@@ -323,15 +325,8 @@ class MetatomicModel:
         return h.hexdigest()
 
     def check_species(self, numbers) -> None:
-        from ase.data import chemical_symbols
+        refuse_unknown_species(numbers, self.atomic_numbers, f"the metatomic model {self.path.name}")
 
-        have = set(int(z) for z in torch.as_tensor(numbers).unique().tolist())
-        missing = sorted(have - set(self.atomic_numbers))
-        if missing:
-            raise ValueError(f"the metatomic model {self.path.name} does not know "
-                             f"{', '.join(chemical_symbols[z] for z in missing)} (it knows "
-                             f"{', '.join(chemical_symbols[z] for z in self.atomic_numbers)}); use a model trained "
-                             "on those elements")
 
     def ase_calculator(self, **kwargs):
         """metatomic's own ASE calculator on the same file (its neighbour lists, its autograd

@@ -38,6 +38,8 @@ import torch
 
 from shardmd.domain.api import SPEC_MPNN_HALO, JitAdapter, ModelConfig, NeighborConfig, OutputKind, shard_like
 
+from .contract import refuse_unknown_species
+
 #: the modules of nequip that call torch_runstats' TorchScript scatter (looked up at call time)
 SCATTER_CALLERS = ("nequip.nn._interaction_block", "nequip.nn._atomwise")
 
@@ -177,13 +179,8 @@ class NequipModel:
         return h.hexdigest()
 
     def check_species(self, numbers) -> None:
-        from ase.data import chemical_symbols
+        refuse_unknown_species(numbers, self.atomic_numbers, "the NequIP model")
 
-        have = set(int(z) for z in torch.as_tensor(numbers).unique().tolist())
-        missing = sorted(have - set(self.atomic_numbers))
-        if missing:
-            raise ValueError(f"the NequIP model does not know {', '.join(chemical_symbols[z] for z in missing)} "
-                             f"(it knows {', '.join(self.symbols)}); use a model trained on those elements")
 
     def ase_calculator(self):
         """nequip's own ASE calculator on the same weights (its neighbour list, its ForceOutput

@@ -61,6 +61,8 @@ from shardmd.domain.api import (
     shard_like,
 )
 
+from .contract import refuse_unknown_species
+
 #: what the error messages tell to install (sevenn needs e3nn >= 0.5; mace-torch pins 0.4.4)
 INSTALL = "pip install 'sevenn==0.13.0'"
 #: the pretrained models sevenn ships in its wheel (sevenn's own names; others download)
@@ -334,14 +336,9 @@ class SevenNetModel:
         return h.hexdigest()
 
     def check_species(self, numbers) -> None:
-        from ase.data import chemical_symbols
+        refuse_unknown_species(numbers, self.atomic_numbers, self.label,
+                               "use a SevenNet model trained on those elements")
 
-        have = set(int(z) for z in torch.as_tensor(numbers).unique().tolist())
-        missing = sorted(have - set(self.atomic_numbers))
-        if missing:
-            known = ", ".join(chemical_symbols[z] for z in self.atomic_numbers)
-            raise ValueError(f"{self.label} does not know {', '.join(chemical_symbols[z] for z in missing)} "
-                             f"(it knows {known}); use a SevenNet model trained on those elements")
 
     def ase_calculator(self):
         """sevenn's own SevenNetCalculator on the same model object (its matscipy neighbour
