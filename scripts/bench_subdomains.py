@@ -38,16 +38,18 @@ def one(size: int, parts: int, steps: int, device: str, extra: list[str]) -> dic
         args = ["run", "model=mace", f"device={device}", f"precision={precision}",
                 "system.lattice=fcc", "system.element=Cu", f"system.a={A_CU}", f"system.repeat=[{size},{size},{size}]",
                 f"steps={steps}", "temperature=300", "trajectory.every=0", "checkpoint.every=0",
-                f"thermo.every={steps}", f"subdomains={parts}", f"output={d}/run.h5", *extra]
+                f"thermo.every={steps}", "quiet=false", f"subdomains={parts}", f"output={d}/run.h5", *extra]
         t = time.perf_counter()
         r = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, cwd=d)
         wall = time.perf_counter() - t
-        loop = re.search(r"Loop: .*?([0-9.e+]+) atom-steps/s", r.stdout + r.stderr)
+        loop = re.search(r"Loop: .*?([0-9.e+]+) atom-steps/s.*?(\d+) neighbour builds", r.stdout + r.stderr)
+        split = re.search(r"Time split: (.*)", r.stdout + r.stderr)   # where the loop's time went
         mem = float(open(peak).read()) / 2**30 if os.path.exists(peak) else float("nan")
         if r.returncode or loop is None:
             tail = [ln for ln in (r.stderr or r.stdout).splitlines() if ln.strip()][-1:] or ["no output"]
             return {"rate": float("nan"), "mem": mem, "wall": wall, "note": tail[0][:140]}
-        return {"rate": float(loop.group(1)), "mem": mem, "wall": wall, "note": ""}
+        note = f"{loop.group(2)} builds; " + (split.group(1) if split else "")
+        return {"rate": float(loop.group(1)), "mem": mem, "wall": wall, "note": note}
 
 
 def main() -> None:
