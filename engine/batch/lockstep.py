@@ -305,6 +305,6 @@ def _step_joined(together, model, room, peak, fail, leave, UserError):
     if not gone:
         return together.members, together
     rest = [j for j in range(len(together.members)) if j not in gone]
-    for j in rest:
-        together.hand_back(j)
+    for j in rest:   # with this step's outputs: a stop right after checkpoints them as they are
+        together.hand_back(j, with_outputs=True)
     return [together.members[j] for j in rest], None
