@@ -137,13 +137,15 @@ metatomic = _Family("metatomic", "a metatomic (TorchScript) model file via metat
                                  "pip install 'shardmd[metatomic]'); model.trust_code=true opts in to its code")
 allegro = _Family("allegro", "Allegro via nequip-allegro (models/allegro.py; pip install 'shardmd[allegro]' in its own "
                              "environment: nequip >= 0.18 needs e3nn >= 0.5, mace-torch pins 0.4)")
+mattersim = _Family("mattersim", "MatterSim (M3GNet) via mattersim (models/mattersim.py; pip install "
+                                 "'shardmd[mattersim]' in its own environment: e3nn >= 0.5, mace-torch pins 0.4)")
 sevennet = _Family("sevennet", "SevenNet via sevenn (models/sevennet.py; pip install 'shardmd[sevennet]' in its own "
                                "environment: sevenn needs e3nn >= 0.5, mace-torch pins 0.4)")
 
 #: the shipped families (the entry points of pyproject.toml name these)
 MODELS: dict[str, Callable] = {"lj": lj, "morse": morse, "coulomb": coulomb, "d3": d3, "mace": mace,
                                "nequip": nequip, "sevennet": sevennet, "metatomic": metatomic, "allegro": allegro,
-                               "sum": model_sum}
+                               "mattersim": mattersim, "sum": model_sum}
 #: pretrained models by name (``model.name=7net-0``): the family that loads them and the key
 #: that names them there (``model=sevennet model.checkpoint=7net-0``)
 PRETRAINED = {name: ("sevennet", "checkpoint") for name in

@@ -4,6 +4,7 @@
     python scripts/bench_families.py --families sevennet                        # sevenn's environment
     python scripts/bench_families.py --families metatomic --checkpoint pet.pt --trust-code
     python scripts/bench_families.py --families allegro --precision float64     # nequip-allegro's environment
+    python scripts/bench_families.py --families mattersim --precision float32   # mattersim's environment
 
 fcc Cu (a = 3.61 Å, rattled 0.05 Å, periodic) of about --atoms atoms. For each family installed
 here: the model as ``model=<family>`` builds it (the shipped MACE, a random NequIP, SevenNet-0
@@ -42,6 +43,8 @@ def keys(family: str, a) -> dict:
         return {"checkpoint": a.checkpoint, "trust_code": a.trust_code}
     if family == "allegro":   # Allegro's architecture with random weights (models/allegro.py random_config)
         return {"random": True, "species": ["Cu"]}
+    if family == "mattersim":   # M3GNet at MatterSim v1's default size (4 blocks, 128 units), random weights
+        return {"checkpoint": a.checkpoint} if a.checkpoint else {"random": True}
     return {}
 
 
@@ -83,14 +86,15 @@ def row(family: str, a) -> str:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--families", nargs="+", default=["mace", "nequip", "sevennet", "metatomic", "allegro"])
+    p.add_argument("--families", nargs="+",
+                   default=["mace", "nequip", "sevennet", "metatomic", "allegro", "mattersim"])
     p.add_argument("--atoms", type=int, default=1000)
     p.add_argument("--precision", default="float32", choices=["float32", "float64"])
     p.add_argument("--device", default="cpu")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--checkpoint", default=None, help="model=metatomic: the exported .pt file; model=allegro: a "
-                   ".ckpt or .nequip.zip")
+                   ".ckpt or .nequip.zip; model=mattersim: a .pth")
     p.add_argument("--trust-code", action="store_true", help="model.trust_code=true (metatomic, an Allegro package)")
     a = p.parse_args()
     torch.set_num_threads(a.threads)
