@@ -144,3 +144,25 @@ def test_sync_free_selection_and_its_overflow_equal_each_system_alone(tmp_path, 
         r = cli_in_process([*common, f"system.index={k}", f"output=a{k}.h5"], tmp_path, capfd, monkeypatch)
         assert r.returncode == 0, r.stderr
         assert np.abs(final(tmp_path / f"b.{k}.h5") - final(tmp_path / f"a{k}.h5")).max() <= 1e-10
+
+
+@pytest.mark.slow
+def test_a_system_failing_in_the_set_makes_room_for_the_next(tmp_path, capfd, monkeypatch):
+    """batch.size=2 over three frames, the first blowing up at its first step: it leaves the set
+    mid-step, the second goes on, the third joins in its place; both equal their runs alone."""
+    from shardmd.models.mace_random import make_random_mace
+
+    make_random_mace(tmp_path / "cuag.model", elements=(29, 47), r_max=4.0)
+    frames = _frames()
+    frames[0].set_velocities(np.full((len(frames[0]), 3), 20.0))   # ~2 Å/fs: past health.max_step at once
+    write(tmp_path / "cuag.extxyz", frames)
+    common = ["run", "model=mace", "model.checkpoint=cuag.model", "quiet=true", "system.file=cuag.extxyz",
+              "steps=30", "trajectory.every=10", "integrator=langevin"]
+    r = cli_in_process([*common, "system.frames=all", "batch.size=2", "output=b.h5"], tmp_path, capfd, monkeypatch)
+    assert r.returncode == 3, r.stderr
+    rows = summary(tmp_path / "b.summary.csv")
+    assert [x["status"] for x in rows] == ["failed", "ok", "ok"] and "exit status 3" in rows[0]["note"]
+    for k in (1, 2):
+        r = cli_in_process([*common, f"system.index={k}", f"output=a{k}.h5"], tmp_path, capfd, monkeypatch)
+        assert r.returncode == 0, r.stderr
+        assert np.abs(final(tmp_path / f"b.{k}.h5") - final(tmp_path / f"a{k}.h5")).max() <= 1e-10

@@ -302,8 +302,8 @@ def _step_joined(together, model, room, peak, fail, leave, UserError):
         if m.done:
             gone.add(j)
             leave(m)
-    if not gone:
-        return together.members, together
+    if not gone:   # a copy: systems admitted later join ``flying``, never the set's own list
+        return list(together.members), together
     rest = [j for j in range(len(together.members)) if j not in gone]
     for j in rest:   # with this step's outputs: a stop right after checkpoints them as they are
         together.hand_back(j, with_outputs=True)
