@@ -166,3 +166,24 @@ def test_a_system_failing_in_the_set_makes_room_for_the_next(tmp_path, capfd, mo
         r = cli_in_process([*common, f"system.index={k}", f"output=a{k}.h5"], tmp_path, capfd, monkeypatch)
         assert r.returncode == 0, r.stderr
         assert np.abs(final(tmp_path / f"b.{k}.h5") - final(tmp_path / f"a{k}.h5")).max() <= 1e-10
+
+
+@pytest.mark.slow
+def test_systems_at_different_steps_in_one_set(tmp_path, capfd, monkeypatch):
+    """Two systems continued from step 20 and a new one from step 0 step as one set: the first
+    two leave at 40 bit-identical to an uninterrupted run, the third goes on alone to its end."""
+    from shardmd.models.mace_random import make_random_mace
+
+    make_random_mace(tmp_path / "cuag.model", elements=(29, 47), r_max=4.0)
+    write(tmp_path / "cuag.extxyz", _frames())
+    common = ["run", "model=mace", "model.checkpoint=cuag.model", "quiet=true", "system.file=cuag.extxyz",
+              "trajectory.every=10", "checkpoint.every=10", "integrator=langevin", "batch.size=3"]
+    for args in (["system.frames=0:2", "steps=20", "output=p.h5"],
+                 ["system.frames=all", "steps=40", "output=p.h5", "restart=auto"],
+                 ["system.frames=all", "steps=40", "output=u.h5"]):
+        r = cli_in_process([*common, *args], tmp_path, capfd, monkeypatch)
+        assert r.returncode == 0, r.stderr
+    for k in range(3):
+        got, ref = final(tmp_path / f"p.{k}.h5"), final(tmp_path / f"u.{k}.h5")
+        assert (np.array_equal(got, ref) if k < 2 else np.abs(got - ref).max() <= 1e-10), k
+    assert [int(x["steps"]) for x in summary(tmp_path / "p.summary.csv")] == [40, 40, 40]
