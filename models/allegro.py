@@ -39,12 +39,9 @@ whole system and cannot be decomposed: refused, naming the file to give instead.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import importlib
-import json
 import pickle
 import random as _random
-import re
 import warnings
 import zipfile
 from collections.abc import Mapping, Sequence
@@ -55,6 +52,7 @@ import torch
 from shardmd.domain.api import SPEC_MPNN_HALO, HaloStorage, ModelConfig, NeighborConfig, OutputKind
 
 from .contract import refuse_unknown_species
+from .files import file_sha256, refused_global, weights_sha256
 
 #: what the errors tell to install (nequip >= 0.18 needs e3nn >= 0.5; mace-torch pins 0.4.4)
 INSTALL = "pip install 'shardmd[allegro]'"
@@ -231,9 +229,7 @@ def read_checkpoint(path: Path, label: str) -> dict:
     try:
         cp = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
-        m = re.search(r"GLOBAL (\S+) was not an allowed global|unsupported GLOBAL (\S+)|unrecognized function (\S+)",
-                      str(exc))
-        what = next((g for g in m.groups() if g), "").rstrip(".,") if m else "objects beyond tensors and containers"
+        what = refused_global(str(exc)) or "objects beyond tensors and containers"
         raise ValueError(f"{label} is not a nequip-train checkpoint: it needs {what} to load; {TRUST_FIX}") from None
     except Exception as exc:  # noqa: BLE001 - zip errors, truncated files
         raise ValueError(f"{label} is not a loadable nequip checkpoint ({type(exc).__name__}); give the .ckpt "
@@ -397,21 +393,11 @@ class AllegroModel:
 
     def identity(self) -> str:
         """SHA-256 of the model file, or of the random model's configuration and weights."""
-        h = hashlib.sha256()
-        if hasattr(self, "path"):
-            with open(self.path, "rb") as f:
-                for block in iter(lambda: f.read(1 << 20), b""):
-                    h.update(block)
-            return h.hexdigest()
-        h.update(json.dumps(self.config, sort_keys=True, default=str).encode())
-        for t in self.graph_model.state_dict().values():
-            h.update(t.detach().cpu().contiguous().numpy().tobytes())
-        return h.hexdigest()
+        return file_sha256(self.path) if hasattr(self, "path") else weights_sha256(self.config, self.graph_model)
 
     def check_species(self, numbers) -> None:
         refuse_unknown_species(numbers, self.atomic_numbers, self.label,
                                "use an Allegro model trained on those elements")
-
 
     def ase_calculator(self):
         """nequip's own ``NequIPCalculator`` on the same model object (its neighbour list, its

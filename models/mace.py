@@ -29,10 +29,10 @@ from shardmd.domain.api import SPEC_MPNN_HALO, GraphedCall, OutputKind, current_
 
 from .contract import refuse_unknown_species
 from .edge_filter import RadiusFilter
+from .files import file_sha256
 from .mace_files import (  # noqa: F401 - the model files' API, here for its users
     DEFAULT_MODEL,
     _import_mace,
-    file_sha256,
     foundation_cache_path,
     foundation_models,
     load_mace,
@@ -294,7 +294,6 @@ class MaceModel:
 
     def check_species(self, numbers) -> None:
         refuse_unknown_species(numbers, self.atomic_numbers, f"the MACE model {self.path.name}")
-
 
     def compute(self, positions: torch.Tensor, cell: torch.Tensor, pbc, numbers: torch.Tensor, nl,
                 ctx=None) -> dict[str, torch.Tensor]:

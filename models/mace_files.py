@@ -3,7 +3,6 @@ are cached), and loading a file safely (models/mace_safe_load.py) into a mace-to
 Every failure is a one-line ValueError naming the file and the fix."""
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 
 import torch
@@ -147,13 +146,5 @@ def resolve_checkpoint(checkpoint: str | Path | None) -> Path:
     if not path.is_file():
         raise ValueError(f"model.checkpoint={name!r}: mace-torch's loader gave {path}, which is not a file")
     return path
-
-
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 

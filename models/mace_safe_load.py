@@ -69,6 +69,8 @@ from pathlib import Path
 import torch
 import torch.fx
 
+from .files import refused_global
+
 
 class RefusedContent(Exception):
     """The file needs a global, or holds fx code, that the safe loader does not allow.
@@ -308,22 +310,6 @@ def torch_supports_safe_load() -> bool:
     """torch >= 2.6: allow-list entries of the form (callable, name) (used for the substitutes)."""
     major, minor = (int(x) for x in re.match(r"(\d+)\.(\d+)", torch.__version__).groups())
     return (major, minor) >= (2, 6)
-
-
-_GLOBAL_PATTERNS = (re.compile(r"GLOBAL (\S+) was not an allowed global"),
-                    re.compile(r"unsupported GLOBAL (\S+) whose module \S+ is blocked"),
-                    re.compile(r"unrecognized function (\S+)"),
-                    re.compile(r"but got <class '([^']+)'>"))
-
-
-def refused_global(message: str) -> str | None:
-    """The global named in a torch ``UnpicklingError`` from the restricted unpickler, or None
-    if the error is not a refusal (a corrupt or truncated file)."""
-    for pat in _GLOBAL_PATTERNS:
-        m = pat.search(message)
-        if m:
-            return m.group(1).rstrip(".,")
-    return None
 
 
 _FORCE_NO = "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"

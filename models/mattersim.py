@@ -45,10 +45,7 @@ format) are refused in one line.  mattersim is imported only when this model is 
 """
 from __future__ import annotations
 
-import hashlib
-import json
 import pickle
-import re
 import threading
 import warnings
 from pathlib import Path
@@ -56,6 +53,8 @@ from pathlib import Path
 import torch
 
 from shardmd.domain.api import SPEC_MPNN_HALO, ModelConfig, NeighborConfig, OutputKind, PythonAdapter, shard_like
+
+from .files import file_sha256, refused_global, weights_sha256
 
 #: what the errors tell to install (mattersim 1.2.3 needs e3nn >= 0.5; mace-torch pins 0.4.4)
 INSTALL = "pip install 'shardmd[mattersim]'"
@@ -151,11 +150,10 @@ def load_checkpoint_dict(path: Path, label: str, trust_pickle: bool = False) -> 
             warnings.simplefilter("ignore")
             cp = torch.load(path, map_location="cpu", weights_only=not trust_pickle)
     except pickle.UnpicklingError as exc:
-        m = re.search(r"GLOBAL (\S+) was not an allowed global|unsupported GLOBAL (\S+)|"
-                      r"unrecognized function (\S+)", str(exc))
-        if m is None:
+        what = refused_global(str(exc))
+        if what is None:
             raise ValueError(f"{label} is not a loadable MatterSim checkpoint (a corrupt pickle)") from None
-        raise _refused(label, next(g for g in m.groups() if g).rstrip(".,")) from None
+        raise _refused(label, what) from None
     except Exception as exc:  # noqa: BLE001 - zip errors, a TorchScript archive, ...
         if "TorchScript" in str(exc) or "constants.pkl" in str(exc):
             raise ValueError(f"{label} is a TorchScript archive, not a MatterSim checkpoint; give the .pth "
@@ -290,16 +288,7 @@ class MatterSimModel:
 
     def identity(self) -> str:
         """SHA-256 of the checkpoint file, or of the random model's arguments and weights."""
-        h = hashlib.sha256()
-        if hasattr(self, "path"):
-            with open(self.path, "rb") as f:
-                for block in iter(lambda: f.read(1 << 20), b""):
-                    h.update(block)
-            return h.hexdigest()
-        h.update(json.dumps([self.args, self.random], sort_keys=True, default=str).encode())
-        for t in self.net.state_dict().values():
-            h.update(t.detach().cpu().contiguous().numpy().tobytes())
-        return h.hexdigest()
+        return file_sha256(self.path) if hasattr(self, "path") else weights_sha256([self.args, self.random], self.net)
 
     def check_species(self, numbers) -> None:
         """MatterSim covers Z = 1 .. max_z (its one-hot); other numbers are refused."""

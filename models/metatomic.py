@@ -49,7 +49,6 @@ taken relative to it, never as they stand); then metatomic's own ``check_atomist
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import zipfile
@@ -60,6 +59,7 @@ import torch
 from shardmd.domain.api import PRESETS, ModelConfig, NeighborConfig, current_scope
 
 from .contract import refuse_unknown_species
+from .files import file_sha256
 
 INSTALL = "pip install 'metatomic-torch>=0.1.19' vesin"
 TRUST_FIX = ("it is a TorchScript program that runs with your rights (it can read and write files): "
@@ -318,15 +318,10 @@ class MetatomicModel:
 
     # -- identity, species, reference -------------------------------------------------------------
     def identity(self) -> str:
-        h = hashlib.sha256()
-        with open(self.path, "rb") as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                h.update(block)
-        return h.hexdigest()
+        return file_sha256(self.path)
 
     def check_species(self, numbers) -> None:
         refuse_unknown_species(numbers, self.atomic_numbers, f"the metatomic model {self.path.name}")
-
 
     def ase_calculator(self, **kwargs):
         """metatomic's own ASE calculator on the same file (its neighbour lists, its autograd

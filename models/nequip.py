@@ -181,7 +181,6 @@ class NequipModel:
     def check_species(self, numbers) -> None:
         refuse_unknown_species(numbers, self.atomic_numbers, "the NequIP model")
 
-
     def ase_calculator(self):
         """nequip's own ASE calculator on the same weights (its neighbour list, its ForceOutput
         and StressOutput): the independent single-process reference."""

@@ -13,7 +13,6 @@ names them.  It returns an object meeting :mod:`shardmd.models.contract`.  ``mod
 """
 from __future__ import annotations
 
-import hashlib
 import importlib
 import inspect
 import json
@@ -24,6 +23,7 @@ from pathlib import Path
 import torch
 
 from .contract import check_model
+from .files import file_sha256
 
 ENTRY_POINT_GROUP = "shardmd.models"
 PY_PREFIX = "py:"
@@ -289,14 +289,6 @@ def _key(cfg: Mapping) -> str:
     return json.dumps(dict(cfg), sort_keys=True, default=str)
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def model_origin(cfg: Mapping) -> dict:
     """Where a model comes from, for the log, the trajectory and the checkpoint: its route, the
     factory (module:qualname and source file), its arguments, the SHA-256 of every file
@@ -315,10 +307,10 @@ def model_origin(cfg: Mapping) -> dict:
         if is_route(name):   # the user's own code is part of the model
             src = inspect.getsourcefile(factory) if inspect.isfunction(factory) or inspect.isclass(factory) else None
             if src and Path(src).is_file():
-                files[str(Path(src).resolve())] = _sha256(Path(src))
+                files[str(Path(src).resolve())] = file_sha256(Path(src))
     for v in [cfg.get("spec"), *out["arguments"].values()]:
         if isinstance(v, str) and v and Path(v).is_file():
-            files[str(Path(v).resolve())] = _sha256(Path(v))
+            files[str(Path(v).resolve())] = file_sha256(Path(v))
     out["files"] = files
     head = _RESOLVED_HEADS.get(_key(cfg))
     if head is not None:   # a multi-head model: the head it runs is part of what it is

@@ -41,10 +41,7 @@ in one line.  sevenn is imported only when this model is built.
 from __future__ import annotations
 
 import functools
-import hashlib
-import json
 import pickle
-import re
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -62,6 +59,7 @@ from shardmd.domain.api import (
 )
 
 from .contract import refuse_unknown_species
+from .files import file_sha256, refused_global, weights_sha256
 
 #: what the error messages tell to install (sevenn needs e3nn >= 0.5; mace-torch pins 0.4.4)
 INSTALL = "pip install 'sevenn==0.13.0'"
@@ -168,11 +166,10 @@ def load_checkpoint_dict(path: Path, label: str, trust_pickle: bool = False) -> 
                 with torch.serialization.safe_globals(_safe_globals()):
                     cp = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
-        m = re.search(r"GLOBAL (\S+) was not an allowed global|unsupported GLOBAL (\S+)|"
-                      r"unrecognized function (\S+)", str(exc))
-        if m is None:
+        what = refused_global(str(exc))
+        if what is None:
             raise ValueError(f"{label} is not a loadable SevenNet checkpoint (a corrupt pickle)") from None
-        raise _refused(label, next(g for g in m.groups() if g).rstrip(".,")) from None
+        raise _refused(label, what) from None
     except Exception as exc:  # noqa: BLE001 - zip errors, a TorchScript archive, ...
         if "TorchScript" in str(exc) or "constants.pkl" in str(exc):
             raise ValueError(f"{label} is a TorchScript archive (e.g. sevenn's deployed LAMMPS model), not a "
@@ -324,21 +321,11 @@ class SevenNetModel:
 
     def identity(self) -> str:
         """SHA-256 of the checkpoint file, or of the random model's config and weights."""
-        h = hashlib.sha256()
-        if hasattr(self, "path"):
-            with open(self.path, "rb") as f:
-                for block in iter(lambda: f.read(1 << 20), b""):
-                    h.update(block)
-            return h.hexdigest()
-        h.update(json.dumps(self.config, sort_keys=True, default=str).encode())
-        for t in self.graph_model.state_dict().values():
-            h.update(t.detach().cpu().contiguous().numpy().tobytes())
-        return h.hexdigest()
+        return file_sha256(self.path) if hasattr(self, "path") else weights_sha256(self.config, self.graph_model)
 
     def check_species(self, numbers) -> None:
         refuse_unknown_species(numbers, self.atomic_numbers, self.label,
                                "use a SevenNet model trained on those elements")
-
 
     def ase_calculator(self):
         """sevenn's own SevenNetCalculator on the same model object (its matscipy neighbour
