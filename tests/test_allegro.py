@@ -10,8 +10,6 @@ strictly local, the wrapper sums the per-atom energies per system.
 nequip's data is float64 under its global state; its calculator builds it with the process
 default dtype, so the references here evaluate with float64 as the default (``_evaluate``).
 """
-import os
-import shlex
 import subprocess
 import sys
 import warnings
@@ -23,6 +21,7 @@ import torch
 from ase import Atoms
 from ase.io import write
 from conftest import run_engine
+from family_checks import assert_restart_bit_exact, save_hostile
 
 pytest.importorskip("allegro", reason="nequip-allegro is not installed (pip install 'shardmd[allegro]' in its own "
                                       "environment: nequip >= 0.18 needs e3nn >= 0.5, which mace-torch excludes)")
@@ -145,27 +144,10 @@ def test_restart_on_two_domains_is_bit_exact(files):
     d = files["dir"]
     base = [*CLI, f"model.checkpoint={files['ckpt']}", f"system.file={files['xyz']}", "trajectory.every=5",
             "domains=2"]
-    for args in (["steps=20", "output=straight.h5"], ["steps=10", "output=split.h5"],
-                 ["steps=20", "output=split.h5", "restart=auto"]):
-        r = run_engine([*base, *args], cwd=d, timeout=600)
-        assert r.returncode == 0, r.stderr[-3000:]
-    a = {f.info["step"]: f for f in read_frames(d / "straight.h5")}
-    b = {f.info["step"]: f for f in read_frames(d / "split.h5")}
-    assert sorted(a) == sorted(b) == [0, 5, 10, 15, 20]
-    for s in a:
-        assert np.array_equal(a[s].positions, b[s].positions), s
-        assert np.array_equal(a[s].get_velocities(), b[s].get_velocities()), s
+    assert_restart_bit_exact(base, d)
 
 
 # -- files, refusals ----------------------------------------------------------------------------------
-class _Payload:
-    def __init__(self, call, args):
-        self.call, self.args = call, args
-
-    def __reduce__(self):
-        return self.call, self.args
-
-
 def _edited(files, name, edit):
     """A copy of the checkpoint with ``edit(checkpoint dict)`` applied."""
     cp = torch.load(files["ckpt"], map_location="cpu", weights_only=True)
@@ -182,7 +164,7 @@ def test_file_refusals_are_one_line(files):
 
     d = files["dir"]
     marker = d / "MARKER"
-    torch.save(_Payload(os.system, (f"touch {shlex.quote(str(marker))}",)), d / "evil.ckpt")
+    save_hostile(d / "evil.ckpt", marker)
     torch.save({"model.func.weight": torch.zeros(3)}, d / "bare.ckpt")
     torch.jit.script(torch.nn.Linear(2, 2)).save(str(d / "deployed.nequip.pth"))
     (d / "junk.ckpt").write_bytes(b"not a checkpoint")

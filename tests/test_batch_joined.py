@@ -68,18 +68,27 @@ def test_batched_verlet_gives_each_system_its_own_bits():
         start += n
 
 
-def _frames():
-    """Cu/Ag cells of 32 and 48 atoms, one sheared, rattled."""
+def _frames(sheared: bool = True):
+    """Cu/Ag cells of 32 and 48 atoms, rattled; the third sheared unless ``sheared`` is False."""
     rng = np.random.default_rng(5)
     out = []
     for k in range(3):
         a = bulk("Cu", "fcc", a=3.7, cubic=True).repeat((2, 2, 2 + k % 2))
         a.positions += rng.normal(0.0, 0.05, a.positions.shape)
         a.numbers[k::3] = 47
-        if k == 2:
+        if k == 2 and sheared:
             a.cell[0, 1] = 0.3
         out.append(a)
     return out
+
+
+def write_cuag(d, frames=None) -> None:
+    """A random float64 Cu/Ag MACE model (``cuag.model``) and ``frames`` (default :func:`_frames`)
+    as ``cuag.extxyz`` in ``d``."""
+    from shardmd.models.mace_random import make_random_mace
+
+    make_random_mace(d / "cuag.model", elements=(29, 47), r_max=4.0)
+    write(d / "cuag.extxyz", _frames() if frames is None else frames)
 
 
 @pytest.mark.slow
@@ -87,10 +96,7 @@ def _frames():
 def test_a_joined_batch_with_rebuilds_equals_each_system_alone(integrator, tmp_path, capfd, monkeypatch):
     from shardmd.engine.batch import joined
     from shardmd.models.mace import MaceModel
-    from shardmd.models.mace_random import make_random_mace
-
-    make_random_mace(tmp_path / "cuag.model", elements=(29, 47), r_max=4.0)
-    write(tmp_path / "cuag.extxyz", _frames())
+    write_cuag(tmp_path)
     seen = {"calls": 0, "rebuilt": 0}
     call, rebuilt = MaceModel.compute_joined, joined.Joined.rebuilt
     monkeypatch.setattr(MaceModel, "compute_joined",
@@ -118,10 +124,7 @@ def test_sync_free_selection_and_its_overflow_equal_each_system_alone(tmp_path, 
     room grows; every system still equals its run alone."""
     from shardmd.engine.batch import joined
     from shardmd.models.mace import MaceModel
-    from shardmd.models.mace_random import make_random_mace
-
-    make_random_mace(tmp_path / "cuag.model", elements=(29, 47), r_max=4.0)
-    write(tmp_path / "cuag.extxyz", _frames())
+    write_cuag(tmp_path)
     monkeypatch.setattr(joined.Joined, "sync_free", True)
     monkeypatch.setattr(joined, "MARGIN", 1.0)
     monkeypatch.setattr(joined, "SLACK", -20)   # the first room 20 edges short
@@ -150,12 +153,9 @@ def test_sync_free_selection_and_its_overflow_equal_each_system_alone(tmp_path, 
 def test_a_system_failing_in_the_set_makes_room_for_the_next(tmp_path, capfd, monkeypatch):
     """batch.size=2 over three frames, the first blowing up at its first step: it leaves the set
     mid-step, the second goes on, the third joins in its place; both equal their runs alone."""
-    from shardmd.models.mace_random import make_random_mace
-
-    make_random_mace(tmp_path / "cuag.model", elements=(29, 47), r_max=4.0)
     frames = _frames()
     frames[0].set_velocities(np.full((len(frames[0]), 3), 20.0))   # ~2 Å/fs: past health.max_step at once
-    write(tmp_path / "cuag.extxyz", frames)
+    write_cuag(tmp_path, frames)
     common = ["run", "model=mace", "model.checkpoint=cuag.model", "quiet=true", "system.file=cuag.extxyz",
               "steps=30", "trajectory.every=10", "integrator=langevin"]
     r = cli_in_process([*common, "system.frames=all", "batch.size=2", "output=b.h5"], tmp_path, capfd, monkeypatch)
@@ -172,10 +172,7 @@ def test_a_system_failing_in_the_set_makes_room_for_the_next(tmp_path, capfd, mo
 def test_systems_at_different_steps_in_one_set(tmp_path, capfd, monkeypatch):
     """Two systems continued from step 20 and a new one from step 0 step as one set: the first
     two leave at 40 bit-identical to an uninterrupted run, the third goes on alone to its end."""
-    from shardmd.models.mace_random import make_random_mace
-
-    make_random_mace(tmp_path / "cuag.model", elements=(29, 47), r_max=4.0)
-    write(tmp_path / "cuag.extxyz", _frames())
+    write_cuag(tmp_path)
     common = ["run", "model=mace", "model.checkpoint=cuag.model", "quiet=true", "system.file=cuag.extxyz",
               "trajectory.every=10", "checkpoint.every=10", "integrator=langevin", "batch.size=3"]
     for args in (["system.frames=0:2", "steps=20", "output=p.h5"],

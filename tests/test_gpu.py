@@ -239,23 +239,13 @@ def test_systems_joined_on_cuda_replay_one_graph_and_equal_each_alone(tmp_path, 
     """Three Cu/Ag systems joined on CUDA (engine/batch/joined.py): sync-free edge selection and
     the joined call replayed as a CUDA graph; float64, each system equals its run alone (GPU sums
     in another order: 1e-8 Å after 100 steps at 900 K with rebuilds)."""
-    from ase.build import bulk
-    from ase.io import write
     from conftest import cli_in_process
     from test_batch import final
+    from test_batch_joined import _frames, write_cuag
 
     from shardmd.models.mace import MaceModel
-    from shardmd.models.mace_random import make_random_mace
 
-    make_random_mace(tmp_path / "cuag.model", elements=(29, 47), r_max=4.0)
-    rng = np.random.default_rng(5)
-    frames = []
-    for k in range(3):
-        a = bulk("Cu", "fcc", a=3.7, cubic=True).repeat((2, 2, 2 + k % 2))
-        a.positions += rng.normal(0.0, 0.05, a.positions.shape)
-        a.numbers[k::3] = 47
-        frames.append(a)
-    write(tmp_path / "cuag.extxyz", frames)
+    write_cuag(tmp_path, _frames(sheared=False))
     models = []
     init = MaceModel.__init__
     monkeypatch.setattr(MaceModel, "__init__", lambda self, *a, **k: models.append(self) or init(self, *a, **k))

@@ -7,7 +7,6 @@ migrations, and across a restart; the refusals, one line each.  models/mattersim
 MatterSim's per-atom scatter for one the halo handler sees (the per-layer exchange).
 """
 import os
-import shlex
 import subprocess
 import sys
 import warnings
@@ -18,6 +17,7 @@ import torch
 from ase import Atoms
 from ase.io import write
 from conftest import run_engine
+from family_checks import assert_restart_bit_exact, save_hostile
 
 pytest.importorskip("mattersim", reason="mattersim is not installed (pip install 'shardmd[mattersim]' in its own "
                                         "environment: mattersim needs e3nn >= 0.5, which mace-torch excludes)")
@@ -148,27 +148,10 @@ def test_restart_on_two_domains_is_bit_exact(files):
     d = files["dir"]
     base = [*CLI, f"model.checkpoint={files['ckpt']}", f"system.file={files['xyz']}", "trajectory.every=5",
             "domains=2"]
-    for args in (["steps=20", "output=straight.h5"], ["steps=10", "output=split.h5"],
-                 ["steps=20", "output=split.h5", "restart=auto"]):
-        r = run_engine([*base, *args], cwd=d, timeout=600)
-        assert r.returncode == 0, r.stderr[-3000:]
-    a = {f.info["step"]: f for f in read_frames(d / "straight.h5")}
-    b = {f.info["step"]: f for f in read_frames(d / "split.h5")}
-    assert sorted(a) == sorted(b) == [0, 5, 10, 15, 20]
-    for s in a:
-        assert np.array_equal(a[s].positions, b[s].positions), s
-        assert np.array_equal(a[s].get_velocities(), b[s].get_velocities()), s
+    assert_restart_bit_exact(base, d)
 
 
 # -- files, refusals ----------------------------------------------------------------------------------
-class _Payload:
-    def __init__(self, call, args):
-        self.call, self.args = call, args
-
-    def __reduce__(self):
-        return self.call, self.args
-
-
 def _edited(files, name, edit):
     cp = torch.load(files["ckpt"], map_location="cpu", weights_only=True)
     edit(cp)
@@ -184,7 +167,7 @@ def test_file_refusals_are_one_line(files):
 
     d = files["dir"]
     marker = d / "MARKER"
-    torch.save(_Payload(os.system, (f"touch {shlex.quote(str(marker))}",)), d / "evil.pth")
+    save_hostile(d / "evil.pth", marker)
     torch.save({"config": {"version": "0.13.0"}, "model_state_dict": {}}, d / "sevenn.pth")
     torch.save({"w": torch.zeros(3)}, d / "bare.pth")
     torch.jit.script(torch.nn.Linear(2, 2)).save(str(d / "scripted.pt"))

@@ -18,6 +18,7 @@ import pytest
 import torch
 from ase.build import bulk
 from conftest import run_engine, run_in_process
+from family_checks import Payload as _Payload
 
 from shardmd.engine.ase_calculator import ShardMDCalculator
 from shardmd.models.mace import DEFAULT_MODEL, load_mace
@@ -25,16 +26,6 @@ from shardmd.models.mace import DEFAULT_MODEL, load_mace
 pytestmark = pytest.mark.fault
 
 pytest.importorskip("mace")
-
-
-class _Payload:
-    """Pickles as ``call(*args)``: what a hostile file does when unpickled."""
-
-    def __init__(self, call, args):
-        self.call, self.args = call, args
-
-    def __reduce__(self):
-        return self.call, self.args
 
 
 def _touch(marker: Path) -> _Payload:

@@ -12,9 +12,7 @@ float32 runs are compared with the unmodified calculator at float32 tolerance, f
 with the same calculator given float64 inputs and the model in float64 (the wrapper's
 ``ase_calculator``) at 1e-10 relative.
 """
-import os
 import pickle
-import shlex
 import subprocess
 import sys
 import types
@@ -28,6 +26,7 @@ from ase import Atoms
 from ase.build import bulk
 from ase.io import write
 from conftest import mpiexec_cmd, run_engine
+from family_checks import assert_restart_bit_exact, save_hostile
 
 pytest.importorskip("sevenn", reason="sevenn is not installed (pip install 'sevenn==0.13.0', in an environment "
                                      "without mace-torch: sevenn needs e3nn >= 0.5)")
@@ -223,16 +222,7 @@ def test_restart_on_two_domains_is_bit_exact(tmp_path):
     base = ["run", *MODEL, f"system.file={_write(tmp_path)}", "dt=2.0", "temperature=900", "integrator=langevin",
             "trajectory.every=5", "thermo.every=0", "quiet=true", "checkpoint.every=0", "threads=1",
             "neighbor.skin=0.4", "domains=2"]
-    for args in (["steps=20", "output=straight.h5"], ["steps=10", "output=split.h5"],
-                 ["steps=20", "output=split.h5", "restart=auto"]):
-        r = run_engine([*base, *args], cwd=tmp_path, timeout=600)
-        assert r.returncode == 0, r.stderr[-3000:]
-    a = {f.info["step"]: f for f in read_frames(tmp_path / "straight.h5")}
-    b = {f.info["step"]: f for f in read_frames(tmp_path / "split.h5")}
-    assert sorted(a) == sorted(b) == [0, 5, 10, 15, 20]
-    for s in a:
-        assert np.array_equal(a[s].positions, b[s].positions), s
-        assert np.array_equal(a[s].get_velocities(), b[s].get_velocities()), s
+    assert_restart_bit_exact(base, tmp_path)
 
 
 def _write(d: Path) -> Path:
@@ -276,14 +266,6 @@ def test_checkpoint_file_and_identity(tmp_path):
     assert model_identity_of(model_origin(cfg)) != before
 
 
-class _Payload:
-    def __init__(self, call, args):
-        self.call, self.args = call, args
-
-    def __reduce__(self):
-        return self.call, self.args
-
-
 def _foreign_module(monkeypatch, module: str, cls: str):
     """A class that pickles as ``module.cls`` (e.g. mace-torch's model class, not installed here)."""
     parts = module.split(".")
@@ -301,7 +283,7 @@ def test_checkpoint_refusals_are_one_line(tmp_path, monkeypatch):
     from shardmd.models.sevennet import factory, random_config
 
     marker = tmp_path / "MARKER"
-    torch.save(_Payload(os.system, (f"touch {shlex.quote(str(marker))}",)), tmp_path / "evil.pth")
+    save_hostile(tmp_path / "evil.pth", marker)
     torch.save(_foreign_module(monkeypatch, "mace.modules.models", "ScaleShiftMACE")(), tmp_path / "mace.model")
     torch.save(torch.nn.Linear(2, 2), tmp_path / "module.pt")
     torch.save({"model.func.weight": torch.zeros(3)}, tmp_path / "best_model.pth")
@@ -384,7 +366,7 @@ def test_hostile_pickle_is_unpickled_only_with_trust_pickle(tmp_path):
     from shardmd.models.sevennet import factory
 
     marker = tmp_path / "MARKER"
-    torch.save(_Payload(os.system, (f"touch {shlex.quote(str(marker))}",)), tmp_path / "evil.pth")
+    save_hostile(tmp_path / "evil.pth", marker)
     with pytest.raises(ValueError):
         factory(checkpoint=str(tmp_path / "evil.pth"))
     assert not marker.exists()
