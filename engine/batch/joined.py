@@ -109,9 +109,10 @@ class Joined:
         self.change = torch.zeros(S, dtype=torch.float64, device=dev)
         if self.langevin:
             self.seeds = per_system([sim.integrator.seed for sim in sims], torch.int64)
-            self.c1 = torch.cat([torch.full((n, 1), self._constants(sim)[0], dtype=self.v.dtype, device=dev)
-                                 for n, sim in zip(self.sizes, sims)])
-            self.scale = torch.cat([self._constants(sim)[1] for sim in sims])
+            constants = [self._constants(sim) for sim in sims]   # (c1, scale (n, 1)) per system
+            self.c1 = torch.cat([torch.full((n, 1), c1, dtype=self.v.dtype, device=dev)
+                                 for n, (c1, _) in zip(self.sizes, constants)])
+            self.scale = torch.cat([scale for _, scale in constants])
         self.parts = [model.join([item_of(sim)]) for sim in sims]
         self.graph = None   # merged when next needed
         self.out = None     # the last joined call's outputs

@@ -17,7 +17,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
-from shardmd.engine.batch.joined import item_of
+from shardmd.engine.batch import joined
+from shardmd.engine.batch.joined import Joined, item_of
+from shardmd.engine.run.rebuild import Outcome
 
 
 class _Handed:
@@ -170,8 +172,6 @@ def run_together(todo: Iterator, start: Callable, room, model, on_end: Callable,
 
 def _loop(source, start, room, model, on_end, on_error, on_stop, stop, UserError, stopped_code,
           peak) -> int:
-    from shardmd.engine.batch import joined
-
     flying: list[Member] = []
     waiting: list = []   # the next system, read from ``source`` but not yet admitted
 
@@ -235,7 +235,7 @@ def _loop(source, start, room, model, on_end, on_error, on_stop, stop, UserError
     together = None   # a Joined of ``flying`` (engine/batch/joined.py), while they can be stepped as one
     while flying:
         if together is None and joined.usable(flying, model):
-            together = joined.Joined(flying, model)
+            together = Joined(flying, model)
         if together is not None:
             flying, together = _step_joined(together, model, room, peak, fail, _leave, UserError)
         else:
@@ -261,9 +261,6 @@ def _loop(source, start, room, model, on_end, on_error, on_stop, stop, UserError
 def _step_joined(together, model, room, peak, fail, leave, UserError):
     """One step of the systems of ``together`` (engine/batch/joined.py); returns (the systems
     still in flight, ``together`` or None when they changed: their arrays are handed back then)."""
-    from shardmd.engine.batch.joined import Joined
-    from shardmd.engine.run.rebuild import Outcome
-
     together.first_half()
     failed = set()
     for j in together.flagged():   # each decides as it would alone: a rebuild, or its health error
