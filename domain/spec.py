@@ -47,6 +47,7 @@ import torch
 
 from .adapters import HELPERS, JitAdapter, MethodAdapter, OpAdapter, PythonAdapter, transform_from_dict
 from .compile_policy import CompilePolicy, GraphPadder
+from .json_text import loads_bounded
 
 SPEC_VERSION = 1
 
@@ -279,7 +280,7 @@ class MLIPSpec:
     @classmethod
     def from_json(cls, text: str, allow_imports: bool = False) -> "MLIPSpec":
         try:
-            d = json.loads(text)
+            d = loads_bounded(text)
         except ValueError as exc:
             raise SpecLoadError(f"not JSON ({exc})") from None
         return cls.from_dict(d, allow_imports=allow_imports)

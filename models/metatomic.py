@@ -142,7 +142,7 @@ def inspect_file(path) -> dict:
         for key in ("extensions", "extensions-deps"):
             try:
                 items = json.loads(text(key, "[]") or "[]")
-            except ValueError:
+            except (ValueError, RecursionError):   # RecursionError: hostile nesting
                 items = None
             if not isinstance(items, list) or not all(isinstance(e, dict) and isinstance(e.get("name"), str)
                                                       and isinstance(e.get("path"), str) for e in items):

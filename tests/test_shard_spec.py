@@ -158,6 +158,17 @@ def test_load_refuses_other_versions_and_unknown_fields(tmp_path):
         MLIPSpec.from_dict(dict(d, compile_policy={}))
 
 
+def test_hostile_nesting_is_refused_before_parsing():
+    """20,000 nested brackets (with brackets inside strings that must not count) give one
+    SpecLoadError, not a RecursionError from the decoder."""
+    from shardmd.domain.json_text import nesting_depth
+
+    assert nesting_depth('{"a": "[[[[\\"{{", "b": [[1]]}') == 3
+    with pytest.raises(SpecLoadError, match="nested deeper than 64 levels"):
+        MLIPSpec.from_json("[" * 20000 + "]" * 20000)
+    assert MLIPSpec.from_json(SPEC_MPNN_HALO.to_json()) == SPEC_MPNN_HALO
+
+
 def test_specs_are_frozen_and_validated():
     with pytest.raises(dataclasses.FrozenInstanceError):
         SPEC_MPNN_HALO.name = "x"

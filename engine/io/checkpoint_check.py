@@ -29,6 +29,7 @@ import re
 import h5py
 import numpy as np
 
+from shardmd.domain.json_text import MAX_DEPTH, nesting_depth
 from shardmd.engine.io.read_limits import budget_problem, dataset, nbytes, shape_problem, unwritten_problem
 from shardmd.integrators import INTEGRATOR_NAMES
 
@@ -126,6 +127,8 @@ def parse_json(text, name: str) -> tuple[dict | None, str | None]:
     """(the JSON object in attribute ``name``, None) or (None, a one-line reason)."""
     if isinstance(text, bytes):
         text = text.decode()
+    if isinstance(text, str) and nesting_depth(text) > MAX_DEPTH:
+        return None, f"attribute {name} is JSON nested too deeply"
     try:
         value = json.loads(text)
     except ValueError as exc:

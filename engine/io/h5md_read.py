@@ -39,7 +39,6 @@ frames and the other observables read as usual.
 """
 from __future__ import annotations
 
-import json
 import os
 import re
 import warnings
@@ -49,6 +48,7 @@ from typing import Any, Iterator, Sequence
 import h5py
 import numpy as np
 
+from shardmd.domain.json_text import loads_bounded
 from shardmd.engine.errors import OneLineWarning, UserError
 from shardmd.engine.io.h5md_check import layout_problem
 from shardmd.engine.io.h5md_live import check_settled, open_unlocked, retried, while_written
@@ -148,7 +148,7 @@ def read_config_group(f: h5py.File) -> dict | None:
     """The run configuration stored by the writer (``/parameters/config_json``), or None."""
     if "parameters" not in f or "config_json" not in f["parameters"]:
         return None
-    return json.loads(_decode(f["parameters/config_json"][()]))
+    return loads_bounded(_decode(f["parameters/config_json"][()]))
 
 
 class TrajectoryReadError(UserError, ValueError):
