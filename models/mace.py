@@ -20,7 +20,7 @@ Energies are owned atoms' site energies (summed over ranks by the caller).  Unit
 """
 from __future__ import annotations
 
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import torch
@@ -219,6 +219,15 @@ def resolve_cueq(cueq, device: torch.device) -> bool:
 GRAPH_MAX_POINTS = 50_000
 
 
+def _building(on: bool):
+    """The context a module to be compiled is loaded in (models/mace_compile.py), else none."""
+    if not on:
+        return nullcontext()
+    from .mace_compile import building
+
+    return building()
+
+
 class MaceModel:
     """mace-torch model on the halo scheme.
 
@@ -229,7 +238,8 @@ class MaceModel:
     cuda_graph: replay the call as a CUDA graph between neighbour rebuilds when it can be: on
     CUDA, on one domain, with sync-free edge selection (True: then always; 'auto', the default:
     up to ``GRAPH_MAX_POINTS``; False: never; see domain/graphed_call.py); trust_pickle: load
-    the file by unpickling it freely instead of through the safe loader (see ``load_mace``). Under
+    the file by unpickling it freely instead of through the safe loader (see ``load_mace``);
+    compile: run the module compiled by torch.compile (models/mace_compile.py). Under
     DistributedModel the decomposition context of the call (for the per-layer exchange) comes
     from ``current_scope()``; called directly, it runs alone.
     """
@@ -238,27 +248,40 @@ class MaceModel:
     distribution_spec = SPEC_MACE
 
     def __init__(self, checkpoint: str | Path | None = None, dtype=torch.float64, device="cpu", cueq="auto",
-                 cuda_graph="auto", trust_pickle: bool = False, head: str | None = None):
+                 cuda_graph="auto", trust_pickle: bool = False, head: str | None = None, compile: bool = False):
         self.path = resolve_checkpoint(checkpoint)
         if not checkpoint and not self.path.is_file():
             raise ValueError(f"the shipped MACE model {self.path} is missing; give model.checkpoint=PATH")
         self.dtype, self.device = dtype, torch.device(device)
-        self.model = load_mace(self.path, self.device, dtype, trust_pickle=trust_pickle)
-        label = f"the MACE model {checkpoint or self.path.name}"
-        #: the readout head used (an index into ``self.heads``)
-        self.heads = [str(h) for h in (getattr(self.model, "heads", None) or ["Default"])]
-        self.head = self.heads[select_head(self.model, head, label)]
-        self._head = torch.tensor([self.heads.index(self.head)], dtype=torch.int64, device=self.device)
-        #: whether the model runs on cuEquivariance kernels (converted by mace-torch's own tool)
-        self.cueq = resolve_cueq(cueq, self.device)
-        if self.cueq:
-            self.model = to_cueq(self.model, self.device)
+        #: the module runs compiled by torch.compile (models/mace_compile.py)
+        self.compiled = compile is True
+        with _building(self.compiled):
+            self._load(trust_pickle, cueq)
         for p in self.model.parameters():
             p.requires_grad_(False)
         #: the radial MLPs' activations: kept for the backward pass, or recomputed there
         #: (:class:`_Recompute`); ``recompute_radial``: True, False, or 'auto' (the default:
         #: kept until a one-domain CUDA call runs out of memory, recomputed from then on)
         self._recompute = _install_recompute(self.model)
+        self._finish(checkpoint, head, cuda_graph)
+        if self.compiled:
+            from .mace_compile import compiled
+
+            self.model = compiled(self.model)
+
+    def _load(self, trust_pickle: bool, cueq) -> None:
+        self.model = load_mace(self.path, self.device, self.dtype, trust_pickle=trust_pickle)
+        #: whether the model runs on cuEquivariance kernels (converted by mace-torch's own tool)
+        self.cueq = resolve_cueq(cueq, self.device)
+        if self.cueq:
+            self.model = to_cueq(self.model, self.device)
+
+    def _finish(self, checkpoint, head, cuda_graph) -> None:
+        label = f"the MACE model {checkpoint or self.path.name}"
+        #: the readout head used (an index into ``self.heads``)
+        self.heads = [str(h) for h in (getattr(self.model, "heads", None) or ["Default"])]
+        self.head = self.heads[select_head(self.model, head, label)]
+        self._head = torch.tensor([self.heads.index(self.head)], dtype=torch.int64, device=self.device)
         self.cutoff = float(self.model.r_max)
         #: message-passing steps (the reach of a site energy is layers x cutoff), and the energy
         #: counts ``nl.n_counted`` rows where a list has them: a call can be made in parts

@@ -16,11 +16,11 @@ Each peer runs with its best documented settings (printed in the table's "settin
 - ShardMD: model=mace, cuEquivariance on CUDA (model.cueq=auto), CUDA graph between rebuilds
   (model.cuda_graph=auto: up to 50,000 atoms; ``--graph both`` adds a forced-graph and an
   eager row), deferred and pipelined skin checks (the CUDA defaults), skin 1 Å, float64 sums.
-- torch-sim (PyPI torch-sim-atomistic): ``torch_sim.models.mace.MaceModel`` around the model
-  converted by mace-torch's own cuEquivariance converter (torch-sim's ``enable_cueq=True`` leaves
-  the converted model on the CPU: docs/benchmarks.md), compute_stress=False (NVE needs no
-  stress), its default neighbour list (``vesin_nl_ts``, rebuilt every step), ``ts.nve``'s
-  init/update functions called directly (no trajectory reporter).
+- torch-sim (PyPI torch-sim-atomistic, the 0.6 API): ``torch_sim.models.mace.MaceModel`` with
+  ``enable_cueq=True`` (else the module converted by mace-torch's converter), compute_stress=False
+  (NVE needs no stress), its cell list (``--ts-nl alchemiops_nl_cell_list``; its default O(N^2)
+  list is 13.5x slower at 442k atoms), rebuilt every step as torch-sim does, ``ts.integrate``
+  with nve (no trajectory reporter).
 - ASE: ``mace.calculators.MACECalculator(enable_cueq=True on CUDA)`` + ``ase.md.VelocityVerlet``
   (mace-torch's documented MD route; the graph is rebuilt on the host every step); run only up to
   --ase-max atoms (it is 10-50x slower).
@@ -133,43 +133,61 @@ def _version(dist: str) -> str:
         return "?"
 
 
-def _mace_module(a):
+def _mace_module(a, convert: bool = True):
     """The model file as a mace-torch module on the device, converted to cuEquivariance on CUDA
-    with mace-torch's own converter (what ShardMD and the calculator run)."""
+    with mace-torch's own converter (what ShardMD and the calculator run) unless ``convert`` is off."""
     from shardmd.models.mace import load_mace, to_cueq
 
     dt = getattr(torch, a.dtype)
     m = load_mace(a.model_path, a.device, dt, trust_pickle=True)
-    if a.device.startswith("cuda"):
+    if convert and a.device.startswith("cuda"):
         m = to_cueq(m, torch.device(a.device))
     return m.to(dtype=dt)
 
 
 def run_torchsim(atoms, a) -> dict:
+    """torch-sim (0.6 API): its MaceModel with its fastest neighbour list (``--ts-nl``, the cell
+    list) and cuEquivariance by mace-torch's own ``enable_cueq`` route where it converts (else the
+    module we converted); ``ts.integrate`` with nve, n_steps = warmup and warmup + steps, the
+    difference timed (its state set-up cancels)."""
     import torch_sim as ts
+    import torch_sim.neighbors as tsn
     from torch_sim.models.mace import MaceModel as TSMace
 
     dev, dt = torch.device(a.device), getattr(torch, a.dtype)
     _fresh(a.device)
-    model = TSMace(model=_mace_module(a), device=dev, dtype=dt, compute_forces=True, compute_stress=False)
-    state = ts.io.atoms_to_state(atoms, device=dev, dtype=dt)
-    units = ts.units.MetalUnits   # torch-sim's own conversions: Å, eV, amu; time in its internal unit
-    kT = torch.tensor(300.0 * units.temperature, device=dev, dtype=dt)
-    dt_ts = torch.tensor(DT_FS * 1e-3 * units.time, device=dev, dtype=dt)
-    init, update = ts.nve(model=model, dt=dt_ts, kT=kT, seed=0)
-    s = init(state)
-    e0 = float(s.energy.sum())
-    f0 = s.forces.detach().cpu().numpy().astype(np.float64)
-    for _ in range(a.warmup):
-        s = update(s)
-    _sync(a.device)
-    t = time.perf_counter()
-    for _ in range(a.steps):
-        s = update(s)
-    _sync(a.device)
-    wall = time.perf_counter() - t
+    nl = getattr(tsn, a.ts_nl)
+    cuda = a.device.startswith("cuda")
+    tried, model = [], None
+    for route in (("enable_cueq", "converted") if cuda else ("e3nn",)):
+        try:
+            module = _mace_module(a) if route == "converted" else _mace_module(a, convert=False)
+            model = TSMace(model=module, device=dev, dtype=dt, compute_forces=True, compute_stress=False,
+                           neighbor_list_fn=nl, **({"enable_cueq": True} if route == "enable_cueq" else {}))
+            out = model(ts.io.atoms_to_state(atoms, device=dev, dtype=dt))
+            break
+        except Exception as exc:  # noqa: BLE001 - the next route; the note says why this one failed
+            tried.append(f"{route}: {type(exc).__name__}")
+            model = None
+    if model is None:
+        raise RuntimeError("; ".join(tried))
+    e0 = float(out["energy"].sum())
+    f0 = out["forces"].detach().cpu().numpy().astype(np.float64)
+    del out
+    flavor = ts.Integrator.nve if hasattr(ts, "Integrator") else "nve"
+
+    def integrate(k: int) -> float:
+        _sync(a.device)
+        t = time.perf_counter()
+        ts.integrate(system=atoms, model=model, integrator=flavor, n_steps=k, temperature=300.0,
+                     timestep=DT_FS * 1e-3)
+        _sync(a.device)
+        return time.perf_counter() - t
+
+    wall = -integrate(a.warmup) + integrate(a.warmup + a.steps)
     return {"rate": len(atoms) * a.steps / wall, "peak": _peak_gib(a.device), "e0": e0, "f0": f0,
-            "note": f"torch-sim {_version('torch-sim-atomistic')}"}
+            "note": f"torch-sim {_version('torch-sim-atomistic')}, {a.ts_nl}, {route}"
+                    + (f" ({'; '.join(tried)})" if tried else "")}
 
 
 # ---------------------------------------------------------------- ASE
@@ -197,7 +215,7 @@ SETTINGS = {
     "shardmd": "cueq, graph auto (<=50k), deferred+pipelined skin check, skin 1 A",
     "shardmd-graph": "cueq, CUDA graph forced (model.cuda_graph=true)",
     "shardmd-eager": "cueq, eager (model.cuda_graph=false)",
-    "torch-sim": "mace-torch cueq converter, vesin_nl_ts every step, no stress",
+    "torch-sim": "its nl (--ts-nl) every step, no stress",
     "ase": "MACECalculator(enable_cueq), VelocityVerlet, host graph every step",
 }
 
@@ -237,6 +255,8 @@ def main(argv=None) -> int:
     ap.add_argument("--foundation", action="store_true", help="a random MACE of MACE-MP-medium's shape")
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--warmup", type=int, default=20)
+    ap.add_argument("--ts-nl", default="alchemiops_nl_cell_list",
+                    help="torch-sim's neighbour-list function (torch_sim.neighbors; its default O(N^2) is slow)")
     ap.add_argument("--ase-max", type=int, default=20000, help="ASE runs only up to this many atoms")
     a = ap.parse_args(argv)
     if a.foundation:
@@ -252,7 +272,7 @@ def main(argv=None) -> int:
     if elements != (29,):
         elements = (29, 28, 13, 47)   # Cu, Ni, Al, Ag sites of the random model
     hdr = (f"{'atoms':>9} {'peer':<14} {'atom-steps/s':>13} {'vs ShardMD':>10} {'peak GiB':>9} {'B/atom':>8} "
-           f"{'|dE|/atom eV':>13} {'max|dF| eV/A':>13}  settings; notes")
+           f"{'E/atom eV':>12} {'|dE|/atom eV':>13} {'max|dF| eV/A':>13}  settings; notes")
     print(hdr, flush=True)
     for n in a.sizes:
         atoms = make_atoms(n, elements)
@@ -287,7 +307,7 @@ def main(argv=None) -> int:
             ratio = r["rate"] / base["rate"] if base else float("nan")
             bpa = r["peak"] * 2**30 / len(atoms)
             print(f"{len(atoms):>9} {name:<14} {r['rate']:>13.4g} {ratio:>10.3g} {r['peak']:>9.2f} {bpa:>8.0f} "
-                  f"{de:>13.2e} {df:>13.2e}  {SETTINGS[name]}; {r['note']}", flush=True)
+                  f"{r['e0'] / len(atoms):>12.7f} {de:>13.2e} {df:>13.2e}  {SETTINGS[name]}; {r['note']}", flush=True)
             del r
             _fresh(a.device)
     print(f"(peak: torch allocator, per peer; stream-ordered pool high over the whole process (Warp, "
