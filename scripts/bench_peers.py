@@ -10,6 +10,8 @@ and forces against ShardMD's (|dE| per atom, max |dF| over atoms and components)
     python scripts/bench_peers.py --sizes 6 16 30 48 --device cuda               # shipped Cu model
     python scripts/bench_peers.py --sizes 6 16 --foundation --device cuda        # MACE-MP-medium shape
     python scripts/bench_peers.py --sizes 2 --device cpu --steps 2 --warmup 1    # a smoke run
+    python scripts/bench_peers.py --capacity --sizes 48 56 60 62 64 --peers shardmd torch-sim --steps 2
+    python scripts/bench_peers.py --sizes 16 30 48 --peers shardmd shardmd-compiled torch-sim
 
 Each peer runs with its best documented settings (printed in the table's "settings" column):
 
@@ -86,7 +88,7 @@ def _quiet():
 
 
 # ---------------------------------------------------------------- ShardMD
-def run_shardmd(atoms, a, graph: str) -> dict:
+def run_shardmd(atoms, a, graph: str, compiled: bool = False) -> dict:
     from shardmd.engine.ase_calculator import ShardMDCalculator
     from shardmd.engine.config.compose import compose_config
     from shardmd.engine.run.simulation import Simulation
@@ -104,7 +106,8 @@ def run_shardmd(atoms, a, graph: str) -> dict:
     ov = ["model=mace", f"model.checkpoint={a.model_path}", f"precision={a.dtype}", f"device={dev}",
           f"model.cueq={cueq}", f"model.cuda_graph={graph}", "trajectory.every=0", "thermo.every=0",
           "checkpoint.every=0", "quiet=true", f"dt={DT_FS}", f"steps={a.warmup + a.steps}",
-          f"output={tempfile.gettempdir()}/bench_peers_{os.getpid()}.h5", "overwrite=true"]
+          f"output={tempfile.gettempdir()}/bench_peers_{os.getpid()}.h5", "overwrite=true",
+          f"model.compile={str(compiled).lower()}"]
     state = State.from_atoms(atoms, dtype=getattr(torch, a.dtype), device=dev)
     sim = Simulation(compose_config(ov), state=state)
     sim.setup()
@@ -215,6 +218,7 @@ SETTINGS = {
     "shardmd": "cueq, graph auto (<=50k), deferred+pipelined skin check, skin 1 A",
     "shardmd-graph": "cueq, CUDA graph forced (model.cuda_graph=true)",
     "shardmd-eager": "cueq, eager (model.cuda_graph=false)",
+    "shardmd-compiled": "cueq, graph auto, the module compiled (model.compile=true)",
     "torch-sim": "its nl (--ts-nl) every step, no stress",
     "ase": "MACECalculator(enable_cueq), VelocityVerlet, host graph every step",
 }
@@ -258,7 +262,13 @@ def main(argv=None) -> int:
     ap.add_argument("--ts-nl", default="alchemiops_nl_cell_list",
                     help="torch-sim's neighbour-list function (torch_sim.neighbors; its default O(N^2) is slow)")
     ap.add_argument("--ase-max", type=int, default=20000, help="ASE runs only up to this many atoms")
+    ap.add_argument("--capacity", action="store_true",
+                    help="instead of the rate table: per peer, the largest of --sizes that runs (a fresh process "
+                         "per size, ascending, until the first that does not) and its peak memory")
+    ap.add_argument("--capacity-child", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
+    if a.capacity and a.capacity_child is None:
+        return capacity(a)
     if a.foundation:
         a.model_path = make_foundation(Path(tempfile.gettempdir()) / "mace_mp_medium_shape_random.model")
         elements, label = tuple(range(1, 90)), "random MACE-MP-medium shape (89 el., 128x0e+128x1o, l<=3, r 6 A)"
@@ -282,10 +292,16 @@ def main(argv=None) -> int:
             if a.graph == "both":
                 runs += [("shardmd-graph", lambda atoms=atoms: run_shardmd(atoms, a, "true")),
                          ("shardmd-eager", lambda atoms=atoms: run_shardmd(atoms, a, "false"))]
+        if "shardmd-compiled" in a.peers:
+            runs += [("shardmd-compiled", lambda atoms=atoms: run_shardmd(atoms, a, "auto", compiled=True))]
         if "torch-sim" in a.peers:
             runs += [("torch-sim", lambda atoms=atoms: run_torchsim(atoms, a))]
         if "ase" in a.peers and len(atoms) <= a.ase_max:
             runs += [("ase", lambda atoms=atoms: run_ase(atoms, a))]
+        if a.capacity_child is not None:   # one peer, one size, in this fresh process
+            r = dict(runs)[a.capacity_child]()
+            print(f"FITS {r['rate']:.6g} {r['peak']:.3f}", flush=True)
+            return 0
         base = None
         for name, fn in runs:
             w = _quiet()
@@ -312,6 +328,33 @@ def main(argv=None) -> int:
             _fresh(a.device)
     print(f"(peak: torch allocator, per peer; stream-ordered pool high over the whole process (Warp, "
           f"cuEquivariance): {pool_high_gib(a.device):.2f} GiB; dE, dF against ShardMD's step 0)", flush=True)
+    return 0
+
+
+def capacity(a) -> int:
+    """Per peer, ascending sizes in fresh processes until one does not run: the largest that
+    ran (atoms, atom-steps/s, peak GiB) and the first that did not (its last error line)."""
+    import subprocess
+
+    rest = ["--device", a.device, "--dtype", a.dtype, "--steps", str(a.steps), "--warmup", str(a.warmup),
+            "--ts-nl", a.ts_nl, *(["--model", a.model] if a.model else []), *(["--foundation"] * a.foundation)]
+    print("| peer | largest run, atoms | atom-steps/s there | peak GiB | first not run, atoms | why |\n"
+          "|---|---:|---:|---:|---:|---|", flush=True)
+    for peer in a.peers:
+        best, failed = None, None
+        for n in sorted(a.sizes):
+            r = subprocess.run([sys.executable, __file__, *rest, "--sizes", str(n), "--capacity-child", peer],
+                               capture_output=True, text=True)
+            fits = [ln.split() for ln in r.stdout.splitlines() if ln.startswith("FITS ")]
+            if r.returncode == 0 and fits:
+                best = (4 * n ** 3, float(fits[-1][1]), float(fits[-1][2]))
+                continue
+            lines = [ln for ln in (r.stderr + r.stdout).splitlines() if ln.strip()]
+            failed = (4 * n ** 3, lines[-1][:100] if lines else f"exit {r.returncode}")
+            break
+        print(f"| {peer} | {best[0] if best else '-'} | {f'{best[1]:.3g}' if best else '-'} | "
+              f"{f'{best[2]:.1f}' if best else '-'} | {failed[0] if failed else '-'} | "
+              f"{failed[1] if failed else 'all sizes ran'} |", flush=True)
     return 0
 
 

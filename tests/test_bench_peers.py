@@ -32,10 +32,10 @@ def test_bench_peers_runs_on_cpu(capsys, monkeypatch):
     out = capsys.readouterr().out
     rows = {}
     for line in out.splitlines():
-        m = re.match(r"\s*(\d+) (shardmd|torch-sim|ase)\s+(\S+)\s+(\S+)\s+\S+\s+\S+\s+(\S+)\s+(\S+)", line)
+        m = re.match(r"\s*(\d+) (shardmd|torch-sim|ase)\s+(\S+)\s+(\S+)\s+\S+\s+\S+\s+\S+\s+(\S+)\s+(\S+)", line)
         if m:
             rows[m.group(2)] = m.groups()
-    assert set(rows) == {"shardmd", "torch-sim", "ase"}, out
+    assert set(rows) == {"shardmd", "torch-sim", "ase"}, out   # columns: ..., B/atom, E/atom, |dE|, |dF|
     for name, (atoms, _, rate, *_rest) in rows.items():
         assert int(atoms) == 32 and float(rate) > 0, (name, out)
     for name in ("torch-sim", "ase"):
