@@ -1,6 +1,8 @@
-"""Velocity Verlet and Langevin (BAOAB) over many independent systems in one pass.
+"""Velocity Verlet, Langevin (BAOAB) and Nosé-Hoover chains over many independent systems in one pass.
 
-The equations are velocity_verlet.py's and langevin.py's; every atom carries its own system's
+The equations are velocity_verlet.py's, langevin.py's and nose_hoover.py's (each system's chain
+stays in its own ``NoseHoover``: a few scalars; the passes over the atoms are here, with the
+kinetic energy of each system summed exactly as its own run sums it); every atom carries its own system's
 constants, so one pass of a few operations steps any number of systems, and each atom gets the
 bits its system's own integrator gives it (the same operations on the same values; Langevin's
 noise from the same counter, keyed by the system's seed and step).
@@ -21,6 +23,7 @@ import math
 
 import torch
 
+from .nose_hoover import _HI, _LO
 from .random import STREAM_LANGEVIN, gaussian_noise_keyed
 from .units import FORCE_TO_ACCEL, KB, MVV_TO_EV
 
@@ -61,3 +64,27 @@ def langevin_first(positions, velocities, forces, masses, ids, dt: float, c1: to
     change.index_add_(0, system, 0.5 * MVV_TO_EV * (after - before))
     positions.add_(velocities, alpha=0.5 * dt)
     return change
+
+
+def mv2_per_system(velocities: torch.Tensor, masses: torch.Tensor, system: torch.Tensor, n_systems: int,
+                   columns: bool) -> list[tuple[float, int]]:
+    """(sum m v^2 in eV, atom count) of each system, the bits nose_hoover.py's ``exact_mv2_sum``
+    gives each alone: every atom's m v^2 as the same two int64 fixed-point words (``columns``:
+    v_x^2 + v_y^2 + v_z^2 as (a + b) + c, else torch's row sum, as the system's own run chose),
+    summed per system in integers, where the order cannot change a bit."""
+    vv = velocities.double() ** 2
+    x = (vv[:, 0] + vv[:, 1]) + vv[:, 2] if columns else vv.sum(1)
+    x = (masses.double() * x).mul_(MVV_TO_EV).mul_(_HI)
+    hi = torch.floor(x)
+    words = torch.stack([hi, (x - hi).mul_(_LO).round_()], dim=1).to(torch.int64)
+    sums = torch.zeros(n_systems, 3, dtype=torch.int64, device=velocities.device)
+    sums[:, :2].index_add_(0, system, words)
+    sums[:, 2].index_add_(0, system, torch.ones_like(system))
+    return [((hi + lo / _LO) / _HI, int(n)) for hi, lo, n in sums.cpu().tolist()]
+
+
+def scale_per_system(velocities: torch.Tensor, factors: list[float], system: torch.Tensor) -> None:
+    """v *= its system's factor, in place (each system's ``velocities.mul_(factor)``: the factor
+    rounded to the velocities' dtype as torch rounds a Python scalar)."""
+    f = torch.tensor(factors, dtype=torch.float64, device=velocities.device).to(velocities.dtype)
+    velocities.mul_(f[system][:, None])

@@ -110,7 +110,15 @@ class CSVR:
         """Resample the kinetic energy over dt and scale the velocities to it; returns the factor."""
         if self._columns is None:   # as NoseHoover.measure: the row sum's bits, without its ~5 ms at 256k atoms
             self._columns = columns_sum_agrees(velocities)
-        mv2, n = exact_mv2_sum(velocities, masses, self.sum_fn, self._scratch, self._columns)
+        alpha = self.factor(*exact_mv2_sum(velocities, masses, self.sum_fn, self._scratch, self._columns), step)
+        if alpha != 1.0:
+            velocities.mul_(alpha)
+        return alpha
+
+    def factor(self, mv2: float, n: int, step: int) -> float:
+        """The scale factor of :meth:`rescale` from sum m v^2 (eV) of ``n`` atoms at ``step``
+        (its energy change counted); 1.0 when there is no kinetic energy to scale
+        (integrators/batched.py scales many systems' velocities at once)."""
         kk = 0.5 * mv2
         if not kk > 0.0:
             return 1.0
@@ -118,7 +126,6 @@ class CSVR:
         sigma = 0.5 * ndeg * KB * self.temperature
         new = resample_kinetic(kk, sigma, ndeg, self.tau / self.dt, self.seed, step)
         alpha = math.sqrt(max(new, 0.0) / kk)
-        velocities.mul_(alpha)
         self.energy_change += new - kk
         return alpha
 

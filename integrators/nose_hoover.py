@@ -180,13 +180,20 @@ class NoseHoover:
         and masses (N,) amu of every rank (NPT's iso barostat measures through it too)."""
         if self._columns is None:   # per rank: one that fails keeps torch's row sum, the same bits
             self._columns = columns_sum_agrees(velocities)
-        mv2, n = exact_mv2_sum(velocities, masses, self.sum_fn, self._scratch, self._columns)
+        self.measured(*exact_mv2_sum(velocities, masses, self.sum_fn, self._scratch, self._columns))
+
+    def measured(self, mv2: float, n: int) -> None:
+        """``t_current`` and ``dof`` from sum m v^2 (eV, :func:`exact_mv2_sum`) of ``n`` atoms."""
         self.dof = self.degrees_of_freedom(n)
         self.t_current = mv2 / (self.dof * KB)
 
     def _setup(self, velocities, masses) -> None:
         """fix_nh's setup(): temperature, masses and the upper links' forces."""
         self.measure(velocities, masses)
+        self.set_up()
+
+    def set_up(self) -> None:
+        """fix_nh's setup() once the temperature is measured: the upper links' forces."""
         q = self._masses()
         kt = KB * self.temperature
         for i in range(1, self.chain):
@@ -199,6 +206,11 @@ class NoseHoover:
 
     def _nhc(self, velocities: torch.Tensor) -> None:
         """fix_nh's nhc_temp_integrate() (nc_tchain = 1, drag 0): half a step of the chain."""
+        velocities.mul_(self.nhc_factor())
+
+    def nhc_factor(self) -> float:
+        """Half a step of the chain (:meth:`_nhc`) but the scaling of the velocities: the
+        factor they are to be scaled by (integrators/batched.py scales many systems' at once)."""
         m, dt = self.chain, self.dt
         dthalf, dt4, dt8 = 0.5 * dt, 0.25 * dt, 0.125 * dt
         q = self._masses()
@@ -209,13 +221,13 @@ class NoseHoover:
         edd[0] = (kecurrent - ke_target) / q[0] if q[0] > 0 else 0.0
         expfac = chain_inward(ed, edd, m, dt4, dt8)
         factor = math.exp(-dthalf * ed[0])
-        velocities.mul_(factor)
         self.t_current *= factor * factor
         kecurrent = self.dof * KB * self.t_current
         edd[0] = (kecurrent - ke_target) / q[0] if q[0] > 0 else 0.0
         for i in range(m):
             eta[i] += dthalf * ed[i]
         chain_outward(ed, edd, q, m, kt, expfac, dt4, dt8)
+        return factor
 
     # -- the step ------------------------------------------------------------------------
     def first_half(self, positions: torch.Tensor, velocities: torch.Tensor, forces: torch.Tensor,

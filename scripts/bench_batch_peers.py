@@ -49,7 +49,7 @@ def _sync() -> None:
 
 
 def ours(frames, steps: int, warmup: int, device: str = "cuda", t0: float | None = None, each: bool = False,
-         graph: str = "auto") -> dict:
+         graph: str = "auto", integrator: str = "verlet") -> dict:
     """``t0``: the wall time to count the start-up from (a fresh process's launch), else the
     run's start; ``each``: every system steps its own arrays (the joined set off)."""
     from shardmd.engine.batch import joined as joined_mod
@@ -85,7 +85,8 @@ def ours(frames, steps: int, warmup: int, device: str = "cuda", t0: float | None
             cfg = compose_config(["model=mace", f"model.cuda_graph={graph}", f"device={device}", "precision=float32",
                                   f"steps={warmup + steps + 1}",
                                   "trajectory.every=0", "checkpoint.every=0", "thermo.every=0", "quiet=true",
-                                  f"batch.size={len(frames)}", "system.frames=all", f"output={d}/b.h5"])
+                                  f"batch.size={len(frames)}", "system.frames=all", f"output={d}/b.h5",
+                                  f"integrator={integrator}", "temperature=300"])
             t0 = time.perf_counter() - (0.0 if t0 is None else time.time() - t0)
             batch_run(cfg, None, "run", structures=frames)
     finally:
@@ -166,6 +167,8 @@ def main() -> None:
     p.add_argument("--graph", default="auto", help="our model.cuda_graph (auto: up to 50,000 atoms a call)")
     p.add_argument("--profile", action="store_true",
                    help="also our side of the first case under cProfile: where its start-up and steps go")
+    p.add_argument("--integrator", default="verlet", choices=["verlet", "langevin", "nose-hoover", "csvr"],
+                   help="our side's integrator (torch-sim's side runs nve)")
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.child is not None:   # one side's start-up in this fresh process, launched at BENCH_T0
@@ -177,15 +180,18 @@ def main() -> None:
         print(f"STARTUP {r['startup']:.3f}", flush=True)
         return
     where = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "CPU"
-    print(f"# {where}; shipped MACE Cu, float32, cuEquivariance; NVE 1 fs; {a.steps} timed steps after {a.warmup}")
+    print(f"# {where}; shipped MACE Cu, float32, cuEquivariance; ours {a.integrator}, torch-sim nve, 1 fs; "
+          f"{a.steps} timed steps after {a.warmup}")
     print("| systems x atoms | code | atom-steps/s | start-up to the first step, s | ours / it | note |\n"
           "|---|---|---|---|---|---|")
     for case in a.cases:
         count, atoms = (int(x) for x in case.split("x"))
         frames = systems(count, atoms)
         rows = []
-        for name, fn in [("ShardMD", lambda f=frames: ours(f, a.steps, a.warmup, a.device, graph=a.graph))] + [
-                ("ShardMD, each system's arrays", lambda f=frames: ours(f, a.steps, a.warmup, a.device, each=True))
+        for name, fn in [("ShardMD", lambda f=frames: ours(f, a.steps, a.warmup, a.device, graph=a.graph,
+                                                integrator=a.integrator))] + [
+                ("ShardMD, each system's arrays", lambda f=frames: ours(f, a.steps, a.warmup, a.device, each=True,
+                                                                        graph=a.graph, integrator=a.integrator))
                 for _ in range(a.each)] + [
                 ("torch-sim", lambda f=frames, nl=nl: torchsim(f, a.steps, a.warmup, nl)) for nl in a.nl]:
             try:

@@ -68,6 +68,65 @@ def test_batched_verlet_gives_each_system_its_own_bits():
         start += n
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_batched_nose_hoover_passes_give_each_system_its_own_bits(dtype):
+    """Three systems, three chains (other temperatures, damping and lengths): the batched kinetic
+    sums and scalings give each the bits (velocities, chain state) of its own NoseHoover, over a
+    first half (with its set-up) and a second half."""
+    from shardmd.integrators.nose_hoover import NoseHoover
+
+    systems = _systems(dtype)
+    make = lambda: [NoseHoover(dt=2.0, temperature=t, tdamp=d, chain=c)  # noqa: E731
+                    for t, d, c in ((300.0, 100.0, 3), (50.0, 20.0, 1), (1000.0, 500.0, 5))]
+    alone = []
+    for s, nh in zip(systems, make()):
+        x, v = s["x"].clone(), s["v"].clone()
+        nh.first_half(x, v, s["f"], s["m"], s["ids"], 0)
+        nh.second_half(v, 0.5 * s["f"], s["m"])
+        alone.append((x, v, nh.state_dict()))
+    cat = lambda key: torch.cat([s[key] for s in systems])  # noqa: E731
+    x, v, f, m = cat("x"), cat("v"), cat("f"), cat("m")
+    sizes = [len(s["ids"]) for s in systems]
+    system = torch.repeat_interleave(torch.arange(3), torch.tensor(sizes))
+    chains = make()
+    for mv2_n, nh in zip(batched.mv2_per_system(v, m, system, 3, True), chains):
+        nh.measured(*mv2_n)
+        nh.set_up()
+    batched.scale_per_system(v, [nh.nhc_factor() for nh in chains], system)
+    batched.verlet_first(x, v, f, m, 2.0)
+    batched.half_kick(v, 0.5 * f, m, 2.0)
+    for mv2_n, nh in zip(batched.mv2_per_system(v, m, system, 3, True), chains):
+        nh.measured(*mv2_n)
+    batched.scale_per_system(v, [nh.nhc_factor() for nh in chains], system)
+    for k, (xa, va, state) in enumerate(alone):
+        sl = system == k
+        assert torch.equal(x[sl], xa) and torch.equal(v[sl], va)
+        assert chains[k].state_dict() == state
+
+
+def test_batched_csvr_scaling_gives_each_system_its_own_bits():
+    """CSVR's rescale per system (other temperatures, tau, seeds and steps) from the batched
+    kinetic sums: the velocities' bits and each thermostat's energy change."""
+    from shardmd.integrators.csvr import CSVR
+
+    systems = _systems()
+    make = lambda: [CSVR(dt=2.0, temperature=t, tau=u, seed=s)  # noqa: E731
+                    for t, u, s in ((300.0, 100.0, 1), (50.0, 0.0, 2**40), (1000.0, 10.0, 9))]
+    steps = [0, 7, 2**33]
+    alone = []
+    for s, th, step in zip(systems, make(), steps):
+        v = s["v"].clone()
+        th.rescale(v, s["m"], step)
+        alone.append((v, th.energy_change))
+    v, m = torch.cat([s["v"] for s in systems]), torch.cat([s["m"] for s in systems])
+    system = torch.repeat_interleave(torch.arange(3), torch.tensor([len(s["ids"]) for s in systems]))
+    ths = make()
+    sums = batched.mv2_per_system(v, m, system, 3, True)
+    batched.scale_per_system(v, [th.factor(mv2, n, step) for th, (mv2, n), step in zip(ths, sums, steps)], system)
+    for k, (va, change) in enumerate(alone):
+        assert torch.equal(v[system == k], va) and ths[k].energy_change == change
+
+
 def _frames(sheared: bool = True):
     """Cu/Ag cells of 32 and 48 atoms, rattled; the third sheared unless ``sheared`` is False."""
     rng = np.random.default_rng(5)
@@ -92,7 +151,7 @@ def write_cuag(d, frames=None) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("integrator", ["verlet", "langevin"])
+@pytest.mark.parametrize("integrator", ["verlet", "langevin", "nose-hoover", "csvr"])
 def test_a_joined_batch_with_rebuilds_equals_each_system_alone(integrator, tmp_path, capfd, monkeypatch):
     from shardmd.engine.batch import joined
     from shardmd.models.mace import MaceModel

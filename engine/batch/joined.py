@@ -1,16 +1,18 @@
 """The systems in flight as one array set: a batch's steps without Python per system.
 
 engine/batch/lockstep.py steps many one-rank ``Simulation``s with one model call per step. Where
-every system runs velocity Verlet or Langevin on a fixed cell (no fixed atoms, no protocol ramp)
-and the model joins graphs (``compute_joined``: MACE, models/mace_batch.py), a step of all of
+every system runs velocity Verlet, Langevin, Nosé-Hoover or CSVR on a fixed cell (no fixed atoms,
+no protocol ramp) and the model joins graphs (``compute_joined``: MACE, models/mace_batch.py), a step of all of
 them is a fixed number of tensor operations, whatever their number:
 
     first half    integrators/batched.py over all atoms (each atom its system's constants;
-                  Langevin's noise keyed by its system's seed and step)
+                  Langevin's noise keyed by its system's seed and step; a Nosé-Hoover chain
+                  or CSVR thermostat steps in its system's own object, which gives the
+                  factor the set scales that system's velocities by)
     skin check    |x - x_build| per atom against its system's skin / 2 and the health measure
                   |v| dt against health.max_step: one flag per system, one read
     forces        one model call over the joined graph, kept since the last rebuild
-    second half   the half kick with the new forces
+    second half   the half kick with the new forces (and each chain's second half)
 
 A flagged system gets its arrays back (:meth:`Joined.hand_back`: its ``Simulation`` state) and
 makes its own decision as it would alone (its rebuild: wrap, sort, list, then its arrays and
@@ -35,6 +37,7 @@ import numpy as np
 import torch
 
 from shardmd.integrators import batched
+from shardmd.integrators.nose_hoover import columns_sum_agrees
 from shardmd.models.mace_batch import merge, pad_edges, split
 
 #: room over a count of edges (joined list, selected edges): a tenth more, and a fixed slack
@@ -57,12 +60,14 @@ def usable(members, model) -> bool:
 
 
 def _plain(sim) -> bool:
+    from shardmd.integrators.csvr import CSVR
     from shardmd.integrators.langevin import Langevin
+    from shardmd.integrators.nose_hoover import NoseHoover
     from shardmd.integrators.velocity_verlet import VelocityVerlet
 
     n = sim.neighbors
-    return (type(sim.integrator) in (VelocityVerlet, Langevin) and sim.schedule is None and not sim._barostat
-            and n.deferred is None and n.every == 1 and n.check and not sim.domain.nl.box_check
+    return (type(sim.integrator) in (VelocityVerlet, Langevin, NoseHoover, CSVR) and sim.schedule is None
+            and not sim._barostat and n.deferred is None and n.every == 1 and n.check and not sim.domain.nl.box_check
             and sim.domain.nl.reference is not None)
 
 
@@ -87,6 +92,11 @@ class Joined:
         s0 = sims[0].state
         self.dt = float(sims[0].integrator.dt)
         self.langevin = sims[0].integrator.name == "langevin"
+        #: each system's Nosé-Hoover chain or CSVR thermostat (its own object, its own state: the
+        #: set sums each system's kinetic energy and scales its velocities by the factor it gives)
+        scaled = sims[0].integrator.name in ("nose-hoover", "csvr")
+        self.chains = [sim.integrator for sim in sims] if scaled else None
+        self.csvr = sims[0].integrator.name == "csvr"
         self.sizes = [sim.state.n_atoms for sim in sims]
         starts = np.concatenate([[0], np.cumsum(self.sizes)]).tolist()
         self.slices = [slice(a, b) for a, b in zip(starts[:-1], starts[1:])]
@@ -133,6 +143,8 @@ class Joined:
             self.change += batched.langevin_first(self.x, self.v, self.f, self.masses, self.ids, self.dt, self.c1,
                                                   self.scale, self.seeds, steps, self.system, len(self.sizes))
         else:
+            if self.chains is not None:
+                self._chains_half(first=True)
             batched.verlet_first(self.x, self.v, self.f, self.masses, self.dt)
         self.steps += 1
         self.times += self.dt
@@ -177,6 +189,41 @@ class Joined:
         self.out = out
         self.f = out["forces"].to(self.x.dtype)
         batched.half_kick(self.v, self.f, self.masses, self.dt)
+        if self.chains is not None and not self.csvr:
+            self._chains_half(first=False)
+
+    def _chains_half(self, first: bool) -> None:
+        """Every system's thermostat scaling: NHC(dt/2) as nose_hoover.py's first_half (with its
+        set-up at the first step) or second_half (on the velocities just kicked) takes it; CSVR's
+        rescale (first half only), keyed by the step each system is starting."""
+        chains = self.chains
+        sums = None
+        if self.csvr or not first or any(c.t_current is None for c in chains):
+            sums = self._kinetic()
+        if self.csvr:
+            factors = [c.factor(mv2, n, int(step)) for c, (mv2, n), step in zip(chains, sums, self.steps)]
+        else:
+            for c, (mv2, n) in zip(chains, sums or ()):
+                if not first:
+                    c.measured(mv2, n)
+                elif c.t_current is None:
+                    c.measured(mv2, n)
+                    c.set_up()
+            factors = [c.nhc_factor() for c in chains]
+        batched.scale_per_system(self.v, factors, self.system)
+
+    def _kinetic(self) -> list[tuple[float, int]]:
+        """Each system's (sum m v^2 eV, atoms), the bits of its own thermostat's exact sum."""
+        chains = self.chains
+        for c, sl in zip(chains, self.slices):
+            if c._columns is None:   # the choice each system's own run makes, once
+                c._columns = columns_sum_agrees(self.v[sl])
+        columns = [c._columns for c in chains]
+        sums = batched.mv2_per_system(self.v, self.masses, self.system, len(chains), all(columns))
+        if not all(columns) and any(columns):   # mixed (never seen on one machine): each its own way
+            by_columns = batched.mv2_per_system(self.v, self.masses, self.system, len(chains), True)
+            sums = [c if on else r for c, r, on in zip(by_columns, sums, columns)]
+        return sums
 
     def _merged(self):
         graph = merge(self.parts)
