@@ -151,7 +151,8 @@ def write_cuag(d, frames=None) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("integrator", ["verlet", "langevin", "nose-hoover", "csvr"])
+@pytest.mark.parametrize("integrator", ["verlet", "langevin", "nose-hoover", "csvr", "langevin fix.ids=[0,5,6,31]",
+                                        "nose-hoover fix.ids=[1,2,3]"])
 def test_a_joined_batch_with_rebuilds_equals_each_system_alone(integrator, tmp_path, capfd, monkeypatch):
     from shardmd.engine.batch import joined
     from shardmd.models.mace import MaceModel
@@ -163,7 +164,8 @@ def test_a_joined_batch_with_rebuilds_equals_each_system_alone(integrator, tmp_p
     monkeypatch.setattr(joined.Joined, "rebuilt",
                         lambda self, j: seen.__setitem__("rebuilt", seen["rebuilt"] + 1) or rebuilt(self, j))
     common = ["run", "model=mace", "model.checkpoint=cuag.model", "quiet=true", "system.file=cuag.extxyz",
-              "steps=200", "trajectory.every=50", "temperature=900", f"integrator={integrator}", "neighbor.skin=0.3"]
+              "steps=200", "trajectory.every=50", "temperature=900", *f"integrator={integrator}".split(),
+              "neighbor.skin=0.3"]
     r = cli_in_process([*common, "system.frames=all", "batch.size=3", "output=b.h5"], tmp_path, capfd, monkeypatch)
     assert r.returncode == 0, r.stderr
     assert seen["calls"] == 200 and seen["rebuilt"] > 3   # every step one joined call, lists rebuilt inside the set

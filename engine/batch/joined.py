@@ -1,8 +1,8 @@
 """The systems in flight as one array set: a batch's steps without Python per system.
 
 engine/batch/lockstep.py steps many one-rank ``Simulation``s with one model call per step. Where
-every system runs velocity Verlet, Langevin, Nosé-Hoover or CSVR on a fixed cell (no fixed atoms,
-no protocol ramp) and the model joins graphs (``compute_joined``: MACE, models/mace_batch.py), a step of all of
+every system runs velocity Verlet, Langevin, Nosé-Hoover or CSVR on a fixed cell (fixed atoms
+allowed, no protocol ramp) and the model joins graphs (``compute_joined``: MACE, models/mace_batch.py), a step of all of
 them is a fixed number of tensor operations, whatever their number:
 
     first half    integrators/batched.py over all atoms (each atom its system's constants;
@@ -38,6 +38,7 @@ import torch
 
 from shardmd.integrators import batched
 from shardmd.integrators.nose_hoover import columns_sum_agrees
+from shardmd.integrators.units import MVV_TO_EV
 from shardmd.models.mace_batch import merge, pad_edges, split
 
 #: room over a count of edges (joined list, selected edges): a tenth more, and a fixed slack
@@ -54,8 +55,8 @@ def usable(members, model) -> bool:
     """True when ``members``' steps can be taken together here (module docstring)."""
     if not members or not hasattr(model, "compute_joined"):
         return False
-    first = members[0].sim.integrator
-    return all(_plain(m.sim) and type(m.sim.integrator) is type(first) and m.sim.integrator.dt == first.dt
+    first = _inner(members[0].sim)
+    return all(_plain(m.sim) and type(_inner(m.sim)) is type(first) and m.sim.integrator.dt == first.dt
                and _periods(m.sim) == _periods(members[0].sim) for m in members)
 
 
@@ -66,9 +67,20 @@ def _plain(sim) -> bool:
     from shardmd.integrators.velocity_verlet import VelocityVerlet
 
     n = sim.neighbors
-    return (type(sim.integrator) in (VelocityVerlet, Langevin, NoseHoover, CSVR) and sim.schedule is None
+    return (type(_inner(sim)) in (VelocityVerlet, Langevin, NoseHoover, CSVR) and sim.schedule is None
             and not sim._barostat and n.deferred is None and n.every == 1 and n.check and not sim.domain.nl.box_check
             and sim.domain.nl.reference is not None)
+
+
+def _inner(sim):
+    """The integrator itself, also where fixed atoms wrap it (engine/run/constraints.py)."""
+    return getattr(sim.integrator, "inner", sim.integrator)
+
+
+def _fixed_rows(sim) -> torch.Tensor | None:
+    """The rows of ``sim``'s fixed atoms now (None: it fixes none)."""
+    wrapper = sim.integrator
+    return wrapper.fixed_rows(sim.state.ids) if hasattr(wrapper, "fixed_rows") else None
 
 
 def _periods(sim) -> tuple[int, ...]:
@@ -95,7 +107,7 @@ class Joined:
         #: each system's Nosé-Hoover chain or CSVR thermostat (its own object, its own state: the
         #: set sums each system's kinetic energy and scales its velocities by the factor it gives)
         scaled = sims[0].integrator.name in ("nose-hoover", "csvr")
-        self.chains = [sim.integrator for sim in sims] if scaled else None
+        self.chains = [_inner(sim) for sim in sims] if scaled else None
         self.csvr = sims[0].integrator.name == "csvr"
         self.sizes = [sim.state.n_atoms for sim in sims]
         starts = np.concatenate([[0], np.cumsum(self.sizes)]).tolist()
@@ -123,6 +135,9 @@ class Joined:
             self.c1 = torch.cat([torch.full((n, 1), c1, dtype=self.v.dtype, device=dev)
                                  for n, (c1, _) in zip(self.sizes, constants)])
             self.scale = torch.cat([scale for _, scale in constants])
+        #: the fixed atoms' rows in the set (None: no system fixes any), as FixedAtoms holds them
+        self.fixed_in = [_fixed_rows(sim) for sim in sims]
+        self._fixed_rows()
         self.parts = [model.join([item_of(sim)]) for sim in sims]
         self.graph = None   # merged when next needed
         self.out = None     # the last joined call's outputs
@@ -135,17 +150,34 @@ class Joined:
         i = sim.integrator
         return batched.langevin_constants(self.dt, i.temperature, i.friction, sim.state.masses, sim.state.dtype)
 
+    def _fixed_rows(self) -> None:
+        rows = [r + sl.start for r, sl in zip(self.fixed_in, self.slices) if r is not None]
+        self.fixed = torch.cat(rows) if rows else None
+
+    def _forces_used(self) -> torch.Tensor:
+        """The forces the integrators see: the fixed atoms' rows 0.0 (a copy), as FixedAtoms gives them."""
+        return self.f if self.fixed is None else self.f.index_fill(0, self.fixed, 0.0)
+
     # -- the step ------------------------------------------------------------------------
     def first_half(self) -> None:
         """Every system's first half; step counts and times advance."""
+        f = self._forces_used()
+        held = None if self.fixed is None else self.x.index_select(0, self.fixed)
         if self.langevin:
             steps = torch.as_tensor(self.steps, device=self.x.device)[self.system]
-            self.change += batched.langevin_first(self.x, self.v, self.f, self.masses, self.ids, self.dt, self.c1,
+            self.change += batched.langevin_first(self.x, self.v, f, self.masses, self.ids, self.dt, self.c1,
                                                   self.scale, self.seeds, steps, self.system, len(self.sizes))
         else:
             if self.chains is not None:
                 self._chains_half(first=True)
-            batched.verlet_first(self.x, self.v, self.f, self.masses, self.dt)
+            batched.verlet_first(self.x, self.v, f, self.masses, self.dt)
+        if held is not None:   # FixedAtoms.first_half: back in place, at rest
+            self.x.index_copy_(0, self.fixed, held)
+            if self.langevin:   # the O step's kick of a fixed atom is no energy its system kept
+                v = self.v.index_select(0, self.fixed).double()
+                kinetic = 0.5 * MVV_TO_EV * (self.masses.index_select(0, self.fixed).double()[:, None] * v * v).sum(1)
+                self.change.index_add_(0, self.system.index_select(0, self.fixed), -kinetic)
+            self.v.index_fill_(0, self.fixed, 0.0)
         self.steps += 1
         self.times += self.dt
 
@@ -168,6 +200,9 @@ class Joined:
         self.ref[sl] = sim.domain.nl.reference
         if self.langevin:
             self.scale[sl] = self._constants(sim)[1]
+        if self.fixed_in[j] is not None:   # its rows were re-sorted
+            self.fixed_in[j] = _fixed_rows(sim)
+            self._fixed_rows()
         self.parts[j] = self.model.join([item_of(sim)])
         self.graph = None
 
@@ -188,9 +223,11 @@ class Joined:
                 self.capacity = max(self.capacity or 0, int(out["selected"] * MARGIN) + SLACK)
         self.out = out
         self.f = out["forces"].to(self.x.dtype)
-        batched.half_kick(self.v, self.f, self.masses, self.dt)
+        batched.half_kick(self.v, self._forces_used(), self.masses, self.dt)
         if self.chains is not None and not self.csvr:
             self._chains_half(first=False)
+        if self.fixed is not None:
+            self.v.index_fill_(0, self.fixed, 0.0)
 
     def _chains_half(self, first: bool) -> None:
         """Every system's thermostat scaling: NHC(dt/2) as nose_hoover.py's first_half (with its
