@@ -143,17 +143,34 @@ allegro = _Family("allegro", "Allegro via nequip-allegro (models/allegro.py; pip
                              "environment: nequip >= 0.18 needs e3nn >= 0.5, mace-torch pins 0.4)")
 mattersim = _Family("mattersim", "MatterSim (M3GNet) via mattersim (models/mattersim.py; pip install "
                                  "'shardmd[mattersim]' in its own environment: e3nn >= 0.5, mace-torch pins 0.4)")
+orb = _Family("orb", "ORB via orb-models (models/orb.py; pip install 'shardmd[orb]' in its own environment)")
+uma = _Family("uma", "UMA via fairchem-core (models/uma.py; pip install 'shardmd[uma]' in its own environment: "
+                     "fairchem-core needs e3nn >= 0.5 and torch 2.13, mace-torch pins e3nn 0.4)")
+aimnet2 = _Family("aimnet2", "AIMNet2 via aimnet (models/aimnet2.py; pip install 'shardmd[aimnet2]' in its own "
+                             "environment)")
 sevennet = _Family("sevennet", "SevenNet via sevenn (models/sevennet.py; pip install 'shardmd[sevennet]' in its own "
                                "environment: sevenn needs e3nn >= 0.5, mace-torch pins 0.4)")
 
 #: the shipped families (the entry points of pyproject.toml name these)
 MODELS: dict[str, Callable] = {"lj": lj, "morse": morse, "coulomb": coulomb, "d3": d3, "mace": mace,
                                "nequip": nequip, "sevennet": sevennet, "metatomic": metatomic, "allegro": allegro,
-                               "mattersim": mattersim, "sum": model_sum}
+                               "mattersim": mattersim, "orb": orb, "uma": uma, "aimnet2": aimnet2,
+                               "sum": model_sum}
 #: pretrained models by name (``model.name=7net-0``): the family that loads them and the key
 #: that names them there (``model=sevennet model.checkpoint=7net-0``)
 PRETRAINED = {name: ("sevennet", "checkpoint") for name in
               ("7net-0", "sevennet-0", "7net-0_11jul2024", "7net-0_11july2024", "7net-0_22may2024", "7net-l3i5")}
+# orb-models' released models (models/orb_files.py; the -omol ones need charge and spin: refused there)
+PRETRAINED.update({name: ("orb", "checkpoint") for name in (
+    "orb-v3-direct-20-omat", "orb-v3-direct-inf-omat", "orb-v3-conservative-20-omat", "orb-v3-conservative-inf-omat",
+    "orb-v3-direct-20-mpa", "orb-v3-direct-inf-mpa", "orb-v3-conservative-20-mpa", "orb-v3-conservative-inf-mpa",
+    "orb-v2", "orb-d3-v2", "orb-d3-sm-v2", "orb-d3-xs-v2", "orb-mptraj-only-v2")})
+# aimnet's registry names, from aimnet's cache only (models/aimnet2_files.py)
+PRETRAINED.update({name: ("aimnet2", "checkpoint") for name in
+                   ("aimnet2-wb97m-d3_0", "aimnet2-b973c-d3_0", "aimnet2-b973c-2025-d3_0", "aimnet2-nse_0",
+                    "aimnet2-pd_0", "aimnet2-rxn_0")})
+# fairchem's released UMA checkpoints, from the Hugging Face cache only (models/uma_files.py)
+PRETRAINED.update({name: ("uma", "checkpoint") for name in ("uma-s-1p1", "uma-s-1p2", "uma-m-1p1", "uma-s-1p2p1")})
 
 
 def canonical(cfg: Mapping) -> dict:

@@ -5,6 +5,9 @@
     python scripts/bench_families.py --families metatomic --checkpoint pet.pt --trust-code
     python scripts/bench_families.py --families allegro --precision float64     # nequip-allegro's environment
     python scripts/bench_families.py --families mattersim --precision float32   # mattersim's environment
+    python scripts/bench_families.py --families orb                             # orb-models' environment
+    python scripts/bench_families.py --families uma --checkpoint uma.pt         # fairchem's environment
+    python scripts/bench_families.py --families aimnet2 --checkpoint a2.pt      # aimnet's environment
 
 fcc Cu (a = 3.61 Å, rattled 0.05 Å, periodic) of about --atoms atoms. For each family installed
 here: the model as ``model=<family>`` builds it (the shipped MACE, a random NequIP, SevenNet-0
@@ -45,6 +48,11 @@ def keys(family: str, a) -> dict:
         return {"random": True, "species": ["Cu"]}
     if family == "mattersim":   # M3GNet at MatterSim v1's default size (4 blocks, 128 units), random weights
         return {"checkpoint": a.checkpoint} if a.checkpoint else {"random": True}
+    if family == "orb" and not a.checkpoint:   # orb-v3 direct at the released size, random weights
+        return {"random": True, "latent_dim": 256, "mlp_hidden_dim": 1024, "head_hidden_dim": 256, "num_layers": 5,
+                "max_neighbors": 20}
+    if family in ("orb", "uma", "aimnet2"):   # a file (uma, aimnet2: tests/uma_cases.py, tests/aimnet2_cases.py)
+        return {"checkpoint": a.checkpoint}
     return {}
 
 

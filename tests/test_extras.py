@@ -33,6 +33,12 @@ EXTRAS = {
                 "tests/test_allegro.py"),
     "mattersim": (["torch==2.13.0", "mpich==5.0.2", "-e", f"{ROOT}[mattersim]", "pytest", "pytest-xdist", "scipy"],
                   "tests/test_mattersim.py", ("torchvision", "torchaudio")),
+    "orb": (["torch==2.13.0", "mpich==5.0.2", "-e", f"{ROOT}[orb]", "pytest", "pytest-xdist", "scipy"],
+            "tests/test_orb.py"),
+    "aimnet2": (["torch==2.13.0", "mpich==5.0.2", "-e", f"{ROOT}[aimnet2]", "pytest", "pytest-xdist", "scipy"],
+                "tests/test_aimnet2.py"),
+    "uma": (["torch==2.13.0", "mpich==5.0.2", "-e", f"{ROOT}[uma]", "pytest", "pytest-xdist", "scipy"],
+            "tests/test_uma.py"),
 }
 
 
