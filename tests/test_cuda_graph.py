@@ -97,3 +97,22 @@ def test_graphed_mace_run_matches_the_eager_run_and_mace_calculator(tmp_path):
     f_ref = atoms.get_forces()
     # cuEquivariance's kernels (when installed) contract in another order than e3nn: 1e-9 relative
     assert np.abs(full["forces"] - f_ref).max() <= 1e-9 * np.abs(f_ref).max()
+
+
+def test_compiled_mace_under_the_cuda_graph_follows_the_eager_run(tmp_path, monkeypatch):
+    """``model.compile=true`` on CUDA (cuEquivariance where installed): the compiled module is
+    captured and replayed as the graph of each list, through a rebuild, and the trajectory
+    follows the eager, ungraphed run's to round-off."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    cfg = compose_config(["model=mace", "precision=float64", "device=cuda", "system.repeat=[4,4,4]",
+                          "temperature=1200", "dt=2.0", "steps=60", "thermo.every=0", "trajectory.every=0",
+                          "checkpoint.every=0", "quiet=true", "overwrite=true", "model.cuda_graph=true",
+                          "model.compile=true", f"output={tmp_path}/compiled.h5"])
+    sim = Simulation(cfg)
+    sim.run()
+    g = sim.model._graphed
+    assert sim.model.compiled and g.disabled is None, g.disabled
+    assert g.replays >= 30 and sim.nl.n_builds >= 2, (g.replays, sim.nl.n_builds)
+    full = sim.domain.gather(sim.state, ("positions",))
+    _, ref = _run(tmp_path, "eager", "false")
+    assert np.abs(full["positions"] - ref["positions"]).max() < 1e-9
