@@ -5,7 +5,7 @@ extras) exclude; metatomic's tests need metatrain (a PET with random weights), w
 environment does not carry (docs/models.md). This test makes the family's environment as docs/models.md
 says (``pip install torch==2.13.0 mpich==5.0.2 -e ".[sevennet]" pytest pytest-xdist scipy``),
 keeps it under ``SHARDMD_ENV_CACHE`` (default ``~/.cache/shardmd/envs``) keyed by this clone's
-path, pyproject.toml and the Python version, so later runs reuse it, and runs the family's test
+path, the requirements its install asks for and the Python version, so later runs reuse it, and runs the family's test
 file there. So the README's test command (CI's) tests every extra.
 """
 from __future__ import annotations
@@ -42,10 +42,29 @@ EXTRAS = {
 }
 
 
+def requirements(extra: str) -> list[str]:
+    """What installing ``.[extra]`` asks of pip: the package's dependencies and the extra's (its
+    own extras expanded), as pyproject.toml lists them."""
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    extras, out, todo = project.get("optional-dependencies", {}), list(project.get("dependencies", [])), [extra]
+    while todo:
+        for req in extras.get(todo.pop(), []):
+            inner = req.split("[", 1)[1].split("]", 1)[0] if req.startswith("shardmd[") else None
+            todo += inner.split(",") if inner else []
+            out += [] if inner else [req]
+    return sorted(out)
+
+
 def environment(name: str, pip_args: list[str], remove: tuple[str, ...] = ()) -> Path:
-    """The family's virtual environment, made once per clone, pyproject and Python version."""
-    key = hashlib.sha256("\n".join([str(ROOT), (ROOT / "pyproject.toml").read_text(), sys.version,
-                                    *pip_args, *remove]).encode()).hexdigest()[:16]
+    """The family's virtual environment, made once per clone, requirements and Python version:
+    keyed on what its install asks of pip (not on the whole pyproject.toml, whose every change
+    would make all of them again); the package itself is installed editable, so its code is
+    always this clone's."""
+    extras = [a.split("[", 1)[1].rstrip("]") for a in pip_args if "[" in a]
+    reqs = [r for e in extras for e2 in e.split(",") for r in requirements(e2)]
+    key = hashlib.sha256("\n".join([str(ROOT), sys.version, *reqs, *pip_args, *remove]).encode()).hexdigest()[:16]
     base = Path(os.environ.get("SHARDMD_ENV_CACHE", Path.home() / ".cache" / "shardmd" / "envs"))
     env = base / f"{name}-{key}"
     if (env / "ready").is_file():
