@@ -32,10 +32,22 @@ Coulomb of the charges (``coulomb=``): ``dsf`` (default; aimnet's calculator swi
 systems to it: damped shifted force, alpha ``dsf_alpha`` 0.2 1/Å, cutoff ``coulomb_cutoff``
 15 Å, pairwise, so a halo term) or ``ewald``/``pme`` (models/coulomb.py: real space in the halo,
 reciprocal sums all-reduced; ``ewald_accuracy``), or ``none``.  The engine's list reaches the
-largest of the AEV and Coulomb cutoffs; the AEV edges are those within ``rc_s``.
+largest of the AEV, Coulomb and D3 cutoffs; the AEV edges are those within ``rc_s``.
 
-A file that needs aimnet's DFT-D3(BJ) (``needs_dispersion``: the released wB97M and B97-3c
-models) is refused unless ``dispersion=false`` runs the network without it.
+DFT-D3(BJ) (``dispersion``, default true): a file that needs aimnet's D3 (``needs_dispersion``,
+with its ``d3_params`` s6, s8, a1, a2: the released wB97M and B97-3c models, whose DFTD3 output
+the exporter strips) gets it here as aimnet's calculator adds it (``aimnet.modules.DFTD3``: BJ
+damping, C6 and C8, no three-body term, cutoff ``dispersion_cutoff`` 15 Å with the pair energy
+switched off by 1 - S5(t), S5 = 10 t^3 - 15 t^4 + 6 t^5, over the last ``dispersion_smoothing``
+20 %, the coordination numbers over every pair within that cutoff): models/d3.py's D3 with the
+file's parameters (``cutoff_width`` = 20 % of the cutoff is the same polynomial, ``cn_cutoff``
+= the cutoff, or the DSF cutoff where aimnet's calculator shares one list with DSF: longer,
+within 20 %), on the same list and local structure, its ghost CNs refreshed from their owners
+(one more exchange), its per-atom energies added to the network's.  What differs from aimnet's
+kernel (nvalchemiops' ``dftd3``): its tables are float32 copies (``dftd3_data.pt``), ours
+tad-dftd3's float64 ones (1e-7 relative apart), its arithmetic is float32, and it drops the
+reference pairs whose Gaussian weight is below e^-12 of the largest (81 waters: 6e-7 eV of
+-3.56 eV, 1e-6 eV/Å; docs/models.md); ``dispersion=false`` runs the network without D3.
 
 Shapes and units: positions (n_padded, 3) Å, cell (3, 3) Å, numbers (n_padded,); energy () eV,
 energies (n_owned,) eV.  Precision: the run's (float64 casts the weights, as aimnet's own
@@ -81,18 +93,25 @@ class AIMNet2Model:
 
     def __init__(self, checkpoint, *, charge: float = 0.0, mult: float = 1.0, coulomb: str = "dsf",
                  coulomb_cutoff: float = 15.0, dsf_alpha: float = 0.2, ewald_accuracy: float = 1e-6,
-                 trust_code: bool = False, config: str | None = None, dispersion: bool | None = None,
+                 trust_code: bool = False, config: str | None = None, dispersion: bool = True,
+                 dispersion_cutoff: float = 15.0, dispersion_smoothing: float = 0.2,
                  dtype=torch.float64, device="cpu"):
         import_aimnet()
         if coulomb not in COULOMB:
             raise ValueError(f"model.coulomb={coulomb!r}: give one of {', '.join(COULOMB)}")
         for key, value in (("charge", charge), ("mult", mult), ("coulomb_cutoff", coulomb_cutoff),
-                           ("dsf_alpha", dsf_alpha), ("ewald_accuracy", ewald_accuracy)):
+                           ("dsf_alpha", dsf_alpha), ("ewald_accuracy", ewald_accuracy),
+                           ("dispersion_cutoff", dispersion_cutoff), ("dispersion_smoothing", dispersion_smoothing)):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
                 raise ValueError(f"model.{key}={value!r} is not a finite number")
         if coulomb_cutoff <= 0 or dsf_alpha <= 0 or not 0 < ewald_accuracy < 1 or mult < 1:
             raise ValueError("model.coulomb_cutoff and model.dsf_alpha must be > 0, model.ewald_accuracy between 0 "
                              "and 1, model.mult >= 1")
+        if dispersion_cutoff <= 0 or not 0 <= dispersion_smoothing < 1:
+            raise ValueError("model.dispersion_cutoff must be > 0 (Å) and model.dispersion_smoothing in [0, 1) (the "
+                             "share of the cutoff over which the D3 pair energy is switched off)")
+        if not isinstance(dispersion, bool):
+            raise ValueError(f"model.dispersion={dispersion!r} is invalid: use true (add the file's DFT-D3) or false")
         self.label = f"model.checkpoint={checkpoint}"
         self.path, registry = resolve(str(checkpoint))
         self.net, self.meta = load(self.path, self.label, trust_code=trust_code is True, config=config,
@@ -102,17 +121,15 @@ class AIMNet2Model:
         for p in self.net.parameters():
             p.requires_grad_(False)
         self._check_heads()
-        if self.meta.get("needs_dispersion") and dispersion is not False:
-            # aimnet's calculator adds DFT-D3(BJ) outside the network; this wrapper does not (yet)
-            raise ValueError(f"{self.label} needs aimnet's DFT-D3(BJ) term (d3_params {self.meta.get('d3_params')}), "
-                             "which model=aimnet2 does not add: give model.dispersion=false to run the network "
-                             "without it (e.g. as a term of model=sum beside model=d3)")
         self.charge, self.mult = float(charge), float(mult)
         self.channels = int(self.net.num_charge_channels)
         self.rc_s = float(self.net.aev.rc_s)
         self.coulomb = coulomb if self.meta.get("needs_coulomb") else "none"
         self.coulomb_cutoff, self.dsf_alpha = float(coulomb_cutoff), float(dsf_alpha)
         self.ewald_accuracy = float(ewald_accuracy)
+        self.d3 = None
+        if self.meta.get("needs_dispersion") and dispersion:
+            self.d3 = self._dispersion(float(dispersion_cutoff), float(dispersion_smoothing))
         self._ewald = None
         if self.coulomb in ("ewald", "pme"):
             from .coulomb import COULOMB_K, Coulomb
@@ -120,11 +137,33 @@ class AIMNet2Model:
             self._ewald = Coulomb(charges={"H": 0.0}, cutoff=self.coulomb_cutoff, method=self.coulomb,
                                   accuracy=self.ewald_accuracy)
             self._ewald_scale = HARTREE_BOHR / COULOMB_K   # models/coulomb.py's K is CODATA 2018's
-        self.cutoff = max(self.rc_s, self.coulomb_cutoff if self.coulomb != "none" else 0.0)
+        self.cutoff = max(self.rc_s, self.coulomb_cutoff if self.coulomb != "none" else 0.0,
+                          self.d3.cutoff if self.d3 is not None else 0.0)
         self.atomic_numbers = [int(z) for z in self.meta.get("implemented_species") or []]
         self.model_config = ModelConfig(outputs=("energy", "energies", "forces", "virial"),
                                         autograd_outputs={"forces": "energy"}, strain_outputs={"virial": "energy"},
                                         neighbors=NeighborConfig(self.cutoff))
+
+    def _dispersion(self, cutoff: float, smoothing: float):
+        """models/d3.py's D3(BJ) as aimnet's ``DFTD3`` of this file (module docstring).  Its CNs
+        count every pair of the list aimnet's calculator gives it: the D3 cutoff's own, or, where
+        the DSF Coulomb cutoff is longer but within 20 % (its rule for sharing one list), that."""
+        p = self.meta.get("d3_params")
+        if not isinstance(p, dict) or any(k not in p for k in ("s8", "a1", "a2")):
+            raise ValueError(f"{self.label} needs DFT-D3 but its d3_params ({p!r}) lack s8, a1 or a2; give "
+                             "model.dispersion=false to run the network without it")
+        try:
+            import tad_dftd3  # noqa: F401 - the D3 tables
+
+            from .d3 import D3Dispersion
+        except ImportError:
+            raise ValueError(f"{self.label} needs DFT-D3(BJ), which model=aimnet2 adds with tad-dftd3: pip install "
+                             "'shardmd[d3]' (or give model.dispersion=false to run the network without it)") from None
+        params = {"s6": float(p.get("s6", 1.0)), "s8": float(p["s8"]), "a1": float(p["a1"]), "a2": float(p["a2"])}
+        shared = self.coulomb == "dsf" and cutoff < self.coulomb_cutoff <= 1.2 * cutoff
+        return D3Dispersion(functional=f"{self.label}'s d3_params", damping="bj", params=params, cutoff=cutoff,
+                            cn_cutoff=self.coulomb_cutoff if shared else cutoff, cutoff_width=smoothing * cutoff,
+                            dtype=self.dtype)
 
     def _check_heads(self) -> None:
         """Refuse output heads this wrapper does not evaluate per atom (one line, by name)."""
@@ -240,6 +279,8 @@ class AIMNet2Model:
         elif self._ewald is not None:
             out = self._ewald.compute(x, c, pbc, numbers, nl, charges=q)
             energies = energies + self._ewald_scale * out["energies"].double()
+        if self.d3 is not None:   # the padded structure and the list are the D3's too (ghost CNs refreshed)
+            energies = energies + self.d3.compute(x, c, pbc, z, nl)["energies"].double()
         own = to_local(energies).to(x.dtype)
         return {"energy": own.sum(), "energies": own}
 
@@ -279,7 +320,10 @@ class AIMNet2Model:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             base = AIMNet2Calculator(str(self.path), device=str(self.device),
-                                     needs_coulomb=False if self.coulomb == "none" else None)
+                                     needs_coulomb=False if self.coulomb == "none" else None,
+                                     needs_dispersion=self.d3 is not None)
+        if self.d3 is not None:
+            base.set_dftd3_cutoff(self.d3.cutoff2, self.d3.width2 / self.d3.cutoff2)
         if self.coulomb == "dsf":
             base.set_lrcoulomb_method("dsf", cutoff=self.coulomb_cutoff, dsf_alpha=self.dsf_alpha)
         elif self.coulomb in ("ewald", "pme"):
@@ -332,14 +376,17 @@ class AIMNet2Model:
 
 def factory(*, checkpoint: str | None = None, charge: float = 0.0, mult: float = 1.0, coulomb: str = "dsf",
             coulomb_cutoff: float = 15.0, dsf_alpha: float = 0.2, ewald_accuracy: float = 1e-6,
-            trust_code: bool = False, config: str | None = None, dispersion: bool | None = None,
+            trust_code: bool = False, config: str | None = None, dispersion: bool = True,
+            dispersion_cutoff: float = 15.0, dispersion_smoothing: float = 0.2,
             dtype: str | None = None, precision: torch.dtype = torch.float64, device="cpu"):
     """AIMNet2 via aimnet (models/aimnet2.py): ``checkpoint`` an aimnet v2 ``.pt`` (read as data),
     a legacy ``.jpt`` (``trust_code=true``; ``config`` its architecture's YAML) or the name of a
     model in aimnet's cache; ``charge`` the total charge (e, default 0), ``mult`` the spin
     multiplicity (NSE models); ``coulomb`` dsf|ewald|pme|none with ``coulomb_cutoff`` (Å),
-    ``dsf_alpha`` (1/Å), ``ewald_accuracy``; ``dispersion=false``: run a file that needs aimnet's
-    DFT-D3 without it; ``dtype`` float32|float64 (default: the run's)."""
+    ``dsf_alpha`` (1/Å), ``ewald_accuracy``; ``dispersion`` (default true): add the DFT-D3(BJ) a
+    file asks for (its ``d3_params``), cutoff ``dispersion_cutoff`` (Å, 15) switched off over its
+    last ``dispersion_smoothing`` (0.2), as aimnet's calculator; false: the network without it;
+    ``dtype`` float32|float64 (default: the run's)."""
     if dtype not in (None, "float32", "float64"):
         raise ValueError(f"model.dtype={dtype!r}: give float32 or float64 (or leave it out: the run's precision)")
     if checkpoint is None:
@@ -348,7 +395,8 @@ def factory(*, checkpoint: str | None = None, charge: float = 0.0, mult: float =
     dt = {"float32": torch.float32, "float64": torch.float64}[dtype] if dtype else precision
     return AIMNet2Model(checkpoint, charge=charge, mult=mult, coulomb=coulomb, coulomb_cutoff=coulomb_cutoff,
                         dsf_alpha=dsf_alpha, ewald_accuracy=ewald_accuracy, trust_code=trust_code is True,
-                        config=config, dispersion=dispersion, dtype=dt, device=device)
+                        config=config, dispersion=dispersion, dispersion_cutoff=dispersion_cutoff,
+                        dispersion_smoothing=dispersion_smoothing, dtype=dt, device=device)
 
 
 __all__ = ["HARTREE_BOHR", "INSTALL", "SPEC_AIMNET2", "AIMNet2Model", "factory"]

@@ -108,6 +108,22 @@ def functional_parameters(functional: str, damping: str) -> dict[str, float]:
     return {k: float(v) for k, v in p.items() if isinstance(v, torch.Tensor)}
 
 
+def _explicit(params, damping: str) -> dict[str, float]:
+    """Explicit damping parameters (``D3Dispersion(params=...)``), checked: every one the damping
+    uses, finite numbers (no s9: no three-body term)."""
+    if damping not in DAMPINGS:
+        raise ValueError(f"model.damping={damping!r} is not a D3 damping; use bj (rational, D3(BJ)) or zero (D3(0))")
+    need = ("s6", "s8", "a1", "a2") if damping == "bj" else ("s6", "s8", "rs6", "rs8", "alp")
+    out = {}
+    for k in need:
+        v = params.get(k) if isinstance(params, dict) else None
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            raise ValueError(f"D3 parameters {params!r}: {k} is {v!r}, not a finite number ({damping} damping needs "
+                             f"{', '.join(need)})")
+        out[k] = float(v)
+    return out
+
+
 class _Tables:
     """Per-species D3 data from tad-dftd3 (Bohr, Hartree): covalent radii (4/3-scaled), <r4>/<r2>
     factors, pairwise vdW radii, reference CNs (R per species, -1 = none) and C6 (R x R per pair)."""
@@ -131,13 +147,15 @@ class D3Dispersion:
     """DFT-D3 dispersion energy (eV), forces and virial by autograd. Keys: the module docstring.
 
     functional: s-dftd3 name (pbe, b3lyp, ...); damping: bj or zero; cutoff, cn_cutoff,
-    three_body_cutoff: Å (> 0); three_body: the ATM term on or off.
+    three_body_cutoff: Å (> 0); three_body: the ATM term on or off; params: for another code's
+    D3 (Python only, not a key), explicit damping parameters (bj: s6, s8, a1, a2; zero: s6, s8,
+    rs6, rs8, alp) used instead of the functional's, ``functional`` then only naming them.
     """
 
     def __init__(self, functional: str = "pbe", damping: str = "bj", cutoff: float = DISP2_BOHR * Bohr,
                  cn_cutoff: float = CN_BOHR * Bohr, three_body: bool = False,
                  three_body_cutoff: float = DISP3_BOHR * Bohr, cutoff_width: float = 0.0,
-                 dtype: torch.dtype = torch.float64):
+                 params: dict[str, float] | None = None, dtype: torch.dtype = torch.float64):
         for name, value in (("cutoff", cutoff), ("cn_cutoff", cn_cutoff), ("three_body_cutoff", three_body_cutoff)):
             if not (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
                     and value > 0):
@@ -150,7 +168,7 @@ class D3Dispersion:
         if not isinstance(three_body, bool):
             raise ValueError(f"model.three_body={three_body!r} is invalid: use true or false")
         self.functional, self.damping, self.three_body = functional, damping, three_body
-        self.params = functional_parameters(functional, damping)
+        self.params = functional_parameters(functional, damping) if params is None else _explicit(params, damping)
         self.cutoff2, self.cutoff_cn, self.cutoff3 = float(cutoff), float(cn_cutoff), float(three_body_cutoff)
         #: the neighbour-list radius (Å): every term reads edges up to it
         self.cutoff = max(self.cutoff2, self.cutoff_cn, self.cutoff3 if three_body else 0.0)

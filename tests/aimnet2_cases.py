@@ -64,10 +64,24 @@ kwargs:
         key_out: energy
 """
 
+#: the released wB97M-D3 models' DFT-D3(BJ) output (aimnet/models/aimnet2_dftd3_wb97m.yaml: s6 1 by
+#: default, cutoff 15 Å and smoothing over its last 20 % from the calculator's defaults)
+WB97M_D3 = {"s8": 0.3908, "a1": 0.5660, "a2": 3.1280}
+DFTD3_YAML = """\
+    dftd3:
+      class: aimnet.modules.DFTD3
+      kwargs:
+        s8: {s8}
+        a1: {a1}
+        a2: {a2}
+""".format(**WB97M_D3)
 
-def make_model_file(folder: Path, seed: int = 3, name: str = "aimnet2.pt") -> Path:
+
+def make_model_file(folder: Path, seed: int = 3, name: str = "aimnet2.pt", dispersion: bool = False) -> Path:
     """A random-weight AIMNet2 exported by aimnet's own ``export_model`` (its v2 ``.pt``) as
-    ``folder/name``.  The charge-related output weights are scaled up so that the partial
+    ``folder/name``; ``dispersion``: the YAML also has the released models' DFTD3 output
+    (wB97M's D3(BJ) parameters), which the exporter strips to ``needs_dispersion`` and
+    ``d3_params``, as in the released files.  The charge-related output weights are scaled up so that the partial
     charges (and so the Coulomb terms and charge equilibration) matter in the energy, the energy
     head's down so that short hot MD runs stay stable."""
     import torch
@@ -75,17 +89,18 @@ def make_model_file(folder: Path, seed: int = 3, name: str = "aimnet2.pt") -> Pa
     from aimnet.config import build_module
     from aimnet.train.export_model import export_model
 
+    config = MODEL_YAML + DFTD3_YAML if dispersion else MODEL_YAML
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     with torch.random.fork_rng():
         torch.manual_seed(seed)
-        model = build_module(yaml.safe_load(MODEL_YAML))
+        model = build_module(yaml.safe_load(config))
         with torch.no_grad():
             for mlp in list(model.mlps)[:-1]:   # the passes that predict charges: larger charges
                 [m for m in mlp if isinstance(m, torch.nn.Linear)][-1].weight.mul_(2.0)
             model.outputs.energy_mlp.mlp[-1].weight.mul_(0.2)   # a gentler surface: MD stays stable
     torch.save(model.state_dict(), folder / "weights.pt")
-    (folder / "model.yaml").write_text(MODEL_YAML)
+    (folder / "model.yaml").write_text(config)
     (folder / "model.sae").write_text("".join(f"{z}: {e}\n" for z, e in SAE.items()))
     export_model.main([str(folder / "weights.pt"), str(folder / name), "--model", str(folder / "model.yaml"),
                        "--sae", str(folder / "model.sae")], standalone_mode=False)

@@ -4,14 +4,20 @@ independent, single-process reference): a random-weight model of AIMNet2's archi
 by aimnet's own exporter (tests/aimnet2_cases.py), on a periodic water box; the CLI on 1, 2 and
 4 domains (real MPI ranks) through 50 Langevin steps with migrations, and across a restart; the
 refusals, one line each; and the one-line error without the package (runs where aimnet is
-absent, e.g. the main environment).
+absent, e.g. the main environment).  A variant of the file with the released models' DFTD3 output
+(wB97M's D3(BJ) parameters, stripped by the exporter to ``needs_dispersion`` and ``d3_params``):
+our D3 (models/d3.py) added inside the wrapper, against aimnet's calculator with its D3 attached,
+on 1 and 2 domains, and without it (``model.dispersion=false``).
 
 Tolerances (float64): 1e-10 relative to the largest value for the network, the charge
 equilibration and aimnet's closed-form DSF Coulomb (``LRCoulomb._coul_dsf_torch``); 1e-9 with
 Ewald, where two Ewald sums (models/coulomb.py and nvalchemiops') agree to their accuracy
 (1e-10 here); float32 against aimnet's unmodified calculator (its float32 positions, its
 nvalchemiops DSF kernel) 1e-4 relative.  aimnet's ASE calculator is float32 only; the float64
-reference casts it (models/aimnet2.py ``AIMNet2Model.ase_calculator``).
+reference casts it (models/aimnet2.py ``AIMNet2Model.ase_calculator``).  With DFT-D3 the reference's
+dispersion is nvalchemiops' kernel (float32 tables and arithmetic, reference pairs below e^-12
+of the largest Gaussian weight dropped), ours tad-dftd3's float64 tables without that cut: 1e-6
+of the D3 energy, 1e-4 of the largest D3 force and virial component (measured 1.7e-7 and 3e-5).
 """
 import subprocess
 import sys
@@ -40,7 +46,9 @@ def files(tmp_path_factory):
 
     d = tmp_path_factory.mktemp("aimnet2")
     write(d / "water.extxyz", water_box(4, offset=1.5))
-    return {"pt": make_model_file(d), "xyz": d / "water.extxyz", "dir": d}
+    write(d / "water5.extxyz", water_box(5, offset=1.5))
+    return {"pt": make_model_file(d), "d3": make_model_file(d, name="aimnet2_d3.pt", dispersion=True),
+            "xyz": d / "water.extxyz", "xyz5": d / "water5.extxyz", "dir": d}
 
 
 def _evaluate(calc, atoms):
@@ -99,6 +107,89 @@ def test_float32_equals_aimnets_own_calculator(files):
     assert max(rel) <= 1e-4, rel
 
 
+# -- DFT-D3 (the released models' dispersion) --------------------------------------------------------
+#: ours against aimnet's D3 kernel, shares of the D3 term's own energy and largest force/virial component
+D3_TOL = {"energy": 1e-6, "forces": 1e-4, "virial": 1e-4}
+
+
+@pytest.mark.parametrize("coulomb_cutoff", [8.0, 17.0])
+def test_d3_equals_aimnets_calculator_with_its_d3(files, coulomb_cutoff):
+    """A file that needs DFT-D3 (default model.dispersion=true) against aimnet's calculator with
+    its DFTD3 attached, float64, periodic: energy, forces, virial.  8 Å: aimnet gives D3 its own
+    15 Å list; 17 Å: it shares the DSF list (within 20 %), so its CNs reach 17 Å, as ours then."""
+    from aimnet2_cases import water_box
+
+    a = water_box(3)
+    ours = _ours(checkpoint=str(files["d3"]), coulomb_cutoff=coulomb_cutoff)
+    ref = ours.model.ase_calculator()
+    assert ref.base_calc.external_dftd3 is not None and ours.model.d3 is not None
+    got, want = _evaluate(ours, a), _evaluate(ref, a)
+    bare = _evaluate(_ours(checkpoint=str(files["d3"]), coulomb_cutoff=coulomb_cutoff, dispersion=False), a)
+    d3 = [g - b for g, b in zip(got, bare)]   # our D3 term alone
+    assert -4.0 < d3[0] < -3.0   # 81 waters' D3(BJ), wB97M parameters: ~ -3.56 eV
+    for name, g, w, t in zip(("energy", "forces", "virial"), got, want, d3):
+        err, scale = float(np.abs(g - w).max()), float(np.abs(t).max())
+        assert err <= D3_TOL[name] * scale, (name, err, scale)
+
+
+def test_d3_float32_equals_aimnets_own_calculator(files):
+    """float32 against aimnet's calculator as it ships (float32 positions, its DSF and D3
+    kernels), 1e-4 relative to the largest value."""
+    from aimnet.calculators import AIMNet2Calculator
+    from aimnet.calculators.aimnet2ase import AIMNet2ASE
+    from aimnet2_cases import water_box
+
+    a = water_box(3)
+    ours = _ours(checkpoint=str(files["d3"]), coulomb_cutoff=8.0, dtype="float32")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        base = AIMNet2Calculator(str(files["d3"]), device="cpu")
+    base.set_lrcoulomb_method("dsf", cutoff=8.0, dsf_alpha=0.2)
+    rel = _rel(_evaluate(ours, a), _evaluate(AIMNet2ASE(base), a))
+    assert max(rel) <= 1e-4, rel
+
+
+def test_dispersion_false_is_the_network_alone(files):
+    """model.dispersion=false on the D3 file: the D3-free model (the same weights' file without
+    DFTD3, bit for bit) and aimnet's calculator with needs_dispersion=False (1e-10)."""
+    from aimnet2_cases import water_box
+
+    a = water_box(3)
+    ours = _ours(checkpoint=str(files["d3"]), coulomb_cutoff=8.0, dispersion=False)
+    assert ours.model.d3 is None and ours.model.cutoff == 8.0
+    got = _evaluate(ours, a)
+    plain = _evaluate(_ours(checkpoint=str(files["pt"]), coulomb_cutoff=8.0), a)
+    assert all(np.array_equal(g, p) for g, p in zip(got, plain))
+    ref = ours.model.ase_calculator()
+    assert ref.base_calc.external_dftd3 is None
+    assert max(_rel(got, _evaluate(ref, a))) <= TOL
+
+
+@pytest.mark.mpi
+def test_d3_cli_on_1_and_2_domains(files):
+    """``python -m engine run model=aimnet2 ... domains=N`` with the D3 file (a 7 Å D3 cutoff, so
+    that 2 domains fit the 15.5 Å box): 30 Langevin steps, the 2-domain trajectory equals one
+    domain's (1e-10 Å); the first frame's energy and forces are the one-process model's (1e-10), D3
+    included."""
+    d = files["dir"]
+    keys = ["model.coulomb_cutoff=5.0", "model.dispersion_cutoff=7.0"]
+    base = [*CLI, *keys, "steps=30", "trajectory.every=30", f"model.checkpoint={files['d3']}",
+            f"system.file={files['xyz5']}"]
+    for k in (1, 2):
+        r = run_engine([*base, f"domains={k}", f"output=d3_{k}.h5"], cwd=d, timeout=600)
+        assert r.returncode == 0, r.stderr[-3000:]
+    runs = {k: read_frames(d / f"d3_{k}.h5") for k in (1, 2)}
+    assert [f.info["step"] for f in runs[2]] == [0, 30]
+    assert np.abs(runs[2][-1].positions - runs[1][-1].positions).max() <= 1e-10
+    e1, e2 = runs[1][-1].get_potential_energy(), runs[2][-1].get_potential_energy()
+    assert abs(e1 - e2) <= TOL * abs(e1)
+    first, kw = runs[2][0], {"checkpoint": str(files["d3"]), "coulomb_cutoff": 5.0, "dispersion_cutoff": 7.0}
+    e, forces, _ = _evaluate(_ours(**kw), first)
+    assert abs(first.get_potential_energy() - e) <= TOL * abs(e)
+    assert np.abs(first.get_forces() - forces).max() <= TOL * np.abs(forces).max()
+    assert _evaluate(_ours(**kw, dispersion=False), first)[0] - e > 1.0   # the D3 term is in
+
+
 # -- N domains ---------------------------------------------------------------------------------------
 CLI = ["run", "model=aimnet2", f"model.coulomb_cutoff={RC}", "precision=float64", "steps=50", "dt=0.5",
        "temperature=300", "integrator=langevin", "trajectory.every=50", "thermo.every=0", "checkpoint.every=0",
@@ -152,8 +243,8 @@ def _edited(files, name, edit):
 def test_file_refusals_are_one_line(files):
     """A hostile pickle (never unpickled), TorchScript without trust_code, a bare state dict,
     another family's checkpoint, a YAML naming code outside aimnet's allow-list, weights that do
-    not fit, a file needing DFT-D3 (without model.dispersion=false), a junk file, a missing file,
-    a registry name not in aimnet's cache."""
+    not fit, a file needing DFT-D3 without its parameters, a junk file, a missing file, a
+    registry name not in aimnet's cache; DFT-D3 without tad-dftd3."""
     from shardmd.models.aimnet2 import factory
 
     d = files["dir"]
@@ -173,7 +264,7 @@ def test_file_refusals_are_one_line(files):
         (_edited(files, "weights.pt", lambda c: c["state_dict"].pop("afv.weight")),
          ["aimnet cannot build the model", "afv.weight"]),
         (_edited(files, "d3.pt", lambda c: c.update(needs_dispersion=True, d3_params={
-            "s8": 0.3908, "a1": 0.566, "a2": 3.128, "s6": 1.0})), ["DFT-D3(BJ)", "model.dispersion=false"]),
+            "s8": 0.3908, "a2": 3.128, "s6": 1.0})), ["needs DFT-D3", "lack s8, a1 or a2", "model.dispersion=false"]),
         (d / "junk.pt", ["not an AIMNet2 model file"]),
         (d / "nowhere.pt", ["no such file"]),
     ]
@@ -188,11 +279,17 @@ def test_file_refusals_are_one_line(files):
         with pytest.raises(ValueError, match="nothing is downloaded here.*aimnet download") as exc:
             factory(checkpoint="aimnet2")
         assert "\n" not in str(exc.value)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setitem(sys.modules, "tad_dftd3", None)
+        with pytest.raises(ValueError, match=r"DFT-D3\(BJ\).*pip install 'shardmd\[d3\]'.*dispersion=false"):
+            factory(checkpoint=str(files["d3"]))
+        assert factory(checkpoint=str(files["d3"]), dispersion=False).d3 is None
 
 
 def test_engine_refusals_are_one_line_with_status_2(files, tmp_path, capfd, monkeypatch):
     """Through the CLI: an element the model lacks, an unknown key, a hostile file, no
-    checkpoint, a bad Coulomb method: exit status 2, one line, no traceback."""
+    checkpoint, a bad Coulomb method, a bad dispersion switch or smoothing: exit status 2, one
+    line, no traceback."""
     d = files["dir"]
     save_hostile(d / "evil2.pt", d / "MARKER2")
     ck = f"model.checkpoint={files['pt']}"
@@ -202,7 +299,9 @@ def test_engine_refusals_are_one_line_with_status_2(files, tmp_path, capfd, monk
                         ([ck, *water, "model.nope=3"], ["no parameter nope", "checkpoint"]),
                         ([f"model.checkpoint={d / 'evil2.pt'}", *water], ["posix.system"]),
                         ([*water], ["needs model.checkpoint=FILE.pt"]),
-                        ([ck, *water, "model.coulomb=wolf"], ["model.coulomb='wolf'", "dsf, ewald, pme, none"])):
+                        ([ck, *water, "model.coulomb=wolf"], ["model.coulomb='wolf'", "dsf, ewald, pme, none"]),
+                        ([ck, *water, "model.dispersion=maybe"], ["model.dispersion='maybe'", "true", "false"]),
+                        ([ck, *water, "model.dispersion_smoothing=1.5"], ["model.dispersion_smoothing in [0, 1)"])):
         code, lines = run_in_process(["run", "model=aimnet2", *args, "steps=1", "quiet=true", "output=r.h5"],
                                      tmp_path, capfd, monkeypatch)
         lines = [ln for ln in lines if not ln.startswith(("Warp", "   ", "Module ", "UserWarning"))]

@@ -189,3 +189,19 @@ def test_functional_names_resolve_aliases():
     assert functional_parameters("PBE", "bj") == functional_parameters("pbe", "bj")   # as s-dftd3 normalises
     with pytest.raises(ValueError, match="no D3 parameters for model.damping=zero; use model.damping=bj"):
         functional_parameters("b3lyp_631gd", "zero")   # a functional with BJ parameters only
+
+
+def test_explicit_parameters_replace_the_functionals():
+    """``D3Dispersion(params=...)`` (another code's D3, e.g. an AIMNet2 file's d3_params): b3lyp's
+    own parameters given explicitly reproduce functional=b3lyp (against dftd3); missing ones are a
+    one-line error."""
+    from shardmd.models.d3 import D3Dispersion, functional_parameters
+
+    atoms = structure("slab")
+    p = functional_parameters("b3lyp", "bj")
+    d3 = D3Dispersion(functional="mine", params={k: p[k] for k in ("s6", "s8", "a1", "a2")}, **CUTOFFS)
+    res = d3.calculate(atoms.positions, atoms.cell[:], atoms.pbc, atoms.numbers)
+    got = dict(res, stress=np.array([res["stress"][a, b] for a, b in VOIGT]))
+    assert_matches(got, reference(atoms, "bj", functional="b3lyp"), len(atoms))
+    with pytest.raises(ValueError, match="a1 is None, not a finite number .bj damping needs s6, s8, a1, a2"):
+        D3Dispersion(params={"s6": 1.0, "s8": 0.4, "a2": 3.0})
