@@ -77,9 +77,26 @@ def cli_in_process(args, cwd, capfd, monkeypatch) -> subprocess.CompletedProcess
     return subprocess.CompletedProcess(list(args), code, out.out, "".join(ln + "\n" for ln in lines))
 
 
+#: test files whose every test is a work unit of its own and scheduled first: each makes a model
+#: family's environment (minutes of pip each), the suite's longest units, so they start at once
+#: on the workers instead of one after another on one, late (longest first; :func:`_first`)
+LONG_UNITS = ("test_extras.py",)
+
+
+def _first(item) -> int:
+    """Scheduling rank: LONG_UNITS' tests, then the shared MPI worlds' (the longest chain), then
+    the rest in collection order."""
+    path, _, rest = item.nodeid.partition("::")
+    name = Path(path).name
+    if name in LONG_UNITS:
+        return 0
+    return 1 if rest.split("::")[-1].split("[", 1)[0] in _WORLDS.get(name, ()) else 2
+
+
 def pytest_collection_modifyitems(config, items):
     import torch
 
+    items.sort(key=_first)   # stable
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs CUDA: run on the device machine (see README, GPU tests)")
@@ -106,6 +123,8 @@ def _world_tests() -> dict[str, set[str]]:
     return out
 
 
+_WORLDS = _world_tests()
+
 try:
     from xdist.scheduler import LoadScopeScheduling
 except ImportError:   # without pytest-xdist, tests run in one process (`-p no:xdist`, no addopts)
@@ -113,20 +132,22 @@ except ImportError:   # without pytest-xdist, tests run in one process (`-p no:x
 else:
     class _ModuleScheduling(LoadScopeScheduling):
         """Work units for the workers (pyproject addopts ``-n 4``): a test module runs on
-        one worker (its module fixtures are made once), but the tests that read the shared
-        MPI worlds or validate batches run on one worker together: a worker launches each
-        k-rank world with the tasks of all selected tests, so two workers asking for it would
-        run every task twice. Only those tests: the rest of their modules stays a unit of its
-        own, so the worlds' chain (the suite's longest) carries nothing else.  (xdist's
-        ``--dist loadgroup`` marks do not take effect under pytest 9, hence a scheduler keyed
-        by file and function.)"""
+        one worker (its module fixtures are made once; LONG_UNITS' tests each on their own),
+        but the tests that read the shared MPI worlds or validate batches run on one worker
+        together: a worker launches each k-rank world with the tasks of all selected tests, so
+        two workers asking for it would run every task twice. Only those tests: the rest of
+        their modules stays a unit of its own, so the worlds' chain (the suite's longest)
+        carries nothing else.  (xdist's ``--dist loadgroup`` marks do not take effect under
+        pytest 9, hence a scheduler keyed by file and function.)"""
 
         def __init__(self, config, log=None):
             super().__init__(config, log)
-            self._worlds = _world_tests()
+            self._worlds = _WORLDS
 
         def _split_scope(self, nodeid: str) -> str:
             path, _, rest = nodeid.partition("::")
+            if Path(path).name in LONG_UNITS:
+                return nodeid
             function = rest.split("::")[-1].split("[", 1)[0]
             return "mpi-worlds" if function in self._worlds.get(Path(path).name, ()) else path
 
