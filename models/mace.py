@@ -255,6 +255,12 @@ class MaceModel:
         self.dtype, self.device = dtype, torch.device(device)
         #: the module runs compiled by torch.compile (models/mace_compile.py)
         self.compiled = compile is True
+        if self.compiled:
+            from .mace_compile import compiler_problem
+
+            problem = compiler_problem(self.device)
+            if problem:
+                raise ValueError(problem)
         with _building(self.compiled):
             self._load(trust_pickle, cueq)
         for p in self.model.parameters():

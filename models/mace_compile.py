@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import stat
 import tempfile
 from pathlib import Path
@@ -41,6 +42,17 @@ def building():
 
     with disable_e3nn_codegen():
         yield
+
+
+def compiler_problem(device: torch.device) -> str | None:
+    """Why inductor could not build code here (one line), or None: it compiles C++ on the CPU
+    (``CXX`` or g++) and, on CUDA, Triton's launcher in C (``CC``, cc, gcc or clang)."""
+    names = ([os.environ.get("CC"), "cc", "gcc", "clang"] if device.type == "cuda"
+             else [os.environ.get("CXX"), "g++", "c++", "clang++"])
+    if any(n and shutil.which(n) for n in names):
+        return None
+    kind = "a C compiler (cc, gcc or clang; Triton's)" if device.type == "cuda" else "a C++ compiler (g++ or clang++)"
+    return f"model.compile=true needs {kind} on this machine; install one or leave model.compile=false"
 
 
 def compiled(module: torch.nn.Module) -> torch.nn.Module:

@@ -5,6 +5,7 @@ same trajectory on two real MPI domains as the eager model on one, through neigh
 and migrations; the generated code goes to a directory of the user's own, never to the
 predictable ``/tmp/torchinductor_<user>``."""
 import os
+import shutil
 import stat
 
 import numpy as np
@@ -16,7 +17,9 @@ from conftest import run_engine
 
 from shardmd.engine.io.h5md_read import read_frames
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(shutil.which(os.environ.get("CXX") or "g++") is None and shutil.which("c++") is None,
+                                 reason="inductor compiles C++ on the CPU: no C++ compiler here (g++, c++)")]
 TOL = 1e-11
 
 
@@ -94,4 +97,11 @@ def test_compiled_on_two_domains_follows_eager_on_one(tmp_path):
 def test_compile_must_be_a_flag(tmp_path):
     r = run_engine(["run", "model=mace", "model.compile=maybe", "steps=1", "output=x.h5"], cwd=tmp_path)
     assert r.returncode == 2 and "model.compile" in r.stderr and "Traceback" not in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_without_a_compiler_the_refusal_is_one_line(tmp_path):
+    r = run_engine(["run", "model=mace", "model.compile=true", "steps=1", "output=x.h5"], cwd=tmp_path,
+                   env={"PATH": str(tmp_path), "CXX": ""})
+    assert r.returncode == 2 and "needs a C++ compiler" in r.stderr and "Traceback" not in r.stderr, r.stderr
     assert len(r.stderr.strip().splitlines()) == 1, r.stderr
