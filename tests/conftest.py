@@ -83,20 +83,36 @@ def cli_in_process(args, cwd, capfd, monkeypatch) -> subprocess.CompletedProcess
 LONG_UNITS = ("test_extras.py",)
 
 
-def _first(item) -> int:
-    """Scheduling rank: LONG_UNITS' tests, then the shared MPI worlds' (the longest chain), then
-    the rest in collection order."""
-    path, _, rest = item.nodeid.partition("::")
+def _scope(nodeid: str) -> str:
+    """The work unit of a test (:class:`_ModuleScheduling`): its own for LONG_UNITS, the shared
+    MPI worlds for the tests that read them, else its file."""
+    path, _, rest = nodeid.partition("::")
     name = Path(path).name
     if name in LONG_UNITS:
-        return 0
-    return 1 if rest.split("::")[-1].split("[", 1)[0] in _WORLDS.get(name, ()) else 2
+        return nodeid
+    return "mpi-worlds" if rest.split("::")[-1].split("[", 1)[0] in _WORLDS.get(name, ()) else path
+
+
+def _scheduled(items) -> list:
+    """The order the workers take the units in (xdist's own reordering is off, see below):
+    LONG_UNITS' tests, then the shared MPI worlds (the longest chain), then the other units
+    largest first (xdist's own rule: the big ones started early), each unit's tests in order."""
+    units: dict[str, list] = {}
+    for item in items:
+        units.setdefault(_scope(item.nodeid), []).append(item)
+
+    def rank(scope_unit):
+        scope, unit = scope_unit
+        first = 0 if Path(scope.partition("::")[0]).name in LONG_UNITS else 1 if scope == "mpi-worlds" else 2
+        return first, -len(unit)
+
+    return [item for _, unit in sorted(units.items(), key=rank) for item in unit]
 
 
 def pytest_collection_modifyitems(config, items):
     import torch
 
-    items.sort(key=_first)   # stable
+    items[:] = _scheduled(items)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs CUDA: run on the device machine (see README, GPU tests)")
@@ -142,14 +158,11 @@ else:
 
         def __init__(self, config, log=None):
             super().__init__(config, log)
-            self._worlds = _WORLDS
+            if hasattr(config.option, "loadscopereorder"):   # the collection's order is the schedule
+                config.option.loadscopereorder = False
 
         def _split_scope(self, nodeid: str) -> str:
-            path, _, rest = nodeid.partition("::")
-            if Path(path).name in LONG_UNITS:
-                return nodeid
-            function = rest.split("::")[-1].split("[", 1)[0]
-            return "mpi-worlds" if function in self._worlds.get(Path(path).name, ()) else path
+            return _scope(nodeid)
 
     def pytest_xdist_make_scheduler(config, log):
         return _ModuleScheduling(config, log)
