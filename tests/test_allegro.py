@@ -10,8 +10,6 @@ strictly local, the wrapper sums the per-atom energies per system.
 nequip's data is float64 under its global state; its calculator builds it with the process
 default dtype, so the references here evaluate with float64 as the default (``_evaluate``).
 """
-import subprocess
-import sys
 import warnings
 from pathlib import Path
 
@@ -21,7 +19,7 @@ import torch
 from ase import Atoms
 from ase.io import write
 from conftest import run_engine
-from family_checks import assert_restart_bit_exact, save_hostile
+from family_checks import assert_install_line, assert_restart_bit_exact, save_hostile
 
 pytest.importorskip("allegro", reason="nequip-allegro is not installed (pip install 'shardmd[allegro]' in its own "
                                       "environment: nequip >= 0.18 needs e3nn >= 0.5, which mace-torch excludes)")
@@ -229,15 +227,7 @@ def test_trust_code_from_a_config_file_is_refused(files, tmp_path):
 def test_without_the_package_the_error_is_one_line_with_the_install_command(tmp_path):
     """nequip-allegro hidden from the interpreter: the engine refuses model=allegro in one line
     giving the install command (exit status 2)."""
-    code = ("import sys; sys.modules['allegro'] = None; "
-            "from shardmd.engine.cli.main import main; sys.exit(main(sys.argv[1:]))")
-    r = subprocess.run([sys.executable, "-c", code, "run", "model=allegro", "model.random=true",
-                        "system.element=Cu", "system.lattice=fcc", "system.a=3.61", "system.repeat=[2,2,2]", "steps=1",
-                        "output=r.h5"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
-    assert r.returncode == 2, r.stderr
-    lines = [ln for ln in r.stderr.strip().splitlines() if "allegro" in ln]
-    assert len(lines) == 1 and "pip install 'shardmd[allegro]'" in lines[0], r.stderr
-    assert "Traceback" not in r.stderr
+    assert_install_line(tmp_path, "allegro", ["model=allegro", "model.random=true"], "allegro", "allegro")
 
 
 def test_spec_saves_and_loads(tmp_path):

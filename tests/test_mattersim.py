@@ -7,8 +7,6 @@ migrations, and across a restart; the refusals, one line each.  models/mattersim
 MatterSim's per-atom scatter for one the halo handler sees (the per-layer exchange).
 """
 import os
-import subprocess
-import sys
 import warnings
 
 import numpy as np
@@ -17,7 +15,7 @@ import torch
 from ase import Atoms
 from ase.io import write
 from conftest import run_engine
-from family_checks import assert_restart_bit_exact, save_hostile
+from family_checks import assert_install_line, assert_restart_bit_exact, save_hostile
 
 pytest.importorskip("mattersim", reason="mattersim is not installed (pip install 'shardmd[mattersim]' in its own "
                                         "environment: mattersim needs e3nn >= 0.5, which mace-torch excludes)")
@@ -216,15 +214,7 @@ def test_engine_refusals_are_one_line(files, tmp_path):
 def test_without_the_package_the_error_is_one_line_with_the_install_command(tmp_path):
     """mattersim hidden from the interpreter: the engine refuses model=mattersim in one line giving
     the install command (exit status 2)."""
-    code = ("import sys; sys.modules['mattersim'] = None; "
-            "from shardmd.engine.cli.main import main; sys.exit(main(sys.argv[1:]))")
-    r = subprocess.run([sys.executable, "-c", code, "run", "model=mattersim", "model.random=true",
-                        "system.element=Cu", "system.lattice=fcc", "system.a=3.61", "system.repeat=[2,2,2]", "steps=1",
-                        "output=r.h5"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
-    assert r.returncode == 2, r.stderr
-    lines = [ln for ln in r.stderr.strip().splitlines() if "mattersim" in ln]
-    assert len(lines) == 1 and "pip install 'shardmd[mattersim]'" in lines[0], r.stderr
-    assert "Traceback" not in r.stderr
+    assert_install_line(tmp_path, "mattersim", ["model=mattersim", "model.random=true"], "mattersim", "mattersim")
 
 
 def test_spec_saves_and_loads(tmp_path):

@@ -11,8 +11,6 @@ one line each (exit status 2 through the CLI); without orb-models, the install c
 line (runs where orb-models is absent too).
 """
 import importlib.util
-import subprocess
-import sys
 import warnings
 
 import numpy as np
@@ -20,7 +18,7 @@ import pytest
 import torch
 from ase.io import write
 from conftest import run_engine
-from family_checks import assert_restart_bit_exact, save_hostile
+from family_checks import assert_install_line, assert_restart_bit_exact, save_hostile
 
 from shardmd.engine.io.h5md_read import read_frames
 
@@ -332,15 +330,7 @@ def test_cli_refuses_a_hostile_checkpoint_with_exit_status_2(files, tmp_path):
 def test_without_the_package_the_error_is_one_line_with_the_install_command(tmp_path):
     """orb-models hidden from the interpreter (or absent, as in the main environment): the engine
     refuses model=orb in one line giving the install command (exit status 2)."""
-    code = ("import sys; sys.modules['orb_models'] = None; "
-            "from shardmd.engine.cli.main import main; sys.exit(main(sys.argv[1:]))")
-    r = subprocess.run([sys.executable, "-c", code, "run", "model=orb", "model.random=true",
-                        "system.element=Cu", "system.lattice=fcc", "system.a=3.61", "system.repeat=[2,2,2]", "steps=1",
-                        "output=r.h5"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
-    assert r.returncode == 2, r.stderr
-    lines = [ln for ln in r.stderr.strip().splitlines() if "orb" in ln]
-    assert len(lines) == 1 and "pip install 'shardmd[orb]'" in lines[0], r.stderr
-    assert "Traceback" not in r.stderr
+    assert_install_line(tmp_path, "orb_models", ["model=orb", "model.random=true"], "orb", "orb")
 
 
 @needs_orb
