@@ -90,17 +90,19 @@ def test_equals_aimnets_calculator(files, coulomb, charge, tol):
     assert abs(ref.results["charges"].sum() - charge) < 1e-3
 
 
-def test_float32_equals_aimnets_own_calculator(files):
-    """float32 against aimnet's calculator as it ships (float32 positions, its DSF kernel)."""
+@pytest.mark.parametrize("key", ["pt", "d3"], ids=["plain", "d3"])
+def test_float32_equals_aimnets_own_calculator(files, key):
+    """float32 against aimnet's calculator as it ships (float32 positions, its DSF kernel, and
+    its D3 kernel for the file that carries D3), 1e-4 relative to the largest value."""
     from aimnet.calculators import AIMNet2Calculator
     from aimnet.calculators.aimnet2ase import AIMNet2ASE
     from aimnet2_cases import water_box
 
     a = water_box(3)
-    ours = _ours(checkpoint=str(files["pt"]), coulomb_cutoff=8.0, dtype="float32")
+    ours = _ours(checkpoint=str(files[key]), coulomb_cutoff=8.0, dtype="float32")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        base = AIMNet2Calculator(str(files["pt"]), device="cpu")
+        base = AIMNet2Calculator(str(files[key]), device="cpu")
     base.set_lrcoulomb_method("dsf", cutoff=8.0, dsf_alpha=0.2)
     rel = _rel(_evaluate(ours, a), _evaluate(AIMNet2ASE(base), a))
     assert max(rel) <= 1e-4, rel
@@ -129,23 +131,6 @@ def test_d3_equals_aimnets_calculator_with_its_d3(files, coulomb_cutoff):
     for name, g, w, t in zip(("energy", "forces", "virial"), got, want, d3):
         err, scale = float(np.abs(g - w).max()), float(np.abs(t).max())
         assert err <= D3_TOL[name] * scale, (name, err, scale)
-
-
-def test_d3_float32_equals_aimnets_own_calculator(files):
-    """float32 against aimnet's calculator as it ships (float32 positions, its DSF and D3
-    kernels), 1e-4 relative to the largest value."""
-    from aimnet.calculators import AIMNet2Calculator
-    from aimnet.calculators.aimnet2ase import AIMNet2ASE
-    from aimnet2_cases import water_box
-
-    a = water_box(3)
-    ours = _ours(checkpoint=str(files["d3"]), coulomb_cutoff=8.0, dtype="float32")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        base = AIMNet2Calculator(str(files["d3"]), device="cpu")
-    base.set_lrcoulomb_method("dsf", cutoff=8.0, dsf_alpha=0.2)
-    rel = _rel(_evaluate(ours, a), _evaluate(AIMNet2ASE(base), a))
-    assert max(rel) <= 1e-4, rel
 
 
 def test_dispersion_false_is_the_network_alone(files):
