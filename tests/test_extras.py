@@ -10,10 +10,17 @@ file there. So the README's test command (CI's) tests every extra.
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import filecmp
 import hashlib
 import os
+import secrets
+import stat
 import subprocess
 import sys
+import sysconfig
+import time
 from pathlib import Path
 
 import pytest
@@ -70,6 +77,39 @@ def environment(name: str, pip_args: list[str], remove: tuple[str, ...] = ()) ->
     if (env / "ready").is_file():
         return env
     base.mkdir(parents=True, exist_ok=True)
+    with build_slot(base):
+        return _make(env, name, base, pip_args, remove)
+
+
+#: environments made at once (each ~2 GB before share_files; the suite's workers would make four)
+BUILD_SLOTS = 2
+
+
+@contextlib.contextmanager
+def build_slot(base: Path, slots: int = BUILD_SLOTS, limit_s: float = 3600.0):
+    """Hold one of ``slots`` lock files under ``base`` while an environment is made, so that at
+    most ``slots`` are made at once (peak disk: ~2 GB each until its files are shared)."""
+    deadline = time.monotonic() + limit_s
+    while True:
+        for k in range(slots):
+            fd = os.open(base / f".build-slot-{k}.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                continue
+            try:
+                yield
+            finally:
+                os.close(fd)   # releases the lock
+            return
+        assert time.monotonic() < deadline, f"no environment build slot under {base} within {limit_s:.0f} s"
+        time.sleep(2.0)
+
+
+def _make(env: Path, name: str, base: Path, pip_args: list[str], remove: tuple[str, ...]) -> Path:
+    if (env / "ready").is_file():    # made by another worker while this one waited
+        return env
     subprocess.run([sys.executable, "-m", "venv", "--clear", str(env)], check=True, timeout=300)
     r = subprocess.run([str(env / "bin" / "pip"), "install", "-q", *pip_args], capture_output=True, text=True,
                        timeout=1800)
@@ -78,9 +118,87 @@ def environment(name: str, pip_args: list[str], remove: tuple[str, ...] = ()) ->
         r = subprocess.run([str(env / "bin" / "pip"), "uninstall", "-q", "-y", *remove], capture_output=True,
                            text=True, timeout=300)
         assert r.returncode == 0, f"uninstalling {remove} from the {name} environment failed:\n{r.stderr[-3000:]}"
+    share_files(env, [Path(sysconfig.get_paths()["purelib"])]
+                + [e for e in base.glob("*/") if (e / "ready").is_file()])
     (env / "ready").write_text("pip install " + " ".join(pip_args) + "\n"
                                + (f"pip uninstall -y {' '.join(remove)}\n" if remove else ""))
     return env
+
+
+def _site(env: Path) -> Path:
+    """The site-packages folder of a virtual environment (or the folder itself when given one)."""
+    found = sorted(env.glob("lib/python*/site-packages"))
+    return found[0] if found else env
+
+
+def share_files(env: Path, others: list[Path], smallest: int = 1 << 16) -> int:
+    """Hard-link each file of ``env``'s site-packages that is byte for byte the file at the same
+    place in one of ``others``' (torch, warp, numpy, scipy: ~1.3 GB of the ~2 GB of each of the
+    seven environments, which CI makes from nothing: its disk is shared and was once too full).
+    A file is replaced only by a link to an equal regular file on the same file system, through
+    a fresh name (never a predictable one); files under ``smallest`` bytes are left as they are.
+    Returns the bytes saved."""
+    saved, mine, theirs = 0, _site(env), [_site(o) for o in others]
+    for root, _, files in os.walk(mine):
+        for name in files:
+            path = Path(root) / name
+            st = path.lstat()
+            if not stat.S_ISREG(st.st_mode) or st.st_size < smallest or st.st_nlink > 1:
+                continue
+            rel = path.relative_to(mine)
+            for other in theirs:
+                twin = other / rel
+                try:
+                    tw = twin.lstat()
+                except OSError:
+                    continue
+                if (stat.S_ISREG(tw.st_mode) and tw.st_size == st.st_size and tw.st_dev == st.st_dev
+                        and filecmp.cmp(path, twin, shallow=False)):
+                    fresh = path.with_name(f".{name}.{secrets.token_hex(8)}")
+                    os.link(twin, fresh)
+                    os.replace(fresh, path)
+                    saved += st.st_size
+                    break
+    return saved
+
+
+def test_share_files_links_equal_files_only(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    for d in (a, b):
+        (d / "pkg").mkdir(parents=True)
+    big = os.urandom(1 << 17)
+    (a / "pkg" / "same.so").write_bytes(big)
+    (b / "pkg" / "same.so").write_bytes(big)
+    (a / "pkg" / "differs.so").write_bytes(big)
+    (b / "pkg" / "differs.so").write_bytes(big[:-1] + bytes([big[-1] ^ 1]))
+    (a / "pkg" / "small.py").write_bytes(b"x = 1\n")
+    (b / "pkg" / "small.py").write_bytes(b"x = 1\n")
+    (a / "pkg" / "alone.so").write_bytes(big)
+    os.symlink(b / "pkg" / "same.so", a / "pkg" / "link.so")
+    assert share_files(a, [tmp_path / "missing", b]) == len(big)
+    assert (a / "pkg" / "same.so").stat().st_ino == (b / "pkg" / "same.so").stat().st_ino
+    assert (a / "pkg" / "differs.so").stat().st_ino != (b / "pkg" / "differs.so").stat().st_ino
+    assert (a / "pkg" / "differs.so").read_bytes() == big
+    assert (a / "pkg" / "small.py").stat().st_nlink == 1 and (a / "pkg" / "link.so").is_symlink()
+    assert sorted(p.name for p in (a / "pkg").iterdir()) == ["alone.so", "differs.so", "link.so", "same.so",
+                                                             "small.py"]   # no stray names left
+    assert share_files(a, [b]) == 0    # already shared
+
+
+def test_build_slots_let_two_builds_in_and_hold_the_third(tmp_path):
+    with build_slot(tmp_path, slots=2), build_slot(tmp_path, slots=2):
+        with pytest.raises(AssertionError, match="no environment build slot"):
+            with build_slot(tmp_path, slots=2, limit_s=0.0):
+                pass
+    with build_slot(tmp_path, slots=2):     # released on leaving
+        pass
+    (tmp_path / "elsewhere").write_text("x")
+    (tmp_path / ".build-slot-0.lock").unlink()
+    (tmp_path / ".build-slot-0.lock").symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(OSError):            # a planted link is not followed
+        with build_slot(tmp_path, slots=1):
+            pass
+    assert (tmp_path / "elsewhere").read_text() == "x"
 
 
 @pytest.mark.parametrize("name", sorted(EXTRAS))
