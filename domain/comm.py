@@ -51,11 +51,11 @@ class Comm:
     staged: bool = False   # exchanges go through host memory (gloo with CUDA tensors)
     group: object = None
     mpi: object = None
-    #: small host reductions through MPI instead of the group (:meth:`_over_mpi`). Off: with
-    #: the halo's point-to-point still on gloo, MPI's polling waits beside gloo's sleeping ones
-    #: made 4 ranks on 2 cores 1.6x slower; to be switched on together with domain/exchange.py
-    #: through MPI (then 2x faster there, and 32k in.lj on 2 ranks 0.55 -> 0.69 of LAMMPS).
-    #: ``SHARDMD_HOST_OVER_MPI=1`` switches it on at init_comm (measurements).
+    #: small host reductions (:meth:`_over_mpi`) and the point-to-point exchanges of host
+    #: tensors (domain/exchange.py) through MPI instead of the group. On by default under an
+    #: MPI launcher (init_comm); ``SHARDMD_HOST_OVER_MPI=0`` keeps everything on the group.
+    #: Both together or neither: MPI's polling waits beside gloo's sleeping ones made 4 ranks on
+    #: 2 cores 1.6x slower (docs/design.md, "The CPU LJ kernel: measured changes").
     host_over_mpi: bool = False
 
     @property
@@ -253,7 +253,7 @@ def init_comm(device: str = "cpu", timeout_s: float = 120.0) -> Comm:
     _STORES.append(store)  # outlives the process group (see shutdown)
     return Comm(rank=rank, size=size, local_rank=local_rank, device=dev, backend=backend,
                 staged=staged, group=dist.group.WORLD, mpi=MPI,
-                host_over_mpi=os.environ.get("SHARDMD_HOST_OVER_MPI") == "1")
+                host_over_mpi=os.environ.get("SHARDMD_HOST_OVER_MPI", "1") != "0")
 
 
 def _before_first_group() -> None:

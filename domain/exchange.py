@@ -25,8 +25,12 @@ def swap_into(comm: Comm, sends: list[tuple[int, torch.Tensor, int]],
     sends: (peer rank, tensor, tag); recvs: (peer rank, destination, tag), where a destination
     may be a view into a larger buffer (a row slice: a receive straight into its final place,
     no copy).  Empty tensors are neither sent nor received (both sides know the counts).  With
-    ``comm.staged`` the data travel through host memory.
+    ``comm.staged`` the data travel through host memory. With ``comm.host_over_mpi`` host
+    tensors go through MPI point-to-point instead of the group (:func:`_swap_into_mpi`).
     """
+    if comm.host_over_mpi and comm.mpi is not None and not comm.staged and comm.backend != "nccl":
+        _swap_into_mpi(comm, sends, recvs)
+        return
     ops = []
     keep = []
     for peer, t, tg in sends:
@@ -51,6 +55,38 @@ def swap_into(comm: Comm, sends: list[tuple[int, torch.Tensor, int]],
     if ops:
         for r in dist.batch_isend_irecv(ops):
             r.wait()
+    for buf, dest in landing:
+        dest.copy_(buf)
+    del keep
+
+
+def _bytes(t: torch.Tensor):
+    """A numpy uint8 view of contiguous ``t``'s memory (an MPI send or receive buffer)."""
+    return t.reshape(-1).view(torch.uint8).numpy()
+
+
+def _swap_into_mpi(comm: Comm, sends, recvs) -> None:
+    """:func:`swap_into` through MPI point-to-point on host tensors: the same messages, peers
+    and tags as the group's batch (MPI keeps the order of messages with one peer and tag, so
+    two calls in a row never mix). A halo's positions on 2 local ranks take ~75 µs this way
+    against 0.3-3.5 ms through gloo's batch (scripts/bench_collectives.py)."""
+    world = comm.mpi.COMM_WORLD
+    reqs, keep, landing = [], [], []
+    for peer, dest, tg in recvs:      # receives first: a send finds its receive posted
+        if dest.numel() == 0:
+            continue
+        buf = dest
+        if not dest.is_contiguous():
+            buf = torch.empty(dest.shape, dtype=dest.dtype)
+            landing.append((buf, dest))
+        reqs.append(world.Irecv(_bytes(buf), peer, tag=tg))
+    for peer, t, tg in sends:
+        if t.numel() == 0:
+            continue
+        buf = t.detach().contiguous()
+        keep.append(buf)
+        reqs.append(world.Isend(_bytes(buf), peer, tag=tg))
+    comm.mpi.Request.Waitall(reqs)
     for buf, dest in landing:
         dest.copy_(buf)
     del keep

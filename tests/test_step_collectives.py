@@ -31,8 +31,9 @@ WORKER = textwrap.dedent('''
 
     out, steps = sys.argv[1], int(sys.argv[2])
     comm = init_comm("cpu")
-    counts = {"comm": 0, "group": 0}
-    plain_reduce, plain_group = comm.all_reduce, dist.all_reduce
+    default_over_mpi = comm.host_over_mpi
+    counts = {"comm": 0, "group": 0, "p2p": 0}
+    plain_reduce, plain_group, plain_p2p = comm.all_reduce, dist.all_reduce, dist.batch_isend_irecv
 
     def counted(t, op="sum"):
         counts["comm"] += 1
@@ -42,8 +43,13 @@ WORKER = textwrap.dedent('''
         counts["group"] += 1
         return plain_group(*a, **k)
 
+    def counted_p2p(*a, **k):
+        counts["p2p"] += 1
+        return plain_p2p(*a, **k)
+
     comm.all_reduce = counted          # comm.any goes through it too
     dist.all_reduce = counted_group
+    dist.batch_isend_irecv = counted_p2p
     results = {}
     # (name, neighbor.every, step whose forces see a stop request on rank 1 or None, host_over_mpi)
     cases = [("every1", 1, None, False), ("every4", 4, None, False), ("every1_mpi", 1, None, True),
@@ -74,8 +80,11 @@ WORKER = textwrap.dedent('''
         per_step.append(dict(counts))
         results[name] = {"step": sim.state.step, "exit": sim.exit_code,
                          "comm": [b["comm"] - a["comm"] for a, b in zip(per_step, per_step[1:])],
-                         "group": [b["group"] - a["group"] for a, b in zip(per_step, per_step[1:])]}
+                         "group": [b["group"] - a["group"] for a, b in zip(per_step, per_step[1:])],
+                         "p2p": [b["p2p"] - a["p2p"] for a, b in zip(per_step, per_step[1:])],
+                         "x": sim.state.positions.tolist()}
         del sim
+    results["default_over_mpi"] = default_over_mpi
     with open(f"{out}/rank{comm.rank}.json", "w") as f:
         json.dump(results, f)
     shutdown(comm)
@@ -103,10 +112,22 @@ def test_one_all_reduce_per_step_on_two_ranks(two_ranks):
             # every step before the last (which writes the final thermo line): one all-reduce,
             # the check's carrying the stop request, or the stop request alone between checks
             assert r["comm"][:-1] == [1] * (STEPS - 1), (name, r["comm"])
-            if name.endswith("_mpi"):   # and none through the process group (gloo): they take MPI
+            if name.endswith("_mpi"):   # and none through the process group (gloo): they take MPI,
                 assert r["group"] == [0] * STEPS, (name, r["group"])
+                assert r["p2p"] == [0] * STEPS, (name, r["p2p"])    # the halo's exchanges too
             else:
                 assert r["group"] == r["comm"], (name, r["group"])
+                assert all(n >= 1 for n in r["p2p"]), (name, r["p2p"])   # a halo refresh per step
+
+
+@pytest.mark.mpi
+def test_host_traffic_takes_mpi_by_default_and_moves_the_same_bits(two_ranks):
+    """Under an MPI launcher the host's reductions and halo exchanges take MPI unless
+    SHARDMD_HOST_OVER_MPI=0; the positions after the run are the same bits either way."""
+    for res in two_ranks:
+        assert res["default_over_mpi"] is True
+        for a, b in (("every1", "every1_mpi"), ("every4", "every4_mpi")):
+            assert res[a]["x"] == res[b]["x"], (a, b)
 
 
 @pytest.mark.mpi
