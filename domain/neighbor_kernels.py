@@ -190,12 +190,17 @@ def scan_neighbors(
 
     ``half != 0`` keeps one edge per pair of query points (Newton's third law, for a pair model
     that adds the force on j to j's row): the candidate whose sorted slot follows ``i``'s, and a
-    point's own periodic image for S > 0 lexicographically; candidates ``j >= n_newton``
-    (ghosts) are all kept, one-sided.  ``half == 2`` (every point a query point) skips the
-    slots before ``i``'s in each run instead of testing them: half the candidates.
+    point's own periodic image for S > 0 lexicographically, by skipping the slots before
+    ``i``'s in each run (half the candidates, never tested).  ``half == 2``: every point is a
+    query point.  ``half == 1``: the query points and the others (ghosts, ``j >= n_newton``)
+    are sorted apart (``bin_start`` holds both parts' bin starts: :class:`_Bins` ``split``),
+    so a row of bins is two runs: the query points' with the skip, then the ghosts', all kept
+    (one-sided).
     """
     i = wp.tid()
     h = cell[0]
+    n_cells = nb[0] * nb[1] * nb[2]
+    parts = bin_start.shape[0] // (n_cells + 1)   # 2: query points and ghosts sorted apart (_Bins)
     slot = rank[i]
     xi = xs[slot]
     ci = _bin_coords(bin_of[i], nb)
@@ -244,59 +249,58 @@ def scan_neighbors(
                     b2, s2 = _fold(b2, nb[2])
                 n_bins = wp.min(hi2 - d2 + 1, nb[2] - b2)
                 d2 += n_bins
-                first = bin_start[row + b2]
-                last = bin_start[row + b2 + n_bins]
                 # half list: S > 0 lexicographically keeps i's own image in this run
                 s_pos = s0 > 0 or (s0 == 0 and (s1 > 0 or (s1 == 0 and s2 > 0)))
-                if half == 2:
-                    first = wp.min(wp.max(first, wp.where(s_pos, slot, slot + 1)), last)
-                if write == 0 or write == 3:
-                    shift = wp.vec3i(s0, s1, s2) + shift_i
-                    run_word = ((wp.int64(shift[0]) * wp.int64(1024) + wp.int64(shift[1])) * wp.int64(1024)
-                                + wp.int64(shift[2])) * wp.int64(2147483648)
-                    offset = type(zero)(s0) * h[0] + type(zero)(s1) * h[1] + type(zero)(s2) * h[2] - xi
-                    # i itself is no neighbour of its own zero image
-                    own = -1
-                    if s0 == 0 and s1 == 0 and s2 == 0:
-                        own = slot
-                    for p in range(first, last):
-                        dx = xs[p] + offset
-                        hit = wp.where(wp.dot(dx, dx) < cutoff2, wp.where(p != own, 1, 0), 0)
-                        if half == 1:
-                            if not (p > slot or (p == slot and s_pos) or order[p] >= n_newton):
-                                hit = 0
-                        bits = bits | (wp.uint32(hit) << wp.uint32(c & 31))
-                        if write == 3:
-                            # branch-free: every candidate is stored, a hit moves the cursor
-                            # (a branch on the hit, mispredicted, cost what the emit pass did)
-                            if n_out < capacity:
-                                packed[n_out] = slot_words[p] + run_word
-                            n_out += hit
-                        c += 1
-                        if (c & 31) == 0:
-                            mask[first_word + (c >> 5) - 1] = bits
-                            n_found += wp.bit_count(bits)
-                            bits = wp.uint32(0)
-                else:
-                    shift = wp.vec3i(s0, s1, s2) + img[i]
-                    c_first = c  # candidate number of xs[first]
-                    end = c + last - first
-                    while c < end:
-                        # the bits of this run held by word c >> 5
-                        n_bits = wp.min(32 - (c & 31), end - c)
-                        w = mask[first_word + (c >> 5)] >> wp.uint32(c & 31)
-                        if n_bits < 32:
-                            w = w & ((wp.uint32(1) << wp.uint32(n_bits)) - wp.uint32(1))
-                        while w != wp.uint32(0):
-                            j = order[first + c - c_first + _lowest_bit(w)]
-                            if write == 1:
-                                neighbors[n_found] = j
-                                shifts[n_found] = shift - img[j]
-                            else:
-                                packed[n_found] = _pack(j, shift - img[j])
-                            n_found += 1
-                            w = w & (w - wp.uint32(1))
-                        c += n_bits
+                for part in range(parts):
+                    # part 0: the query points (all points unless split); part 1: the others
+                    first = bin_start[part * (n_cells + 1) + row + b2]
+                    last = bin_start[part * (n_cells + 1) + row + b2 + n_bins]
+                    if half == 2 or (half == 1 and part == 0):
+                        first = wp.min(wp.max(first, wp.where(s_pos, slot, slot + 1)), last)
+                    if write == 0 or write == 3:
+                        shift = wp.vec3i(s0, s1, s2) + shift_i
+                        run_word = ((wp.int64(shift[0]) * wp.int64(1024) + wp.int64(shift[1])) * wp.int64(1024)
+                                    + wp.int64(shift[2])) * wp.int64(2147483648)
+                        offset = type(zero)(s0) * h[0] + type(zero)(s1) * h[1] + type(zero)(s2) * h[2] - xi
+                        # i itself is no neighbour of its own zero image
+                        own = -1
+                        if s0 == 0 and s1 == 0 and s2 == 0:
+                            own = slot
+                        for p in range(first, last):
+                            dx = xs[p] + offset
+                            hit = wp.where(wp.dot(dx, dx) < cutoff2, wp.where(p != own, 1, 0), 0)
+                            bits = bits | (wp.uint32(hit) << wp.uint32(c & 31))
+                            if write == 3:
+                                # branch-free: every candidate is stored, a hit moves the cursor
+                                # (a branch on the hit, mispredicted, cost what the emit pass did)
+                                if n_out < capacity:
+                                    packed[n_out] = slot_words[p] + run_word
+                                n_out += hit
+                            c += 1
+                            if (c & 31) == 0:
+                                mask[first_word + (c >> 5) - 1] = bits
+                                n_found += wp.bit_count(bits)
+                                bits = wp.uint32(0)
+                    else:
+                        shift = wp.vec3i(s0, s1, s2) + img[i]
+                        c_first = c  # candidate number of xs[first]
+                        end = c + last - first
+                        while c < end:
+                            # the bits of this run held by word c >> 5
+                            n_bits = wp.min(32 - (c & 31), end - c)
+                            w = mask[first_word + (c >> 5)] >> wp.uint32(c & 31)
+                            if n_bits < 32:
+                                w = w & ((wp.uint32(1) << wp.uint32(n_bits)) - wp.uint32(1))
+                            while w != wp.uint32(0):
+                                j = order[first + c - c_first + _lowest_bit(w)]
+                                if write == 1:
+                                    neighbors[n_found] = j
+                                    shifts[n_found] = shift - img[j]
+                                else:
+                                    packed[n_found] = _pack(j, shift - img[j])
+                                n_found += 1
+                                w = w & (w - wp.uint32(1))
+                            c += n_bits
     if write == 0 or write == 3:
         if (c & 31) != 0:
             mask[first_word + (c >> 5)] = bits

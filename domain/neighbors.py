@@ -258,7 +258,7 @@ def build_neighbor_list(
     cell = cell.to(dtype=positions.dtype, device=device).contiguous()
     # An open axis needs a usable frame vector even if the user gave a zero one.
     cell = _regularise_open_axes(cell, pbc_t, positions, cutoff)
-    b = _Bins(positions, cell, pbc_t, cutoff, ids, nq)
+    b = _Bins(positions, cell, pbc_t, cutoff, ids, nq, split=half)
     word_start, n_words, max_img = _candidate_words(b, pbc_t, nq)
     return _scan(b, cell, pbc_t, cutoff, half, nq, capacity, word_start, n_words, max_img)
 
@@ -270,9 +270,15 @@ class _Bins:
     sorted order (bins read contiguously); img (n, 3): bin images of the wrap; bin_of (n,):
     each point's bin; order (n,): sorted slot -> point; rank: point -> slot; start (n_bins + 1,):
     the first slot of each bin; per_bin: points per bin; visit: the query points in sorted
-    order (a half list's visit order)."""
+    order (a half list's visit order).
 
-    def __init__(self, positions, cell, pbc_t, cutoff, ids, nq):
+    ``split`` (a half list with ghosts, ``nq < n``): the query points first, sorted by (bin,
+    id), then the others, sorted the same way; ``start`` is (2 (n_bins + 1),), the query part's
+    bin starts and then the others'. A row of bins is then two contiguous runs, and the scan
+    skips the query points before ``i``'s slot as it does for ``half == 2`` (half the
+    candidates) instead of testing every one (the ghosts are all kept)."""
+
+    def __init__(self, positions, cell, pbc_t, cutoff, ids, nq, split=False):
         n, device = int(positions.shape[0]), positions.device
         self.nb, self.reach = _bin_grid(cell, pbc_t, cutoff, n)
         xw, self.img, self.bin_of = bin_points(positions, cell, pbc_t, self.nb)
@@ -284,12 +290,27 @@ class _Bins:
             order = by_id[torch.argsort(self.bin_of[by_id], stable=True)]
         n_bins = self.nb[0] * self.nb[1] * self.nb[2]
         self.per_bin = torch.bincount(self.bin_of.long(), minlength=n_bins)
-        bin_start = torch.zeros(n_bins + 1, dtype=torch.int64, device=device)
-        bin_start[1:] = torch.cumsum(self.per_bin, 0)
+        split = split and 0 < nq < n
+        if split:   # then by part (query points first), stable: each part stays in (bin, id) order
+            order = order[torch.argsort((order >= nq).to(torch.int8), stable=True)]
+            owned = torch.bincount(self.bin_of[:nq].long(), minlength=n_bins)
+            bin_start = torch.zeros(2, n_bins + 1, dtype=torch.int64, device=device)
+            bin_start[0, 1:] = torch.cumsum(owned, 0)
+            bin_start[1, 1:] = torch.cumsum(self.per_bin - owned, 0)
+            bin_start[1] += nq
+            bin_start = bin_start.reshape(-1)
+        else:
+            bin_start = torch.zeros(n_bins + 1, dtype=torch.int64, device=device)
+            bin_start[1:] = torch.cumsum(self.per_bin, 0)
         self.order, self.start = order.to(torch.int32).contiguous(), bin_start.to(torch.int32).contiguous()
         self.rank = torch.empty_like(self.order)
         self.rank[order] = torch.arange(n, dtype=torch.int32, device=device)
-        self.visit = self.order if nq == n else self.order[self.order < nq].contiguous()
+        if nq == n:
+            self.visit = self.order
+        elif split:
+            self.visit = self.order[:nq]
+        else:
+            self.visit = self.order[self.order < nq].contiguous()
         self.xs = xw[order].contiguous()
         self.n, self.dtype = n, positions.dtype
 
