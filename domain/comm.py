@@ -52,8 +52,9 @@ class Comm:
     group: object = None
     mpi: object = None
     #: small host reductions (:meth:`_over_mpi`) and the point-to-point exchanges of host
-    #: tensors (domain/exchange.py) through MPI instead of the group. On by default under an
-    #: MPI launcher (init_comm); ``SHARDMD_HOST_OVER_MPI=0`` keeps everything on the group.
+    #: tensors (domain/exchange.py) through MPI instead of the group. On under an MPI launcher
+    #: where the node has a core per rank (init_comm, :func:`_host_over_mpi`);
+    #: ``SHARDMD_HOST_OVER_MPI=0`` or ``1`` decides instead.
     #: Both together or neither: MPI's polling waits beside gloo's sleeping ones made 4 ranks on
     #: 2 cores 1.6x slower (docs/design.md, "The CPU LJ kernel: measured changes").
     host_over_mpi: bool = False
@@ -253,7 +254,20 @@ def init_comm(device: str = "cpu", timeout_s: float = 120.0) -> Comm:
     _STORES.append(store)  # outlives the process group (see shutdown)
     return Comm(rank=rank, size=size, local_rank=local_rank, device=dev, backend=backend,
                 staged=staged, group=dist.group.WORLD, mpi=MPI,
-                host_over_mpi=os.environ.get("SHARDMD_HOST_OVER_MPI", "1") != "0")
+                host_over_mpi=_host_over_mpi(local_size))
+
+
+def _host_over_mpi(local_size: int) -> bool:
+    """Whether host traffic takes MPI (:attr:`Comm.host_over_mpi`): ``SHARDMD_HOST_OVER_MPI``
+    ``1`` or ``0`` if set, else where every rank on this node can have a core: MPI waits by
+    polling, and with more ranks than cores the pollers take the cores the ranks they wait for
+    need (8 ranks on 2 cores spent half the machine in the kernel, yielding), where gloo's
+    waits sleep. A rank bound to one core (srun, mpirun --bind-to core) counts the node's."""
+    asked = os.environ.get("SHARDMD_HOST_OVER_MPI")
+    if asked in ("0", "1"):
+        return asked == "1"
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return local_size <= usable or (usable == 1 and local_size <= (os.cpu_count() or 1))
 
 
 def _before_first_group() -> None:

@@ -9,6 +9,7 @@ process group (``torch.distributed.all_reduce``, 0.05-1 ms on gloo against ~20 Â
 scripts/bench_collectives.py). A regression that adds a collective per step, or sends them
 back through gloo where MPI was asked for, fails here."""
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -18,7 +19,7 @@ import pytest
 import torch
 from conftest import mpiexec_cmd
 
-from shardmd.domain.comm import Comm, _mpi_all_reduce
+from shardmd.domain.comm import Comm, _host_over_mpi, _mpi_all_reduce
 
 STEPS = 12
 
@@ -122,10 +123,10 @@ def test_one_all_reduce_per_step_on_two_ranks(two_ranks):
 
 @pytest.mark.mpi
 def test_host_traffic_takes_mpi_by_default_and_moves_the_same_bits(two_ranks):
-    """Under an MPI launcher the host's reductions and halo exchanges take MPI unless
-    SHARDMD_HOST_OVER_MPI=0; the positions after the run are the same bits either way."""
+    """Under an MPI launcher with a core per rank the host's reductions and halo exchanges take
+    MPI unless SHARDMD_HOST_OVER_MPI=0; the positions after the run are the same bits either way."""
     for res in two_ranks:
-        assert res["default_over_mpi"] is True
+        assert res["default_over_mpi"] is (len(os.sched_getaffinity(0)) >= 2)
         for a, b in (("every1", "every1_mpi"), ("every4", "every4_mpi")):
             assert res[a]["x"] == res[b]["x"], (a, b)
 
@@ -139,6 +140,22 @@ def test_stop_after_the_check_is_honoured_at_the_next_step_on_every_rank(two_ran
         steps = [res[name]["step"] for res in two_ranks]
         assert steps == [k + 1, k + 1], (name, steps)
         assert [res[name]["exit"] for res in two_ranks] == [75, 75]
+
+
+def test_host_traffic_takes_mpi_where_each_rank_has_a_core(monkeypatch):
+    monkeypatch.delenv("SHARDMD_HOST_OVER_MPI", raising=False)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    assert _host_over_mpi(1) and _host_over_mpi(2) and not _host_over_mpi(4)   # 4 pollers on 2 cores
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {5})   # bound to a core by the launcher
+    monkeypatch.setattr(os, "cpu_count", lambda: 64)
+    assert _host_over_mpi(8) and not _host_over_mpi(65)
+    monkeypatch.setenv("SHARDMD_HOST_OVER_MPI", "0")
+    assert not _host_over_mpi(1)
+    monkeypatch.setenv("SHARDMD_HOST_OVER_MPI", "1")
+    assert _host_over_mpi(100)
+    monkeypatch.setenv("SHARDMD_HOST_OVER_MPI", "yes")    # not 0 or 1: the rule decides
+    assert not _host_over_mpi(100)
 
 
 def test_host_reductions_take_mpi_only_where_order_cannot_matter():
