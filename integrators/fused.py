@@ -42,6 +42,35 @@ def usable(*tensors: torch.Tensor) -> bool:
     return _warp() is not None and bool(_get())
 
 
+#: kernel name -> (key, recorded launch, the tensors it points at): the last launch of each kernel
+_recorded: dict = {}
+
+
+def _run(name: str, dim: int, args: list) -> None:
+    """Launch kernel ``name`` over ``dim`` rows with ``args`` (torch tensors and scalars, in the
+    kernel's order). The launch is recorded (Warp's ``record_cmd``) and replayed while the rows
+    and the tensors' shapes and dtypes are the same: a step then sets the scalars and wraps only
+    the tensors that are new (the forces, each step), instead of wrapping every tensor
+    (``from_torch``, ~31 a step in NPT) and packing every argument again."""
+    wp = _warp()
+    key = (dim, tuple((i, tuple(a.shape), a.dtype) for i, a in enumerate(args) if isinstance(a, torch.Tensor)))
+    kept = _recorded.get(name)
+    if kept is None or kept[0] != key:
+        inputs = [wp.from_torch(a) if isinstance(a, torch.Tensor) else a for a in args]
+        cmd = wp.launch(_get()[name], dim=dim, device="cpu", inputs=inputs, record_cmd=True)
+        _recorded[name] = (key, cmd, list(args))   # the tensors stay alive: their addresses stay theirs
+        cmd.launch()
+        return
+    _, cmd, held = kept
+    for i, a in enumerate(args):
+        if not isinstance(a, torch.Tensor):
+            cmd.set_param_at_index(i, a)
+        elif a.data_ptr() != held[i].data_ptr():
+            cmd.set_param_at_index(i, wp.from_torch(a))
+            held[i] = a
+    cmd.launch()
+
+
 def _get() -> dict:
     """The kernels (integrators/fused_kernels.py; Warp compiles them once into its cache)."""
     if not _kernels:
@@ -56,16 +85,12 @@ def _get() -> dict:
 def v_press(velocities: torch.Tensor, f: list[float], od: list[float], dthalf: float, tri: bool) -> None:
     """npt.py's ``_v_press`` in one pass, in place: velocities (N, 3) Å/fs, f the three factors,
     od omega_dot (Voigt, 1/fs; tri's tilt terms use od[3:6]), dthalf fs."""
-    wp = _warp()
-    wp.launch(_get()["v_press"], dim=velocities.shape[0], device="cpu",
-              inputs=[wp.from_torch(velocities), f[0], f[1], f[2], od[3], od[4], od[5], -dthalf, int(tri)])
+    _run("v_press", velocities.shape[0], [velocities, f[0], f[1], f[2], od[3], od[4], od[5], -dthalf, int(tri)])
 
 
 def remap(positions: torch.Tensor, m: list[list[float]]) -> None:
     """x' = x m for a lower-triangular m (rows), in place on positions (N, 3) Å, as npt.py's remap."""
-    wp = _warp()
-    wp.launch(_get()["remap"], dim=positions.shape[0], device="cpu",
-              inputs=[wp.from_torch(positions), m[0][0], m[1][0], m[2][0], m[1][1], m[2][1], m[2][2]])
+    _run("remap", positions.shape[0], [positions, m[0][0], m[1][0], m[2][0], m[1][1], m[2][1], m[2][2]])
 
 
 def _chunks(n: int) -> int:
@@ -76,11 +101,9 @@ def kinetic_words(velocities: torch.Tensor, m_scaled: torch.Tensor, lo: float, o
     """(12,) int64: the local sums of the hi words (xx yy zz xy xz yz) then the lo words of
     (v_a v_b) m_scaled; velocities (N, 3), m_scaled (N,) (m MVV_TO_EV 2^32), ``out`` a kept
     (>= chunks, 12) int64 work array."""
-    wp = _warp()
     n = velocities.shape[0]
     part = out[:_chunks(n)]
-    wp.launch(_get()["kinetic_tensor"], dim=part.shape[0], device="cpu",
-              inputs=[wp.from_torch(velocities), wp.from_torch(m_scaled), n, lo, wp.from_torch(part)])
+    _run("kinetic_tensor", part.shape[0], [velocities, m_scaled, n, lo, part])
     return part.sum(0)
 
 
@@ -88,11 +111,9 @@ def mv2_words(velocities: torch.Tensor, masses: torch.Tensor, scale: float, hi: 
               out: torch.Tensor) -> torch.Tensor:
     """(2,) int64: the local sums of the hi and lo words of ((m (v.v)) scale) hi, v.v by column
     adds; velocities (N, 3), masses (N,), ``out`` a kept (>= chunks, 2) int64 work array."""
-    wp = _warp()
     n = velocities.shape[0]
     part = out[:_chunks(n)]
-    wp.launch(_get()["mv2"], dim=part.shape[0], device="cpu",
-              inputs=[wp.from_torch(velocities), wp.from_torch(masses), n, scale, hi, lo, wp.from_torch(part)])
+    _run("mv2", part.shape[0], [velocities, masses, n, scale, hi, lo, part])
     return part.sum(0)
 
 
@@ -107,9 +128,8 @@ def press_kick(velocities: torch.Tensor, forces: torch.Tensor, masses: torch.Ten
     """npt.py's first half on the velocities, in place: ``_v_press`` (factors f, omega_dot od,
     dthalf fs), then v += alpha F / m (alpha = dt/2 FORCE_TO_ACCEL).  (N, 3) Å/fs, eV/Å; (N,) amu."""
     wp = _warp()
-    wp.launch(_get()["press_kick"], dim=velocities.shape[0], device="cpu",
-              inputs=[wp.from_torch(velocities), wp.from_torch(forces), wp.from_torch(masses), wp.vec3d(*f),
-                      wp.vec3d(od[3], od[4], od[5]), -dthalf, int(tri), alpha])
+    _run("press_kick", velocities.shape[0], [velocities, forces, masses, wp.vec3d(*f), wp.vec3d(od[3], od[4], od[5]),
+                                             -dthalf, int(tri), alpha])
 
 
 def _remap_args(m) -> tuple:
@@ -123,11 +143,9 @@ def _remap_args(m) -> tuple:
 def remap_drift_remap(positions: torch.Tensor, velocities: torch.Tensor, m1, dt: float, m2) -> None:
     """npt.py's remap (m1), x += dt v, remap (m2) in one pass, in place on positions (N, 3) Å;
     m1, m2: iso's scale factor (float) or the lower-triangular matrix (rows) of x' = x m."""
-    wp = _warp()
     r1, s1, iso = _remap_args(m1)
     r2, s2, _ = _remap_args(m2)
-    wp.launch(_get()["remap_drift_remap"], dim=positions.shape[0], device="cpu",
-              inputs=[wp.from_torch(positions), wp.from_torch(velocities), r1, s1, dt, r2, s2, iso])
+    _run("remap_drift_remap", positions.shape[0], [positions, velocities, r1, s1, dt, r2, s2, iso])
 
 
 def kick_press_measure(velocities: torch.Tensor, forces: torch.Tensor, masses: torch.Tensor, alpha: float,
@@ -142,10 +160,9 @@ def kick_press_measure(velocities: torch.Tensor, forces: torch.Tensor, masses: t
     n = velocities.shape[0]
     part = out[:_chunks(n)]
     mscale, scale, hi, lo = consts
-    wp.launch(_get()["kick_press_measure"], dim=part.shape[0], device="cpu",
-              inputs=[wp.from_torch(velocities), wp.from_torch(forces), wp.from_torch(masses), n, alpha,
-                      wp.vec3d(*f), wp.vec3d(od[3], od[4], od[5]), -dthalf, int(tri), int(tensor), mscale, scale,
-                      hi, lo, wp.from_torch(part)])
+    _run("kick_press_measure", part.shape[0], [velocities, forces, masses, n, alpha, wp.vec3d(*f),
+                                               wp.vec3d(od[3], od[4], od[5]), -dthalf, int(tri), int(tensor), mscale,
+                                               scale, hi, lo, part])
     return part.sum(0)
 
 
@@ -158,7 +175,6 @@ def strain_displacement(x: torch.Tensor, x0: torch.Tensor, t: list[list[float]],
     wp = _warp()
     n = x.shape[0]
     part = out[:_chunks(n)]
-    wp.launch(_get()["strain_displacement"], dim=part.shape[0], device="cpu",
-              inputs=[wp.from_torch(x), wp.from_torch(x0), wp.vec3d(*t[0]), wp.vec3d(*t[1]), wp.vec3d(*t[2]), n,
-                      float("nan"), wp.from_torch(part)])
+    _run("strain_displacement", part.shape[0], [x, x0, wp.vec3d(*t[0]), wp.vec3d(*t[1]), wp.vec3d(*t[2]), n,
+                                                float("nan"), part])
     return part.amax().sqrt()

@@ -107,6 +107,7 @@ class LennardJones:
         self.virial_only = False
         self._recorded: tuple | None = None
         self._tot: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._cell: torch.Tensor | None = None
 
     # -- parameters -----------------------------------------------------------------
     def species(self) -> list[int]:
@@ -325,7 +326,7 @@ class LennardJones:
         tot_e, tot_w = self._totals(dtype, device)
         virials = self._virial_buffer(nq if not final else 1, dtype, device)
         if nq:
-            self._launch_half(positions.contiguous(), cell.to(dtype).contiguous(), nl, types, table, t, acc,
+            self._launch_half(positions.contiguous(), self._kept_cell(cell, dtype), nl, types, table, t, acc,
                               virials, final, pair_virial, (energy, virial), forces, energies, tot_e, tot_w)
         if not final:   # copies (clone: never a view of acc, even with no rows; the op's outputs may not alias)
             forces = acc[:, :3].clone(memory_format=torch.contiguous_format)
@@ -371,6 +372,16 @@ class LennardJones:
             kept[1].set_param_at_index(15, as_vec3(forces))
             kept[1].set_param_at_index(16, as_array(energies))
         kept[1].launch()
+
+    def _kept_cell(self, cell: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """``cell`` (3, 3) Å copied into a tensor kept between calls: a barostat replaces the cell
+        tensor every step, and a new address would record the half kernel's launch again (19
+        arguments wrapped and packed) where the kept one only changes its nine values."""
+        kept = self._cell
+        if kept is None or kept.dtype != dtype or kept.device != cell.device:
+            kept = self._cell = torch.empty(3, 3, dtype=dtype, device=cell.device)
+        kept.copy_(cell)
+        return kept
 
     def _totals(self, dtype, device) -> tuple[torch.Tensor, torch.Tensor]:
         """(1,) and (1, 3, 3) zeros for the kernel's energy and virial totals, kept between calls
