@@ -52,9 +52,8 @@ class Comm:
     group: object = None
     mpi: object = None
     #: small host reductions (:meth:`_over_mpi`) and the point-to-point exchanges of host
-    #: tensors (domain/exchange.py) through MPI instead of the group. On under an MPI launcher
-    #: where the node has a core per rank (init_comm, :func:`_host_over_mpi`);
-    #: ``SHARDMD_HOST_OVER_MPI=0`` or ``1`` decides instead.
+    #: tensors (domain/exchange.py) through MPI instead of the group: ``SHARDMD_HOST_OVER_MPI=1``
+    #: (or ``auto``: where the node has a core per rank; init_comm, :func:`_host_over_mpi`).
     #: Both together or neither: MPI's polling waits beside gloo's sleeping ones made 4 ranks on
     #: 2 cores 1.6x slower (docs/design.md, "The CPU LJ kernel: measured changes").
     host_over_mpi: bool = False
@@ -258,14 +257,14 @@ def init_comm(device: str = "cpu", timeout_s: float = 120.0) -> Comm:
 
 
 def _host_over_mpi(local_size: int) -> bool:
-    """Whether host traffic takes MPI (:attr:`Comm.host_over_mpi`): ``SHARDMD_HOST_OVER_MPI``
-    ``1`` or ``0`` if set, else where every rank on this node can have a core: MPI waits by
+    """Whether host traffic takes MPI (:attr:`Comm.host_over_mpi`): ``SHARDMD_HOST_OVER_MPI=1``
+    (off unset or ``0``); with ``auto``, where every rank on this node can have a core: MPI waits by
     polling, and with more ranks than cores the pollers take the cores the ranks they wait for
     need (8 ranks on 2 cores spent half the machine in the kernel, yielding), where gloo's
     waits sleep. A rank bound to one core (srun, mpirun --bind-to core) counts the node's."""
     asked = os.environ.get("SHARDMD_HOST_OVER_MPI")
-    if asked in ("0", "1"):
-        return asked == "1"
+    if asked != "auto":    # opt-in for now: with MPI's waits a killed rank's peers hang in SLURM, and
+        return asked == "1"   # a compiled MACE call on two domains failed (docs/design.md)
     usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     return local_size <= usable or (usable == 1 and local_size <= (os.cpu_count() or 1))
 

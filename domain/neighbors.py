@@ -305,15 +305,10 @@ class _Bins:
         self.order, self.start = order.to(torch.int32).contiguous(), bin_start.to(torch.int32).contiguous()
         self.rank = torch.empty_like(self.order)
         self.rank[order] = torch.arange(n, dtype=torch.int32, device=device)
-        if nq == n:
-            self.visit = self.order
-        elif split:
-            self.visit = self.order[:nq]
-        else:
-            self.visit = self.order[self.order < nq].contiguous()
+        # the query points in sorted order: all, the first part, or those among the others
+        self.visit = self.order if nq == n else self.order[:nq] if split else self.order[self.order < nq].contiguous()
         self.xs = xw[order].contiguous()
         self.n, self.dtype = n, positions.dtype
-
 
 
 def _candidate_words(b: _Bins, pbc_t, nq: int) -> tuple[torch.Tensor, int, int]:

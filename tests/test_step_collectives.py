@@ -123,10 +123,10 @@ def test_one_all_reduce_per_step_on_two_ranks(two_ranks):
 
 @pytest.mark.mpi
 def test_host_traffic_takes_mpi_by_default_and_moves_the_same_bits(two_ranks):
-    """Under an MPI launcher with a core per rank the host's reductions and halo exchanges take
-    MPI unless SHARDMD_HOST_OVER_MPI=0; the positions after the run are the same bits either way."""
+    """Host traffic takes MPI only when asked (SHARDMD_HOST_OVER_MPI=1 or auto); the positions
+    after the run are the same bits either way."""
     for res in two_ranks:
-        assert res["default_over_mpi"] is (len(os.sched_getaffinity(0)) >= 2)
+        assert res["default_over_mpi"] is False
         for a, b in (("every1", "every1_mpi"), ("every4", "every4_mpi")):
             assert res[a]["x"] == res[b]["x"], (a, b)
 
@@ -142,8 +142,10 @@ def test_stop_after_the_check_is_honoured_at_the_next_step_on_every_rank(two_ran
         assert [res[name]["exit"] for res in two_ranks] == [75, 75]
 
 
-def test_host_traffic_takes_mpi_where_each_rank_has_a_core(monkeypatch):
+def test_host_traffic_takes_mpi_where_asked_and_auto_where_each_rank_has_a_core(monkeypatch):
     monkeypatch.delenv("SHARDMD_HOST_OVER_MPI", raising=False)
+    assert not _host_over_mpi(1)          # off unless asked
+    monkeypatch.setenv("SHARDMD_HOST_OVER_MPI", "auto")
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
     monkeypatch.setattr(os, "cpu_count", lambda: 2)
     assert _host_over_mpi(1) and _host_over_mpi(2) and not _host_over_mpi(4)   # 4 pollers on 2 cores
@@ -154,8 +156,8 @@ def test_host_traffic_takes_mpi_where_each_rank_has_a_core(monkeypatch):
     assert not _host_over_mpi(1)
     monkeypatch.setenv("SHARDMD_HOST_OVER_MPI", "1")
     assert _host_over_mpi(100)
-    monkeypatch.setenv("SHARDMD_HOST_OVER_MPI", "yes")    # not 0 or 1: the rule decides
-    assert not _host_over_mpi(100)
+    monkeypatch.setenv("SHARDMD_HOST_OVER_MPI", "yes")    # not 1 or auto: off
+    assert not _host_over_mpi(1)
 
 
 def test_host_reductions_take_mpi_only_where_order_cannot_matter():
