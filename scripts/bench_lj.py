@@ -170,8 +170,8 @@ def run_ours(n: int, policy: str, args) -> dict:
 def run_ours_mpi(n: int, policy: str, args, traffic: str = "mpi") -> dict:
     """The engine under ``mpiexec -n args.ranks`` (one domain per rank, 1 thread each); rates and
     split from its log ("Loop:" and "Time split:" lines: the loop only, like LAMMPS's). traffic:
-    "mpi" (the default: halo exchanges and order-free reductions through MPI) or "group"
-    (``SHARDMD_HOST_OVER_MPI=0``: everything through the gloo group)."""
+    "mpi" (``SHARDMD_HOST_OVER_MPI=1``: halo exchanges and order-free reductions through MPI) or "group"
+    (the engine's default: everything through the gloo group)."""
     work = Path(tempfile.mkdtemp(prefix="bench_lj_mpi_"))
     ov = [o for o in overrides(n, policy, args) if not o.startswith(("output=", "threads="))]
     mpiexec = shutil.which("mpiexec") or str(Path(sys.executable).parent / "mpiexec")
@@ -350,7 +350,8 @@ def main(argv=None) -> int:
                     help="MPI ranks for both programs (> 1: ours runs under mpiexec, one domain per rank)")
     ap.add_argument("--lammps-venv", default="/tmp/lmpvenv")
     ap.add_argument("--host-traffic", default="mpi", choices=["mpi", "group", "both"],
-                    help="with --ranks > 1: halo and reductions through MPI (the default), the gloo group, or both "
+                    help="with --ranks > 1: halo and reductions through MPI (SHARDMD_HOST_OVER_MPI=1, this "
+                         "script's default), the gloo group, or both "
                          "alternated (docs/design.md, 'Host traffic over MPI')")
     ap.add_argument("--warmup", type=int, default=1, help="untimed warm-up runs of ours (compiles kernels)")
     ap.add_argument("--profile", action="store_true",
