@@ -150,7 +150,6 @@ def scan_neighbors(
     cutoff2: Any,
     word_start: wp.array(dtype=wp.int32),
     half: int,
-    n_newton: int,
     write: int,
     mask: wp.array(dtype=wp.uint32),
     offsets: wp.array(dtype=wp.int32),
@@ -192,7 +191,7 @@ def scan_neighbors(
     that adds the force on j to j's row): the candidate whose sorted slot follows ``i``'s, and a
     point's own periodic image for S > 0 lexicographically, by skipping the slots before
     ``i``'s in each run (half the candidates, never tested).  ``half == 2``: every point is a
-    query point.  ``half == 1``: the query points and the others (ghosts, ``j >= n_newton``)
+    query point.  ``half == 1``: the query points and the others (ghosts: points past the query ones)
     are sorted apart (``bin_start`` holds both parts' bin starts: :class:`_Bins` ``split``),
     so a row of bins is two runs: the query points' with the skip, then the ghosts', all kept
     (one-sided).
@@ -324,7 +323,7 @@ for _vec, _mat, _s in (
         scan_neighbors,
         [wp.array(dtype=_vec), wp.array(dtype=wp.int32), wp.array(dtype=wp.int32),
          wp.array(dtype=wp.int32), wp.array(dtype=wp.int32), wp.array(dtype=wp.vec3i),
-         wp.array(dtype=_mat), wp.vec3i, wp.vec3i, wp.vec3i, _s, wp.array(dtype=wp.int32), int, int, int,
+         wp.array(dtype=_mat), wp.vec3i, wp.vec3i, wp.vec3i, _s, wp.array(dtype=wp.int32), int, int,
          wp.array(dtype=wp.uint32), wp.array(dtype=wp.int32), wp.array(dtype=wp.int32),
          wp.array(dtype=wp.int32), wp.array(dtype=wp.vec3i), wp.array(dtype=wp.int64), wp.array(dtype=wp.int64)],
     )

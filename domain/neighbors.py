@@ -338,7 +338,7 @@ def _scan(b: _Bins, cell, pbc_t, cutoff, half, nq, capacity, word_start, n_words
     common = [as_vec3(b.xs), as_array(b.order), as_array(b.rank), as_array(b.start), as_array(b.bin_of),
               as_vec3i(b.img), as_mat33(cell[None]), wp.vec3i(*[int(p) for p in pbc_t]), wp.vec3i(*b.nb),
               wp.vec3i(*b.reach), scalar_type(b.dtype)(float(cutoff) ** 2),
-              as_array(word_start.to(torch.int32)), (2 if nq == n else 1) if half else 0, nq]
+              as_array(word_start.to(torch.int32)), (2 if nq == n else 1) if half else 0]
     mask_w = wp.from_torch(mask, dtype=wp.uint32)
     dev = wp_device(b.xs)
 
