@@ -74,9 +74,7 @@ class Comm:
         if self.size == 1:
             return t.clone()
         if self._over_mpi(t, op):
-            x = t.detach().to("cpu", copy=True).contiguous()
-            _mpi_all_reduce(self.mpi, x.view(-1).numpy(), op)
-            return x.to(t.device)
+            return _reduce_over_mpi(self.mpi, t, op)
         x = t.to(self._dev(), copy=True)
         dist.all_reduce(x, op={"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX,
                                "min": dist.ReduceOp.MIN}[op], group=self.group)
@@ -254,6 +252,15 @@ def init_comm(device: str = "cpu", timeout_s: float = 120.0) -> Comm:
     return Comm(rank=rank, size=size, local_rank=local_rank, device=dev, backend=backend,
                 staged=staged, group=dist.group.WORLD, mpi=MPI,
                 host_over_mpi=_host_over_mpi(local_size))
+
+
+def _reduce_over_mpi(mpi, t: torch.Tensor, op: str) -> torch.Tensor:
+    """:meth:`Comm.all_reduce` through MPI (a new tensor on ``t``'s device). Never traced:
+    domain/shard_tensor.guard_for_compile makes it a graph break (its numpy view of the buffer
+    would be traced as a copy, MPI writing elsewhere)."""
+    x = t.detach().to("cpu", copy=True).contiguous()
+    _mpi_all_reduce(mpi, x.view(-1).numpy(), op)
+    return x.to(t.device)
 
 
 def _host_over_mpi(local_size: int) -> bool:

@@ -344,6 +344,13 @@ def guard_for_compile() -> None:
     ShardTensor.__torch_function__ = classmethod(torch.compiler.disable(fn))
     for impl in _DEFERRED:   # custom ops: torch's own lazy disable again (see defer_dynamo)
         impl.__dict__.pop("__dynamo_disable", None)
+    # MPI calls read and write a numpy view of a tensor's memory: traced, that view is a copy
+    # (dynamo traces numpy) and a receive lands outside the tensor (a compiled two-domain run
+    # failed with 'setStorage ... out of bounds'); they run eagerly, between graphs
+    from . import comm, exchange
+
+    exchange._swap_into_mpi = torch.compiler.disable(exchange._swap_into_mpi)
+    comm._reduce_over_mpi = torch.compiler.disable(comm._reduce_over_mpi)
     _GUARDED = True
 
 
