@@ -12,10 +12,12 @@ GPU), so the group falls back to gloo and exchanges are staged through host memo
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import socket
 import sys
+import time
 from dataclasses import dataclass, field
 from datetime import timedelta
 
@@ -254,12 +256,35 @@ def init_comm(device: str = "cpu", timeout_s: float = 120.0) -> Comm:
                 host_over_mpi=_host_over_mpi(local_size))
 
 
+_WAITING: list = [None]
+
+
+@contextlib.contextmanager
+def mpi_wait():
+    """Marks the main thread as blocked in an MPI call of the step loop (:func:`mpi_waiting_since`).
+
+    A rank waiting in MPI does not see its partner die (a gloo call's connection breaks; an
+    MPI wait on a killed peer can last for ever under srun): the launcher's heartbeat thread
+    reads this mark and ends the job when a peer's process ended during such a wait."""
+    _WAITING[0] = time.monotonic()
+    try:
+        yield
+    finally:
+        _WAITING[0] = None
+
+
+def mpi_waiting_since() -> float | None:
+    """Monotonic time at which the current :func:`mpi_wait` began; None when not waiting."""
+    return _WAITING[0]
+
+
 def _reduce_over_mpi(mpi, t: torch.Tensor, op: str) -> torch.Tensor:
     """:meth:`Comm.all_reduce` through MPI (a new tensor on ``t``'s device). Never traced:
     domain/shard_tensor.guard_for_compile makes it a graph break (its numpy view of the buffer
     would be traced as a copy, MPI writing elsewhere)."""
     x = t.detach().to("cpu", copy=True).contiguous()
-    _mpi_all_reduce(mpi, x.view(-1).numpy(), op)
+    with mpi_wait():
+        _mpi_all_reduce(mpi, x.view(-1).numpy(), op)
     return x.to(t.device)
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from .comm import Comm
+from .comm import Comm, mpi_wait
 
 
 def tag(axis: int, toward_upper: bool, kind: int = 0) -> int:
@@ -86,7 +86,8 @@ def _swap_into_mpi(comm: Comm, sends, recvs) -> None:
         buf = t.detach().contiguous()
         keep.append(buf)
         reqs.append(world.Isend(_bytes(buf), peer, tag=tg))
-    comm.mpi.Request.Waitall(reqs)
+    with mpi_wait():
+        comm.mpi.Request.Waitall(reqs)
     for buf, dest in landing:
         dest.copy_(buf)
     del keep

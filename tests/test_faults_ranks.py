@@ -342,3 +342,31 @@ def test_heartbeat_judges_ranks_only_and_names_the_silent_one():
     assert len(lost) == 1
     for s in [*strangers, rank2]:
         s.close()
+
+
+def test_heartbeat_ends_a_wait_on_a_rank_whose_process_ended():
+    """A rank blocked in MPI never sees its partner die (gloo's connection would break): rank 0's
+    heartbeat, told by domain/comm.mpi_wait that the main thread waits, reports a peer whose
+    socket closed (its process ended), but only during a wait and only after GONE_WAIT_S."""
+    import time
+
+    from shardmd.domain.comm import mpi_wait, mpi_waiting_since
+    from shardmd.engine.launch.heartbeat import GONE_WAIT_S, Heartbeat
+
+    lost = []
+    hb = Heartbeat(0, 2, 60.0, lost=lambda peer, silent: lost.append((peer.rank, peer.pid, silent, time.monotonic())))
+    address = hb.listen("127.0.0.1")
+    hb.start()
+    rank1 = socket.create_connection(address[:2])
+    rank1.sendall(b"1 node-b 4343\n")
+    wait_until("rank 1 introduced", lambda: any(p.rank == 1 for p in hb.peers.values()), 30, poll=0.05)
+    rank1.close()                    # its process ended while no one waited for it: the run's end
+    wait_until("the end seen", lambda: hb.gone, 30, poll=0.05)
+    assert not lost and mpi_waiting_since() is None
+    with mpi_wait():                 # now the main thread waits in MPI: nothing can complete it
+        t0 = time.monotonic()
+        wait_until("the ended rank reported", lambda: lost, 30 + GONE_WAIT_S, poll=0.05)
+    assert mpi_waiting_since() is None
+    rank, pid, silent, when = lost[0]
+    assert (rank, pid) == (1, 4343) and silent < 0 and when - t0 >= GONE_WAIT_S
+    hb.close()

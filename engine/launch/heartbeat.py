@@ -18,7 +18,10 @@ that is merely slow (a long first compile, a garbage collection, a machine busy 
 jobs, a step that waits on a collective) keeps beating (its main thread holds the interpreter
 lock for milliseconds at a time, never seconds), and only a process that does not run at all
 falls silent. A rank that ended closes its socket: it is not watched after that (a rank that
-died is MPI's launcher's to report). When the watching thread itself did not run for a while
+died is MPI's launcher's to report), unless this rank is blocked in MPI for the step loop
+(host traffic over MPI, domain/comm.mpi_wait) for :data:`GONE_WAIT_S` after that end: a
+gloo call sees a partner die (its connection breaks), an MPI wait does not, and srun leaves
+the other tasks running when one is killed. When the watching thread itself did not run for a while
 (its own process was stopped and continued, or the machine stalled) it gives every peer a
 fresh ``silence`` before judging, so the watcher never blames another rank for its own pause.
 
@@ -38,6 +41,9 @@ import time
 from shardmd.engine.errors import EXIT_RANK_LOST
 
 BEAT, HELLO_TIMEOUT_S = b".", 60.0
+#: s a rank may wait in MPI for a peer whose process has ended before the job is ended here:
+#: the launcher (or the peer's own abort) normally ends every rank well within it
+GONE_WAIT_S = 5.0
 
 
 def interval(silence_s: float) -> float:
@@ -56,12 +62,14 @@ class Peer:
 
 class Heartbeat:
     """One rank's beating and watching thread (module docstring). ``lost(peer, silent_s)``:
-    what to do when a peer fell silent; by default one line on stderr and ``os._exit``."""
+    what to do when a peer fell silent (``silent_s`` < 0: its process ended that long ago while
+    this rank waits for it); by default one line on stderr and ``os._exit``."""
 
     def __init__(self, rank: int, size: int, silence_s: float, lost=None):
         self.rank, self.size, self.silence = rank, size, float(silence_s)
         self.every = interval(self.silence)
         self.peers: dict[int, Peer] = {}
+        self.gone: list[tuple[Peer, float]] = []   # peers whose process ended, and when
         self.sel = selectors.DefaultSelector()
         self.lost = lost or self._end_job
         self.listener: socket.socket | None = None
@@ -115,8 +123,10 @@ class Heartbeat:
             return
         except OSError:
             data = b""
-        if not data:   # the peer ended: MPI's launcher reports a rank that died, not the heartbeat
-            self._drop(peer)
+        if not data:   # the peer ended: MPI's launcher reports a rank that died, unless this rank
+            self._drop(peer)   # waits for it in MPI (_judge_gone)
+            if peer.buffer is None:
+                self.gone.append((peer, now))
             return
         peer.seen = now
         if peer.buffer is not None:
@@ -170,6 +180,8 @@ class Heartbeat:
                     peer.seen = max(peer.seen, now)
             last = now
             self._beat()
+            if self.gone and self._judge_gone(now):
+                return
             for peer in list(self.peers.values()):
                 if now - peer.seen <= self._limit_for(peer):
                     continue
@@ -179,9 +191,32 @@ class Heartbeat:
                 self.lost(peer, now - peer.seen)
                 return
 
+    def _judge_gone(self, now: float) -> bool:
+        """A peer's process ended while this rank is blocked in an MPI call of the step loop
+        (domain/comm.mpi_wait) for over :data:`GONE_WAIT_S`: nothing will complete that call
+        (gloo's connection breaks instead; MPI's wait can last for ever under srun), so the job
+        ends here as for a silent rank. A peer that ended while no one waited (the run's end)
+        is never judged."""
+        from shardmd.domain.comm import mpi_waiting_since
+
+        since = mpi_waiting_since()
+        if since is None:
+            return False
+        for peer, ended in self.gone:
+            if now - max(since, ended) > GONE_WAIT_S:
+                self.lost(peer, -(now - ended))
+                return True
+        return False
+
     def _end_job(self, peer: Peer, silent_s: float) -> None:
         """One line naming the silent rank, then this process ends; MPI's launcher ends the rest."""
         who = peer.describe() if peer.pid else f"rank {peer.rank} (host {peer.host})"
+        if silent_s < 0:   # _judge_gone: its process ended
+            sys.stderr.write(
+                f"error (rank {self.rank}): {who} ended {-silent_s:.0f} s ago while this rank waits for it "
+                f"(killed? out of memory?); every rank ends now (exit {EXIT_RANK_LOST}). Continue from the "
+                "newest checkpoint with restart=auto\n")
+            _flush_and_exit(EXIT_RANK_LOST, self.end)
         sys.stderr.write(
             f"error (rank {self.rank}): {who} stopped answering: no heartbeat for {silent_s:.0f} s "
             f"(health.rank_silence={self.silence:g}); every rank ends now (exit {EXIT_RANK_LOST}). Is it "
