@@ -250,7 +250,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", type=int, nargs="+", default=[6, 16], help="fcc repeats n (4 n^3 atoms)")
     ap.add_argument("--peers", nargs="+", default=["shardmd", "torch-sim", "ase"],
-                    choices=["shardmd", "torch-sim", "ase"])
+                    choices=["shardmd", "shardmd-compiled", "torch-sim", "ase"])
     ap.add_argument("--graph", choices=["auto", "both"], default="auto",
                     help="both: ShardMD also with the CUDA graph forced on and off")
     ap.add_argument("--dtype", default="float32", choices=["float32", "float64"])
