@@ -54,8 +54,9 @@ class Comm:
     group: object = None
     mpi: object = None
     #: small host reductions (:meth:`_over_mpi`) and the point-to-point exchanges of host
-    #: tensors (domain/exchange.py) through MPI instead of the group: ``SHARDMD_HOST_OVER_MPI=1``
-    #: (or ``auto``: where the node has a core per rank; init_comm, :func:`_host_over_mpi`).
+    #: tensors (domain/exchange.py) through MPI instead of the group where the node has a core per
+    #: rank (``SHARDMD_HOST_OVER_MPI``: ``auto`` by default, ``1`` always, ``0`` never; init_comm,
+    #: :func:`_host_over_mpi`).
     #: Both together or neither: MPI's polling waits beside gloo's sleeping ones made 4 ranks on
     #: 2 cores 1.6x slower (docs/design.md, "The CPU LJ kernel: measured changes").
     host_over_mpi: bool = False
@@ -289,14 +290,15 @@ def _reduce_over_mpi(mpi, t: torch.Tensor, op: str) -> torch.Tensor:
 
 
 def _host_over_mpi(local_size: int) -> bool:
-    """Whether host traffic takes MPI (:attr:`Comm.host_over_mpi`): ``SHARDMD_HOST_OVER_MPI=1``
-    (off unset or ``0``); with ``auto``, where every rank on this node can have a core: MPI waits by
-    polling, and with more ranks than cores the pollers take the cores the ranks they wait for
-    need (8 ranks on 2 cores spent half the machine in the kernel, yielding), where gloo's
-    waits sleep. A rank bound to one core (srun, mpirun --bind-to core) counts the node's."""
-    asked = os.environ.get("SHARDMD_HOST_OVER_MPI")
-    if asked != "auto":    # opt-in for now: with MPI's waits a killed rank's peers hang in SLURM, and
-        return asked == "1"   # a compiled MACE call on two domains failed (docs/design.md)
+    """Whether host traffic takes MPI (:attr:`Comm.host_over_mpi`): ``SHARDMD_HOST_OVER_MPI``
+    ``1`` always, ``0`` never, unset or ``auto`` where every rank on this node can have a core:
+    MPI waits by polling, and with more ranks than cores the pollers take the cores the ranks
+    they wait for need (8 ranks on 2 cores spent half the machine in the kernel, yielding),
+    where gloo's waits sleep. A rank bound to one core (srun, mpirun --bind-to core) counts
+    the node's. Any other value is off."""
+    asked = os.environ.get("SHARDMD_HOST_OVER_MPI", "auto")
+    if asked != "auto":
+        return asked == "1"
     usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     return local_size <= usable or (usable == 1 and local_size <= (os.cpu_count() or 1))
 

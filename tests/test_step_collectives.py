@@ -123,10 +123,10 @@ def test_one_all_reduce_per_step_on_two_ranks(two_ranks):
 
 @pytest.mark.mpi
 def test_host_traffic_takes_mpi_by_default_and_moves_the_same_bits(two_ranks):
-    """Host traffic takes MPI only when asked (SHARDMD_HOST_OVER_MPI=1 or auto); the positions
-    after the run are the same bits either way."""
+    """Host traffic takes MPI by default where each rank has a core (2 ranks here); the
+    positions after the run are the same bits either way."""
     for res in two_ranks:
-        assert res["default_over_mpi"] is False
+        assert res["default_over_mpi"] is _host_over_mpi(2)
         for a, b in (("every1", "every1_mpi"), ("every4", "every4_mpi")):
             assert res[a]["x"] == res[b]["x"], (a, b)
 
@@ -143,12 +143,12 @@ def test_stop_after_the_check_is_honoured_at_the_next_step_on_every_rank(two_ran
 
 
 def test_host_traffic_takes_mpi_where_asked_and_auto_where_each_rank_has_a_core(monkeypatch):
-    monkeypatch.delenv("SHARDMD_HOST_OVER_MPI", raising=False)
-    assert not _host_over_mpi(1)          # off unless asked
-    monkeypatch.setenv("SHARDMD_HOST_OVER_MPI", "auto")
+    monkeypatch.delenv("SHARDMD_HOST_OVER_MPI", raising=False)   # unset: auto
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
     monkeypatch.setattr(os, "cpu_count", lambda: 2)
     assert _host_over_mpi(1) and _host_over_mpi(2) and not _host_over_mpi(4)   # 4 pollers on 2 cores
+    monkeypatch.setenv("SHARDMD_HOST_OVER_MPI", "auto")
+    assert _host_over_mpi(2) and not _host_over_mpi(3)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {5})   # bound to a core by the launcher
     monkeypatch.setattr(os, "cpu_count", lambda: 64)
     assert _host_over_mpi(8) and not _host_over_mpi(65)
