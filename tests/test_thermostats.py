@@ -18,8 +18,8 @@ from shardmd.engine.config.compose import compose_config
 from shardmd.engine.io.h5md import read_frames
 from shardmd.engine.run.simulation import Simulation
 from shardmd.engine.run.state import State
-from shardmd.integrators import CSVR, NoseHoover
-from shardmd.integrators.csvr import gamma_draw, resample_kinetic
+from shardmd.integrators import CSVR, NoseHoover, csvr
+from shardmd.integrators.csvr import gamma_draw, resample_kinetic, resample_kinetic_many
 from shardmd.integrators.nose_hoover import exact_mv2_sum
 from shardmd.integrators.units import KB
 
@@ -179,14 +179,37 @@ def test_gamma_draws_follow_the_gamma_distribution():
     assert stats.kstest(xs, stats.gamma(a).cdf).pvalue > 1e-3
 
 
+def test_many_systems_draw_each_systems_own_bits(monkeypatch):
+    """resample_kinetic_many (a batch's CSVR step) gives each system the bits resample_kinetic
+    gives it alone, for few (squared normals) and many (Gamma) degrees of freedom, any tau, seeds
+    and steps over 32 bits; also where a system's first Marsaglia-Tsang candidates all fail."""
+    rng = np.random.default_rng(3)
+    n = 300
+    args = [rng.uniform(0.01, 10, n).tolist(), rng.uniform(0.01, 10, n).tolist(),
+            rng.choice([1, 2, 3, 4, 9, 191, 3000], n).tolist(), rng.choice([0.0, 0.05, 4.0, 100.0], n).tolist(),
+            [int(x) for x in rng.integers(0, 2 ** 63, n, dtype=np.int64)],
+            [int(x) for x in rng.integers(0, 2 ** 40, n, dtype=np.int64)]]
+    alone = [resample_kinetic(*a) for a in zip(*args)]
+    assert resample_kinetic_many(*args) == alone
+    real, calls = csvr._accept, []
+
+    def first_fails(shape, xs, us):   # the batch's first candidates for the first Gamma system rejected
+        calls.append(shape)
+        return None if len(calls) == 1 else real(shape, xs, us)
+    monkeypatch.setattr(csvr, "_accept", first_fails)
+    assert resample_kinetic_many(*args) == alone and len(calls) > 1
+
+
 @pytest.mark.slow   # a statistical test of ~15 s: the full suite's
 def test_csvr_resampling_is_bussis_distribution():
     """From any K, many steps of the exact resampling with tau = 0 give K ~ Gamma(dof/2, kT):
     (factor 0: K' = Kt (S + R^2)/dof), and for tau > 0 the stationary distribution is the same."""
     dof, kt = 30, KB * 200.0
     sigma = 0.5 * dof * kt
-    # 2,000 draws and a 10,000-step chain (500 decorrelated samples): ~1 ms of CPU per draw
-    k0 = [resample_kinetic(3.0 * sigma, sigma, dof, 0.0, seed=5, step=s) for s in range(2000)]
+    # 2,000 draws as 2,000 systems of one batch (resample_kinetic_many), and a 10,000-step chain
+    # (500 decorrelated samples) of single draws, ~1 ms of CPU each
+    k0 = resample_kinetic_many([3.0 * sigma] * 2000, [sigma] * 2000, [dof] * 2000, [0.0] * 2000, [5] * 2000,
+                               list(range(2000)))
     assert stats.kstest(k0, stats.gamma(dof / 2, scale=kt).cdf).pvalue > 1e-3
     k, chain = sigma, []
     for s in range(10000):

@@ -37,6 +37,7 @@ import numpy as np
 import torch
 
 from shardmd.integrators import batched
+from shardmd.integrators.csvr import csvr_factors
 from shardmd.integrators.nose_hoover import columns_sum_agrees
 from shardmd.integrators.units import MVV_TO_EV
 from shardmd.models.mace_batch import merge, pad_edges, split
@@ -238,7 +239,7 @@ class Joined:
         if self.csvr or not first or any(c.t_current is None for c in chains):
             sums = self._kinetic()
         if self.csvr:
-            factors = [c.factor(mv2, n, int(step)) for c, (mv2, n), step in zip(chains, sums, self.steps)]
+            factors = csvr_factors(chains, [mv2 for mv2, _ in sums], [n for _, n in sums], self.steps)
         else:
             for c, (mv2, n) in zip(chains, sums or ()):
                 if not first:
