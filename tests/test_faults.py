@@ -85,6 +85,7 @@ BAD_INPUT = [
     (["domains=0"], "domains="),
     (["device=tpu"], "device="),
     (["seed=-1"], "seed="),
+    (["seed=9223372036854775808"], "from 0 to 2**63 - 1"),   # over int64: the fix names the range
     (["checkpoint.keep=0"], "checkpoint.keep"),
     (["stesp=3"], "did you mean 'steps'"),
     # structure files

@@ -140,7 +140,8 @@ class System:
                               "give a distance in [0, 10000] Å (far out, positions lose their precision)"))
     fixed_layers: int = key(0, "lowest atomic planes of a slab (system.miller) held fixed (FixAtoms)", whole(0))
     seed: Optional[int] = key(None, "seeds the builder's random choices (packing, sites, vacancies); null: seed",
-                              Check(lambda v: v is None or (_is_int(v) and 0 <= v < 2**63), "give a whole number >= 0"))
+                              Check(lambda v: v is None or (_is_int(v) and 0 <= v < 2**63),
+                                    "give a whole number from 0 to 2**63 - 1"))
     velocities: str = key("auto", "auto (the file's if it has them, else thermal), thermal, file, zero, or rescale "
                           "(the file's scaled to temperature)", one_of("auto", "thermal", "file", "zero", "rescale"))
     charges: Any = key(
@@ -330,7 +331,7 @@ class ShardMD:
     temperature: float = key(100.0, "K: initial Maxwell-Boltzmann velocities and the Langevin target",
                              number("give kelvin >= 0", ge=0))
     seed: int = key(12345, "keys initial velocities, Langevin noise and the builder (system.seed: null)",
-                    Check(lambda v: _is_int(v) and 0 <= v < 2**63, "give a whole number >= 0"))
+                    Check(lambda v: _is_int(v) and 0 <= v < 2**63, "give a whole number from 0 to 2**63 - 1"))
     precision: str = key("float64", "float64 or float32 (positions, velocities, forces)",
                          one_of("float32", "float64", fix="use float32 or float64"))
     device: str = key("cpu", "cpu, cuda or cuda:N",
