@@ -239,7 +239,8 @@ class MaceModel:
     CUDA, on one domain, with sync-free edge selection (True: then always; 'auto', the default:
     up to ``GRAPH_MAX_POINTS``; False: never; see domain/graphed_call.py); trust_pickle: load
     the file by unpickling it freely instead of through the safe loader (see ``load_mace``);
-    compile: run the module compiled by torch.compile (models/mace_compile.py). Under
+    compile: run the module compiled by torch.compile (models/mace_compile.py; on CUDA without
+    the CUDA graph, which is refused beside it: ``graph_problem``). Under
     DistributedModel the decomposition context of the call (for the per-layer exchange) comes
     from ``current_scope()``; called directly, it runs alone.
     """
@@ -256,11 +257,13 @@ class MaceModel:
         #: the module runs compiled by torch.compile (models/mace_compile.py)
         self.compiled = compile is True
         if self.compiled:
-            from .mace_compile import compiler_problem
+            from .mace_compile import compiler_problem, graph_problem
 
-            problem = compiler_problem(self.device)
+            problem = compiler_problem(self.device) or graph_problem(self.device, cuda_graph)
             if problem:
                 raise ValueError(problem)
+            if self.device.type == "cuda":   # never replayed as a CUDA graph (mace_compile.graph_problem)
+                cuda_graph = False
         with _building(self.compiled):
             self._load(trust_pickle, cueq)
         for p in self.model.parameters():

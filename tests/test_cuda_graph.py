@@ -99,20 +99,24 @@ def test_graphed_mace_run_matches_the_eager_run_and_mace_calculator(tmp_path):
     assert np.abs(full["forces"] - f_ref).max() <= 1e-9 * np.abs(f_ref).max()
 
 
-def test_compiled_mace_under_the_cuda_graph_follows_the_eager_run(tmp_path, monkeypatch):
-    """``model.compile=true`` on CUDA (cuEquivariance where installed): the compiled module is
-    captured and replayed as the graph of each list, through a rebuild, and the trajectory
-    follows the eager, ungraphed run's to round-off."""
+def test_compiled_mace_runs_without_the_cuda_graph_and_follows_the_eager_run(tmp_path, monkeypatch):
+    """``model.compile=true`` on CUDA (cuEquivariance where installed): a compiled call replayed as
+    a CUDA graph gave wrong forces (4e-3 eV/Å at the first replay on an H100,
+    scripts/check_compiled_mace.py), so the graph is refused beside compile and 'auto' turns it
+    off; the compiled run follows the eager one through list rebuilds to round-off."""
+    from shardmd.models.mace import MaceModel
+
     monkeypatch.setenv("HOME", str(tmp_path))
+    with pytest.raises(ValueError, match="model.cuda_graph=true"):
+        MaceModel(device="cuda", compile=True, cuda_graph=True)
     cfg = compose_config(["model=mace", "precision=float64", "device=cuda", "system.repeat=[4,4,4]",
                           "temperature=1200", "dt=2.0", "steps=60", "thermo.every=0", "trajectory.every=0",
-                          "checkpoint.every=0", "quiet=true", "overwrite=true", "model.cuda_graph=true",
-                          "model.compile=true", f"output={tmp_path}/compiled.h5"])
+                          "checkpoint.every=0", "quiet=true", "overwrite=true", "model.compile=true",
+                          f"output={tmp_path}/compiled.h5"])
     sim = Simulation(cfg)
     sim.run()
-    g = sim.model._graphed
-    assert sim.model.compiled and g.disabled is None, g.disabled
-    assert g.replays >= 30 and sim.nl.n_builds >= 2, (g.replays, sim.nl.n_builds)
+    assert sim.model.compiled and sim.model.graph_max_points is None and sim.model._graphed.replays == 0
+    assert sim.nl.n_builds >= 2, sim.nl.n_builds
     full = sim.domain.gather(sim.state, ("positions",))
     _, ref = _run(tmp_path, "eager", "false")
     assert np.abs(full["positions"] - ref["positions"]).max() < 1e-9
