@@ -262,8 +262,6 @@ class MaceModel:
             problem = compiler_problem(self.device) or graph_problem(self.device, cuda_graph)
             if problem:
                 raise ValueError(problem)
-            if self.device.type == "cuda":   # never replayed as a CUDA graph (mace_compile.graph_problem)
-                cuda_graph = False
         with _building(self.compiled):
             self._load(trust_pickle, cueq)
         for p in self.model.parameters():
@@ -301,7 +299,8 @@ class MaceModel:
         self.static_edges = False
         self._filter = RadiusFilter(self.cutoff)
         #: None: never; else the most points a call may have to be replayed as a CUDA graph
-        self.graph_max_points = (None if cuda_graph not in (True, "auto") or self.device.type != "cuda"
+        #: (a compiled module never is: mace_compile.graph_problem)
+        self.graph_max_points = (None if cuda_graph not in (True, "auto") or self.device.type != "cuda" or self.compiled
                                  else GRAPH_MAX_POINTS if cuda_graph == "auto" else 2**62)
         self._graphed = GraphedCall()
         self._graphed_joined = GraphedCall()   # many systems' joined call (models/mace_batch.py)
