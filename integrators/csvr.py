@@ -132,13 +132,11 @@ def csvr_factors(thermostats: list, mv2s: list[float], ns: list[int], steps: lis
     if not live:
         return out
     kks = [0.5 * mv2s[k] for k in live]
-    ndegs = [thermostats[k].degrees_of_freedom(ns[k]) for k in live]
-    new = resample_kinetic_many(kks, [0.5 * d * KB * thermostats[k].temperature for d, k in zip(ndegs, live)], ndegs,
-                                [thermostats[k].tau / thermostats[k].dt for k in live],
-                                [thermostats[k].seed for k in live], [int(steps[k]) for k in live])
+    sigmas, ndegs, tauts = zip(*(thermostats[k]._target(ns[k]) for k in live))
+    new = resample_kinetic_many(kks, list(sigmas), list(ndegs), list(tauts), [thermostats[k].seed for k in live],
+                                [int(steps[k]) for k in live])
     for k, kk, knew in zip(live, kks, new):
-        out[k] = math.sqrt(max(knew, 0.0) / kk)
-        thermostats[k].energy_change += knew - kk
+        out[k] = thermostats[k]._scaled(kk, knew)
     return out
 
 
@@ -182,12 +180,17 @@ class CSVR:
         kk = 0.5 * mv2
         if not kk > 0.0:
             return 1.0
+        return self._scaled(kk, resample_kinetic(kk, *self._target(n), self.seed, step))
+
+    def _target(self, n: int) -> tuple[float, int, float]:
+        """(sigma = dof kT/2 eV, dof, tau in steps) of ``n`` atoms: resample_kinetic's arguments."""
         ndeg = self.degrees_of_freedom(n)
-        sigma = 0.5 * ndeg * KB * self.temperature
-        new = resample_kinetic(kk, sigma, ndeg, self.tau / self.dt, self.seed, step)
-        alpha = math.sqrt(max(new, 0.0) / kk)
+        return 0.5 * ndeg * KB * self.temperature, ndeg, self.tau / self.dt
+
+    def _scaled(self, kk: float, new: float) -> float:
+        """The velocity factor taking kinetic energy ``kk`` to ``new`` (eV), the change counted."""
         self.energy_change += new - kk
-        return alpha
+        return math.sqrt(max(new, 0.0) / kk)
 
     def first_half(self, positions: torch.Tensor, velocities: torch.Tensor, forces: torch.Tensor,
                    masses: torch.Tensor, ids: torch.Tensor, step: int) -> None:
