@@ -27,10 +27,6 @@ import torch
 
 A_CU = 3.59
 
-
-#: settings appended to our side's config (--set)
-EXTRA: list[str] = []
-
 def systems(count: int, atoms: int, seed: int = 0):
     from ase.build import bulk
     from ase.md.velocitydistribution import MaxwellBoltzmannDistribution
@@ -52,9 +48,10 @@ def _sync() -> None:
 
 
 def ours(frames, steps: int, warmup: int, device: str = "cuda", t0: float | None = None, each: bool = False,
-         graph: str = "auto", integrator: str = "verlet") -> dict:
+         graph: str = "auto", integrator: str = "verlet", extra: tuple[str, ...] = ()) -> dict:
     """``t0``: the wall time to count the start-up from (a fresh process's launch), else the
-    run's start; ``each``: every system steps its own arrays (the joined set off)."""
+    run's start; ``each``: every system steps its own arrays (the joined set off); ``extra``:
+    more settings (``--set``)."""
     from shardmd.engine.batch import joined as joined_mod
     from shardmd.engine.batch.run import batch_run
     from shardmd.engine.config.compose import compose_config
@@ -89,7 +86,7 @@ def ours(frames, steps: int, warmup: int, device: str = "cuda", t0: float | None
                                   f"steps={warmup + steps + 1}",
                                   "trajectory.every=0", "checkpoint.every=0", "thermo.every=0", "quiet=true",
                                   f"batch.size={len(frames)}", "system.frames=all", f"output={d}/b.h5",
-                                  f"integrator={integrator}", "temperature=300", *EXTRA])
+                                  f"integrator={integrator}", "temperature=300", *extra])
             t0 = time.perf_counter() - (0.0 if t0 is None else time.time() - t0)
             batch_run(cfg, None, "run", structures=frames)
     finally:
@@ -180,7 +177,6 @@ def main() -> None:
                    help="more settings for our side, e.g. model.compile=true")
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     a = p.parse_args()
-    EXTRA[:] = a.set
     if a.child is not None:   # one side's start-up in this fresh process, launched at BENCH_T0
         count, atoms = (int(x) for x in a.cases[0].split("x"))
         t0 = float(os.environ["BENCH_T0"])
@@ -199,9 +195,10 @@ def main() -> None:
         frames = systems(count, atoms)
         rows = []
         for name, fn in [("ShardMD", lambda f=frames: ours(f, a.steps, a.warmup, a.device, graph=a.graph,
-                                                integrator=a.integrator))] + [
+                                                integrator=a.integrator, extra=a.set))] + [
                 ("ShardMD, each system's arrays", lambda f=frames: ours(f, a.steps, a.warmup, a.device, each=True,
-                                                                        graph=a.graph, integrator=a.integrator))
+                                                                        graph=a.graph, integrator=a.integrator,
+                                                                        extra=a.set))
                 for _ in range(a.each)] + [
                 ("torch-sim", lambda f=frames, nl=nl: torchsim(f, a.steps, a.warmup, nl)) for nl in a.nl]:
             try:

@@ -170,8 +170,8 @@ def run_ours(n: int, policy: str, args) -> dict:
 def run_ours_mpi(n: int, policy: str, args, traffic: str = "mpi") -> dict:
     """The engine under ``mpiexec -n args.ranks`` (one domain per rank, 1 thread each); rates and
     split from its log ("Loop:" and "Time split:" lines: the loop only, like LAMMPS's). traffic:
-    "mpi" (``SHARDMD_HOST_OVER_MPI=1``: halo exchanges and order-free reductions through MPI) or "group"
-    (the engine's default: everything through the gloo group)."""
+    "mpi" (``SHARDMD_HOST_OVER_MPI=1``, the engine's default where each rank has a core: halo exchanges
+    and order-free reductions through MPI) or "group" (``=0``: everything through the gloo group)."""
     work = Path(tempfile.mkdtemp(prefix="bench_lj_mpi_"))
     ov = [o for o in overrides(n, policy, args) if not o.startswith(("output=", "threads="))]
     mpiexec = shutil.which("mpiexec") or str(Path(sys.executable).parent / "mpiexec")
