@@ -239,8 +239,7 @@ class MaceModel:
     CUDA, on one domain, with sync-free edge selection (True: then always; 'auto', the default:
     up to ``GRAPH_MAX_POINTS``; False: never; see domain/graphed_call.py); trust_pickle: load
     the file by unpickling it freely instead of through the safe loader (see ``load_mace``);
-    compile: run the module compiled by torch.compile (models/mace_compile.py; on CUDA without
-    the CUDA graph, which is refused beside it: ``graph_problem``). Under
+    compile: run the module compiled by torch.compile (models/mace_compile.py). Under
     DistributedModel the decomposition context of the call (for the per-layer exchange) comes
     from ``current_scope()``; called directly, it runs alone.
     """
@@ -257,9 +256,9 @@ class MaceModel:
         #: the module runs compiled by torch.compile (models/mace_compile.py)
         self.compiled = compile is True
         if self.compiled:
-            from .mace_compile import compiler_problem, graph_problem
+            from .mace_compile import compiler_problem
 
-            problem = compiler_problem(self.device) or graph_problem(self.device, cuda_graph)
+            problem = compiler_problem(self.device)
             if problem:
                 raise ValueError(problem)
         with _building(self.compiled):
@@ -299,8 +298,7 @@ class MaceModel:
         self.static_edges = False
         self._filter = RadiusFilter(self.cutoff)
         #: None: never; else the most points a call may have to be replayed as a CUDA graph
-        #: (a compiled module never is: mace_compile.graph_problem)
-        self.graph_max_points = (None if cuda_graph not in (True, "auto") or self.device.type != "cuda" or self.compiled
+        self.graph_max_points = (None if cuda_graph not in (True, "auto") or self.device.type != "cuda"
                                  else GRAPH_MAX_POINTS if cuda_graph == "auto" else 2**62)
         self._graphed = GraphedCall()
         self._graphed_joined = GraphedCall()   # many systems' joined call (models/mace_batch.py)
@@ -356,7 +354,7 @@ class MaceModel:
         per item what :meth:`compute` gives alone (models/mace_batch.py)."""
         from shardmd.models.mace_batch import compute_batch
 
-        return compute_batch(self, items, _Exchange, _fixed_jit_executor)
+        return compute_batch(self, items, _fixed_jit_executor)
 
     def join(self, items):
         """The joined graph of whole systems ``items`` (as :meth:`compute_batch` takes them),
@@ -377,7 +375,7 @@ class MaceModel:
         if (capacity is not None and owner is not None and self.graph_max_points is not None and positions.is_cuda
                 and positions.shape[0] <= self.graph_max_points):
             graphed = self._graphed_joined
-        return compute_joined(self, graph, positions, _Exchange, _fixed_jit_executor, capacity, graphed, owner)
+        return compute_joined(self, graph, positions, _fixed_jit_executor, capacity, graphed, owner)
 
     def _evaluate_fitting(self, positions, cell, numbers, nl, ctx) -> dict[str, torch.Tensor]:
         """:meth:`_evaluate`; if it runs out of device memory with the radial MLPs' activations
@@ -417,7 +415,9 @@ class MaceModel:
                 "vectors": vectors,
                 "batch": torch.zeros(n_own, dtype=torch.int64, device=x.device),
                 "natoms": torch.tensor([n_own, n_pad - n_own]),
-                "lammps_class": _Exchange(ctx, n_own),
+                # no ghost rows: the per-layer exchange is the identity, and mace-torch skips it
+                # (and its in-place autograd.Function) when given none
+                "lammps_class": _Exchange(ctx, n_own) if n_pad > n_own else None,
                 "ptr": torch.arange(2, device=x.device) * n_own,  # [0, n_own], made on the device
                 "head": self._head,   # the readout head of a multi-head model (its index, per graph)
             }

@@ -97,7 +97,7 @@ def pad_edges(graph: JoinedGraph, rows: int, cutoff: float) -> JoinedGraph:
                        torch.cat([graph.edge_k, torch.zeros(extra, dtype=torch.int64, device=dev)]), graph.sizes)
 
 
-def compute_joined(mm, graph: JoinedGraph, x: torch.Tensor, exchange, executor, capacity: int | None = None,
+def compute_joined(mm, graph: JoinedGraph, x: torch.Tensor, executor, capacity: int | None = None,
                    graphed=None, owner=None) -> dict:
     """One forward and backward pass over the joined graph at node positions ``x`` (N, 3) Å:
     {"energy": (S,) float64 eV, "forces": (N, 3) eV/Å, "virial": (S, 3, 3) eV, "energies":
@@ -110,7 +110,7 @@ def compute_joined(mm, graph: JoinedGraph, x: torch.Tensor, exchange, executor, 
     inputs = (x, graph.node_attrs, graph.receivers, graph.senders, graph.shift, graph.node_k, graph.edge_k)
 
     def call(*t):
-        return _call(mm, *t, len(graph.sizes), exchange, executor, capacity)
+        return _call(mm, *t, len(graph.sizes), executor, capacity)
 
     if graphed is None or capacity is None:
         return call(*inputs)
@@ -118,8 +118,7 @@ def compute_joined(mm, graph: JoinedGraph, x: torch.Tensor, exchange, executor, 
     return graphed(call, owner, signature, inputs)
 
 
-def _call(mm, x, node_attrs, receivers, senders, shift, node_k, edge_k, s: int, exchange, executor,
-          capacity: int | None) -> dict:
+def _call(mm, x, node_attrs, receivers, senders, shift, node_k, edge_k, s: int, executor, capacity: int | None) -> dict:
     n = int(x.shape[0])
     vectors = x[receivers] - x[senders] - shift
     inside = torch.linalg.vector_norm(vectors, dim=1) < mm.cutoff
@@ -146,7 +145,7 @@ def _call(mm, x, node_attrs, receivers, senders, shift, node_k, edge_k, s: int, 
             "vectors": vectors,
             "batch": torch.zeros(n, dtype=torch.int64, device=x.device),
             "natoms": torch.tensor([n, 0]),
-            "lammps_class": exchange(None, n),
+            "lammps_class": None,   # whole systems: no ghost rows, no per-layer exchange
             "ptr": torch.arange(2, device=x.device) * n,
             "head": mm._head,
         }
@@ -182,15 +181,15 @@ def split(joined: dict[str, torch.Tensor], sizes, k: int, start: int, dtype) -> 
             "virial": joined["virial"][k], "energies": joined["energies"][start:stop]}
 
 
-def compute_batch(mm, items, exchange, executor) -> list[dict[str, torch.Tensor]]:
+def compute_batch(mm, items, executor) -> list[dict[str, torch.Tensor]]:
     """``mm``: a :class:`~shardmd.models.mace.MaceModel`; ``items``: see the module docstring;
-    ``exchange``, ``executor``: models/mace.py's ``_Exchange`` and ``_fixed_jit_executor`` (given,
-    so this module imports nothing of mace.py's)."""
+    ``executor``: models/mace.py's ``_fixed_jit_executor`` (given, so this module imports nothing
+    of mace.py's)."""
     if not items:
         return []
     graph = join(mm, items)
     x = torch.cat([item[0].as_subclass(torch.Tensor).to(mm.dtype) for item in items])
-    joined = compute_joined(mm, graph, x, exchange, executor)
+    joined = compute_joined(mm, graph, x, executor)
     results, start = [], 0
     for k in range(len(items)):
         results.append(split(joined, graph.sizes, k, start, mm.dtype))

@@ -55,17 +55,6 @@ def compiler_problem(device: torch.device) -> str | None:
     return f"model.compile=true needs {kind} on this machine; install one or leave model.compile=false"
 
 
-def graph_problem(device: torch.device, cuda_graph) -> str | None:
-    """Why a compiled module cannot run as a CUDA graph (one line), or None: replayed, it gave
-    wrong forces on an H100 (float64, no cuEquivariance: 4e-3 eV/Å at the first replayed step,
-    positions 14 Å off after 20 steps; scripts/check_compiled_mace.py), so on CUDA a compiled
-    module runs without the graph ('auto' turns it off) and ``cuda_graph=true`` is refused."""
-    if device.type == "cuda" and cuda_graph is True:
-        return ("model.compile=true with model.cuda_graph=true: a compiled call replayed as a CUDA graph gives wrong "
-                "forces; set model.cuda_graph=auto (off with compile) or model.compile=false")
-    return None
-
-
 def compiled(module: torch.nn.Module) -> torch.nn.Module:
     """``module`` (built under :func:`building`) with its registered blocks traced, compiled."""
     import e3nn.o3._irreps as irreps

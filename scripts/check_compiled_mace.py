@@ -13,11 +13,39 @@ graph capture names the culprit.
 from __future__ import annotations
 
 import argparse
+import ast
+import contextlib
+import functools
 import tempfile
 
 import numpy as np
 
-MODES = {"compile-graph": ("true", "true"), "compile": ("false", "true"), "graph": ("true", "false")}
+MODES = {"compile-graph": ("true", "true"), "compile": ("false", "true"), "graph": ("true", "false"),
+         "compile-static": ("false", "true"), "compile-aot": ("false", "true"), "compile-eager": ("false", "true")}
+
+
+@contextlib.contextmanager
+def variant(mode: str, dynamo: list[str]):
+    """compile-static: one compiled graph per shape (no symbolic sizes); compile-aot: dynamo and
+    AOTAutograd without inductor (backend 'aot_eager'); compile-eager: dynamo alone (backend
+    'eager'): which layer a wrong result comes from. ``dynamo``: torch._dynamo.config settings."""
+    import torch
+
+    plain = torch.compile
+    with contextlib.ExitStack() as stack:
+        for kv in dynamo:
+            k, v = kv.split("=", 1)
+            stack.enter_context(torch._dynamo.config.patch(**{k: ast.literal_eval(v)}))
+        if mode == "compile-eager":
+            torch.compile = functools.partial(plain, backend="eager")
+        if mode == "compile-static":
+            stack.enter_context(torch._dynamo.config.patch(automatic_dynamic_shapes=False, cache_size_limit=64))
+        if mode == "compile-aot":
+            torch.compile = functools.partial(plain, backend="aot_eager")
+        try:
+            yield
+        finally:
+            torch.compile = plain
 
 
 def trajectory(device: str, cueq: str, graph: str, comp: str, steps: int, extra: list[str]):
@@ -47,13 +75,15 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--modes", nargs="+", default=["compile-graph", "compile", "graph"],
                     help=f"of {sorted(MODES)}; anything with '=' is a setting for every run")
+    ap.add_argument("--dynamo", nargs="*", default=[], help="torch._dynamo.config settings, KEY=VALUE")
     a = ap.parse_args()
     extra = [m for m in a.modes if "=" in m]
     ref = trajectory(a.device, a.cueq, "false", "false", a.steps, extra)
     for mode in [m for m in a.modes if "=" not in m]:
         graph, comp = MODES[mode]
         try:
-            got = trajectory(a.device, a.cueq, graph, comp, a.steps, extra)
+            with variant(mode, a.dynamo):
+                got = trajectory(a.device, a.cueq, graph, comp, a.steps, extra)
         except Exception as exc:  # noqa: BLE001 - one line says why, the other modes go on
             print(f"{mode}: failed: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
             continue
@@ -62,7 +92,7 @@ def main() -> None:
         first = next((k + 1 for k, x in enumerate(dx) if x > 1e-9), None)
         print(f"{mode}: builds {[g[2] for g in got][::10]} (eager {[r[2] for r in ref][::10]}); first step with "
               f"|dx| > 1e-9 A: {first}; max|dx| every 10 steps {['%.1e' % x for x in dx[::10]]}; "
-              f"max|dF| {['%.1e' % x for x in df[::10]]}", flush=True)
+              f"max|dF| {['%.1e' % x for x in df[::10]]}, steps 1-4 {['%.1e' % x for x in df[:4]]}", flush=True)
 
 
 if __name__ == "__main__":

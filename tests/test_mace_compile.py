@@ -109,12 +109,3 @@ def test_without_a_compiler_the_refusal_is_one_line(tmp_path):
     assert r.returncode == 2 and "needs a C++ compiler" in r.stderr and "Traceback" not in r.stderr, r.stderr
     assert len(r.stderr.strip().splitlines()) == 1, r.stderr
 
-
-def test_compile_refuses_the_cuda_graph_beside_it():
-    """A compiled call replayed as a CUDA graph gave wrong forces on an H100: the pair is refused
-    with one line naming both fixes; 'auto' (the graph turned off) and the CPU pass."""
-    from shardmd.models.mace_compile import graph_problem
-
-    line = graph_problem(torch.device("cuda"), True)
-    assert line and "model.cuda_graph=auto" in line and "model.compile=false" in line and "\n" not in line
-    assert graph_problem(torch.device("cuda"), "auto") is None and graph_problem(torch.device("cpu"), True) is None

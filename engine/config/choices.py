@@ -126,7 +126,7 @@ class Mace:
     head: Optional[str] = key(None, "the readout head of a multi-head model (mace-torch's heads); null: its only "
                               "head, else the one named default", _text("give a head name", null=True))
     compile: bool = key(False, "run the model compiled by torch.compile (inductor); its first call and its first "
-                        "new shape compile for ~10-60 s; on CUDA without the CUDA graph (docs/models.md)", FLAG)
+                        "new shape compile for ~10-60 s (docs/models.md)", FLAG)
 
 
 def _terms(v) -> bool | str:
