@@ -151,6 +151,22 @@ class _Exchange:
         gout[: self.n_owned] = self.ctx.reverse(grad)
 
 
+_OPAQUE: list = []
+
+
+def _opaque_exchange() -> type:
+    """:class:`_Exchange` whose two calls are graph breaks, for a compiled module: mace-torch's
+    ``LAMMPS_MP`` (an autograd.Function whose output these calls fill in place) traced by dynamo
+    gave wrong gradients on CUDA (torch 2.11; docs/design.md, "Compiling the MACE module"), so under a
+    compiled module the whole Function runs eagerly, as uncompiled. Made on first use: the
+    wrapper imports torch._dynamo, which a run that never compiles does not need."""
+    if not _OPAQUE:
+        _OPAQUE.append(type("_OpaqueExchange", (_Exchange,), {
+            "forward_exchange": torch.compiler.disable(_Exchange.forward_exchange),
+            "reverse_exchange": torch.compiler.disable(_Exchange.reverse_exchange)}))
+    return _OPAQUE[0]
+
+
 def select_head(model: torch.nn.Module, head: str | None, label: str) -> int:
     """Index of readout head ``head`` in mace-torch's ``model.heads`` (the calculator's
     ``head=``).  None: the only head, else the one named ``default`` (any case), as
@@ -301,6 +317,8 @@ class MaceModel:
         self.graph_max_points = (None if cuda_graph not in (True, "auto") or self.device.type != "cuda"
                                  else GRAPH_MAX_POINTS if cuda_graph == "auto" else 2**62)
         self._graphed = GraphedCall()
+        #: the per-layer exchange of calls with ghost rows (graph breaks when compiled)
+        self._exchange = _opaque_exchange() if self.compiled else _Exchange
         self._graphed_joined = GraphedCall()   # many systems' joined call (models/mace_batch.py)
         self.atomic_numbers = [int(z) for z in self.model.atomic_numbers]
         lut = torch.full((max(self.atomic_numbers) + 1,), -1, dtype=torch.int64)
@@ -417,7 +435,7 @@ class MaceModel:
                 "natoms": torch.tensor([n_own, n_pad - n_own]),
                 # no ghost rows: the per-layer exchange is the identity, and mace-torch skips it
                 # (and its in-place autograd.Function) when given none
-                "lammps_class": _Exchange(ctx, n_own) if n_pad > n_own else None,
+                "lammps_class": (self._exchange(ctx, n_own) if n_pad > n_own else None),
                 "ptr": torch.arange(2, device=x.device) * n_own,  # [0, n_own], made on the device
                 "head": self._head,   # the readout head of a multi-head model (its index, per graph)
             }
