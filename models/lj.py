@@ -359,6 +359,12 @@ class LennardJones:
         key = (id(kernel), t, int(final), float(self.cutoff), x.dtype,
                tuple((a.data_ptr(), tuple(a.shape)) for a in held))
         kept = self._recorded
+        if kept is not None and kept[0] != key and kept[0][:5] == key[:5] and kept[0][5][1:] == key[5][1:] \
+                and kept[0][5][0][1] == key[5][0][1]:
+            # only the positions moved to another tensor of the same shape (the first step after
+            # a rebuild, whose points were a copy): point the recorded launch at them
+            kept[1].set_param_at_index(0, as_vec3(x))
+            kept = self._recorded = (key, kept[1], held)
         if kept is None or kept[0] != key:
             edges = self._edge_arrays(nl, packed, x.device)
             cmd = wp.launch(kernel, dim=nl.n_query, device=wp_device(x), record_cmd=True,

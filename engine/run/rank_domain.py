@@ -138,7 +138,7 @@ class RankDomain:
         labels = torch.stack([s.ids, s.numbers], dim=1)
         pbc = s.pbc.tolist()
         self.plan, gpos, glab = build_halo(self.comm, self.grid, cell, pbc, points, labels, self.ghost_width)
-        padded = torch.cat([points, gpos])
+        padded = torch.cat([points, gpos]) if gpos.shape[0] else points   # no ghosts: the points themselves
         self.padded_ids = torch.cat([s.ids, glab[:, 0]])
         self.padded_numbers = torch.cat([s.numbers, glab[:, 1]])
         lp = local_pbc(self.grid, pbc)
