@@ -361,8 +361,9 @@ class LennardJones:
         kept = self._recorded
         if kept is not None and kept[0] != key and kept[0][:5] == key[:5] and kept[0][5][1:] == key[5][1:] \
                 and kept[0][5][0][1] == key[5][0][1]:
-            # only the positions moved to another tensor of the same shape (the first step after
-            # a rebuild, whose points were a copy): point the recorded launch at them
+            # only the positions moved to another tensor of the same shape (every step under
+            # decomposition: the padded points are made anew with their ghosts): point the
+            # recorded launch at them
             kept[1].set_param_at_index(0, as_vec3(x))
             kept = self._recorded = (key, kept[1], held)
         if kept is None or kept[0] != key:
