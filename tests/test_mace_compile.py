@@ -108,4 +108,3 @@ def test_without_a_compiler_the_refusal_is_one_line(tmp_path):
                    env={"PATH": str(tmp_path), "CXX": ""})
     assert r.returncode == 2 and "needs a C++ compiler" in r.stderr and "Traceback" not in r.stderr, r.stderr
     assert len(r.stderr.strip().splitlines()) == 1, r.stderr
-
