@@ -14,7 +14,10 @@ states persist from layer to layer), then heads on the final atom features:
   removed over the whole system; without periodicity also the net torque) plus ZBL's forces, and
   the stress ``MLP(mean_i h_i)`` denormalised, plus ZBL's virial over the volume;
 - conservative models: forces ``-dE/dx`` and the virial ``-dE/d strain`` (DistributedModel's
-  autograd, as orb-models' own ``compute_gradient_forces_and_stress``).
+  autograd, as orb-models' own ``compute_gradient_forces_and_stress``);
+- charge/spin-conditioned models (OrbMol, orb-v3 ``-omol``): the system's total charge and spin
+  (``model.charge``, ``model.spin``) embedded by orb-models' own conditioner and added to every
+  atom's features in every layer: the same rows on every rank, so nothing is exchanged for them.
 
 Route to decomposition, and why: **the per-layer halo refresh**, with the graph built here from
 the engine's list (models/orb_graph.py: the cap reproduced exactly on any number of domains
@@ -44,6 +47,7 @@ Files and names: models/orb_files.py.  orb-models is imported only when this mod
 from __future__ import annotations
 
 import copy
+import math
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -104,7 +108,7 @@ class OrbModel:
     distribution_spec = SPEC_ORB
 
     def __init__(self, checkpoint: str | None = None, max_neighbors: int | None = None, trust_pickle: bool = False,
-                 random: dict | None = None, dtype=torch.float64, device="cpu"):
+                 random: dict | None = None, dtype=torch.float64, device="cpu", charge=None, spin=None):
         import_orb()
         self.dtype, self.device = dtype, torch.device(device)
         if random is not None:
@@ -125,6 +129,8 @@ class OrbModel:
         self.kind = self.arch.kind
         self.net = build_network(self.arch, self.max_neighbors, state, self.label, seed, dtype)
         self.net.to(self.device)
+        #: (total charge e, total spin) of a charge/spin-conditioned network (OrbMol), else None
+        self.charge_spin = _charge_spin(self.net.model.conditioner is not None, charge, spin, self.label)
         self.direct = self.kind != "v3-conservative"
         self.cutoff = RADIUS
         weight = self.net.heads["energy"].reference.linear.weight.detach().reshape(-1)
@@ -141,9 +147,6 @@ class OrbModel:
             return p
         name = checkpoint.lower()
         if name in RELEASED:
-            if RELEASED[name][0] == "omol":
-                raise ValueError(f"model.checkpoint={checkpoint}: a charge/spin-conditioned model, which model=orb "
-                                 "does not support yet; use an -omat or -mpa model")
             hit = cached_release(name)
             if hit is not None:
                 return hit
@@ -199,10 +202,18 @@ class OrbModel:
             edge_features={"vectors": vectors}, senders=senders, receivers=receivers)
         nodes, edges = gns._encoder(gns.featurize_nodes(graph), gns.featurize_edges(graph))
         cutoff = get_cutoff(vectors.norm(dim=-1))
+        cond = {}
+        if self.charge_spin is not None:   # the same rows on every rank: the system's charge and spin
+            dev = vectors.device
+            batch = SimpleNamespace(
+                system_features={"total_charge": torch.tensor([self.charge_spin[0]], dtype=vectors.dtype, device=dev),
+                                 "total_spin": torch.tensor([self.charge_spin[1]], dtype=vectors.dtype, device=dev)},
+                n_node=torch.tensor([nodes.shape[0]], device=dev), n_edge=torch.tensor([edges.shape[0]], device=dev))
+            cond["cond_nodes"], cond["cond_edges"] = gns.conditioner(batch)
         for k, layer in enumerate(gns.gnn_stacks):
             if k:
                 nodes = refresh_halo(nodes).as_subclass(torch.Tensor)
-            nodes, edges = layer(nodes, edges, senders, receivers, cutoff)
+            nodes, edges = layer(nodes, edges, senders, receivers, cutoff, **cond)
         return nodes
 
     def compute(self, positions: torch.Tensor, cell: torch.Tensor, pbc, numbers: torch.Tensor, nl
@@ -267,17 +278,39 @@ class OrbModel:
         return out
 
 
+def _charge_spin(conditioned: bool, charge, spin, label: str) -> tuple[float, float] | None:
+    """(charge, spin) for a conditioned network (both required, finite numbers), None for one
+    that is not (which takes neither); refusals in one line."""
+    if not conditioned:
+        if charge is not None or spin is not None:
+            raise ValueError(f"model.charge and model.spin are for a charge/spin-conditioned ORB model (orb-v3 "
+                             f"-omol); {label} is not one: leave them out")
+        return None
+    if charge is None or spin is None:
+        raise ValueError(f"{label} is charge/spin-conditioned (orb-v3 -omol): give model.charge (the total charge, "
+                         "e) and model.spin (the total spin, as orb-models' atoms.info['spin'])")
+    out = []
+    for key, v in (("charge", charge), ("spin", spin)):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(float(v)):
+            raise ValueError(f"model.{key}={v!r}: give a number (the system's total {key})")
+        out.append(float(v))
+    return out[0], out[1]
+
+
 def factory(*, checkpoint: str | None = None, max_neighbors: int | None = None, trust_pickle: bool = False,
             dtype: str | None = None, random: bool = False, conservative: bool = False, latent_dim: int = 32,
             mlp_hidden_dim: int = 64, mlp_depth: int = 2, head_hidden_dim: int = 32, head_depth: int = 1,
-            num_layers: int = 2, seed: int = 0, precision: torch.dtype = torch.float64, device="cpu"):
+            num_layers: int = 2, seed: int = 0, charge_spin: bool = False, charge=None, spin=None,
+            precision: torch.dtype = torch.float64, device="cpu"):
     """ORB via orb-models (models/orb.py): ``checkpoint`` orb-models' state dict file (``.ckpt``;
     ``max_neighbors`` 20 or 120 unless the file name starts with a released model's name) or a
     released model's name already downloaded (``orb-v3-direct-20-omat``, ...); ``random=true``:
     orb-v3's architecture with random weights (``conservative``, ``latent_dim``,
     ``mlp_hidden_dim``, ``mlp_depth``, ``head_hidden_dim``, ``head_depth``, ``num_layers``,
-    ``max_neighbors`` (default 20), ``seed``); ``dtype`` float32|float64 (default: the run's
-    precision); ``trust_pickle=true`` unpickles a file the safe loader refuses."""
+    ``max_neighbors`` (default 20), ``seed``, ``charge_spin``: OrbMol's charge/spin conditioner);
+    ``charge``, ``spin``: the total charge (e) and spin a conditioned model (orb-v3 -omol) needs;
+    ``dtype`` float32|float64 (default: the run's precision); ``trust_pickle=true`` unpickles a
+    file the safe loader refuses."""
     if dtype not in (None, "float32", "float64"):
         raise ValueError(f"model.dtype={dtype!r}: give float32 or float64 (or leave it out: the run's precision)")
     dt = {"float32": torch.float32, "float64": torch.float64}[dtype] if dtype else precision
@@ -286,14 +319,16 @@ def factory(*, checkpoint: str | None = None, max_neighbors: int | None = None, 
         args = dict(latent_dim=int(latent_dim), base_mlp_hidden_dim=int(mlp_hidden_dim), base_mlp_depth=int(mlp_depth),
                     head_mlp_hidden_dim=int(head_hidden_dim), head_mlp_depth=int(head_depth),
                     num_message_passing_steps=int(num_layers))
+        if charge_spin is True:
+            args.update(has_charge_spin_cond=True, has_stress=False)
         return OrbModel(None, random={"kind": kind, "args": args, "seed": int(seed),
                                       "max_neighbors": int(max_neighbors if max_neighbors is not None else 20)},
-                        dtype=dt, device=device)
+                        dtype=dt, device=device, charge=charge, spin=spin)
     if checkpoint is None:
         raise ValueError("model=orb needs model.checkpoint=FILE.ckpt (orb-models' state dict, or a downloaded "
                          "released model's name) or model.random=true")
     return OrbModel(str(checkpoint), max_neighbors=max_neighbors, trust_pickle=trust_pickle is True, dtype=dt,
-                    device=device)
+                    device=device, charge=charge, spin=spin)
 
 
 __all__ = ["INSTALL", "SPEC_ORB", "OrbModel", "factory"]

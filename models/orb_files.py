@@ -12,8 +12,10 @@ neither the architecture's sizes nor the neighbour cap, so:
 
 A file is read as data (``weights_only``, never unpickled freely without
 ``model.trust_pickle=true``); a file of another family, a whole pickled module, a TorchScript
-archive, a charge/spin-conditioned model (orb-v3 ``-omol``: not supported here yet) or weights
-that do not fit are refused in one line.  A released model's name (``model.checkpoint=
+archive or weights that do not fit are refused in one line.  A charge/spin-conditioned network
+(orb-v3 ``-omol``, OrbMol: a ``model.conditioner`` in the weights) is built with orb-models'
+conditioner and without a stress, as orb-models builds the released ones; it needs the total
+charge and spin (models/orb.py).  A released model's name (``model.checkpoint=
 orb-v3-direct-20-omat``) is resolved only from orb-models' download cache (cached_path's
 folder): nothing is downloaded here.
 """
@@ -35,12 +37,12 @@ INSTALL = "pip install 'shardmd[orb]'"
 RADIUS = 6.0   # Å: every ORB system config (and the envelopes its modules hard-code)
 TRUST_FIX = ("if you made this file yourself or trust its source, add model.trust_pickle=true (unpickling runs any "
              "code the file holds)")
-#: released models: name -> (kind, neighbour cap); -omol models need charge and spin (refused)
+#: released models: name -> (kind, neighbour cap); -omol models also take the total charge and spin
 RELEASED = {**{f"orb-v3-{k}-{c}-{d}": (f"v3-{k}", 20 if c == "20" else 120)
                for k in ("direct", "conservative") for c in ("20", "inf") for d in ("omat", "mpa")},
             "orb-v2": ("v2", 20), "orb-d3-v2": ("v2", 20), "orb-d3-sm-v2": ("v2", 20), "orb-d3-xs-v2": ("v2", 20),
-            "orb-mptraj-only-v2": ("v2", 20), "orb-v3-direct-omol": ("omol", 120),
-            "orb-v3-conservative-omol": ("omol", 120)}
+            "orb-mptraj-only-v2": ("v2", 20), "orb-v3-direct-omol": ("v3-direct", 120),
+            "orb-v3-conservative-omol": ("v3-conservative", 120)}
 
 
 def import_orb():
@@ -146,9 +148,7 @@ def _mlp_shape(sd: dict, prefix: str) -> tuple[int, int]:
 
 def architecture(sd: dict, label: str) -> Architecture:
     """The kind and sizes of the network a state dict holds (module docstring)."""
-    if any(k.startswith("model.conditioner.") for k in sd):
-        raise ValueError(f"{label} is a charge/spin-conditioned ORB model (orb-v3 -omol), which model=orb does not "
-                         "support yet; use an -omat or -mpa model")
+    conditioned = any(k.startswith("model.conditioner.") for k in sd)
     try:
         layers = len({int(k.split(".")[2]) for k in sd if k.startswith("model.gnn_stacks.")})
         latent = int(sd["model.atom_emb.embeddings.weight"].shape[1])
@@ -162,12 +162,18 @@ def architecture(sd: dict, label: str) -> Architecture:
     if edge_in == 23:   # orb-v2: 20 Gaussians + the unit vector; fixed widths, only the depth varies
         if not direct:
             raise ValueError(f"{label}: an orb-v2 network without a forces head is not a forcefield")
+        if conditioned:
+            raise ValueError(f"{label}: an orb-v2 network with a charge/spin conditioner is not one orb-models "
+                             "builds; a charge/spin-conditioned model is an orb-v3 -omol")
         return Architecture("v2", {"num_message_passing_steps": layers})
     kind = "v3-direct" if direct else "v3-conservative"
     args = {"latent_dim": latent, "base_mlp_hidden_dim": base[0], "base_mlp_depth": base[1],
             "head_mlp_hidden_dim": head[0], "head_mlp_depth": head[1], "num_message_passing_steps": layers}
     if kind == "v3-direct":
         args["has_stress"] = any(k.startswith("heads.stress.") for k in sd)
+    if conditioned:   # OrbMol: orb-models' ChargeSpinConditioner, no stress (molecules)
+        args["has_charge_spin_cond"] = True
+        args["has_stress"] = False
     return Architecture(kind, args)
 
 

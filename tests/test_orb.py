@@ -5,7 +5,8 @@ conservative models and an orb-v2 network with random weights (tests/orb_cases.p
 open (direct: the net torque removed); our capped graph against orb-models' own graph builder; a
 checkpoint in orb-models' release format (a bare state dict) loaded as data, and a released name
 resolved from the local download cache only; the CLI on 1, 2 and 4 domains (real MPI ranks)
-through 50 hot Langevin steps with migrations, and across a restart; a perfect lattice whose
+through 50 hot Langevin steps with migrations, and across a restart; OrbMol's charge/spin
+conditioner (orb-v3 -omol) against ORBCalculator given atoms.info, and on 1 and 2 domains; a perfect lattice whose
 neighbour cap cuts a shell of equal distances (the same cap on 1 and 4 domains); the refusals,
 one line each (exit status 2 through the CLI); without orb-models, the install command in one
 line (runs where orb-models is absent too).
@@ -179,6 +180,109 @@ def test_orb_v2_file_equals_orb_calculator(tmp_path):
     _close(evaluate(ours, a), evaluate(ours.model.ase_calculator(), a), what="orb-v2")
 
 
+CHARGED = {"charge_spin": True, "charge": 1, "spin": 2}   # OrbMol's conditioner, a cation doublet
+
+
+def _energy_forces(calc, atoms, info=None, pbc=False):
+    """(energy eV, forces (n, 3) eV/Å) of a fresh evaluation under float64, ``info`` (charge,
+    spin) set as orb-models' calculator reads them."""
+    from ase import Atoms
+    from orb_cases import default_dtype
+
+    a = Atoms(numbers=atoms.numbers, positions=atoms.positions, cell=atoms.cell, pbc=pbc, info=dict(info or {}))
+    a.calc = calc
+    with warnings.catch_warnings(), default_dtype(torch.float64):
+        warnings.simplefilter("ignore")
+        return a.get_potential_energy(), a.get_forces()
+
+
+def _cluster():
+    from ase.cluster import Octahedron
+
+    a = Octahedron("Cu", 4)
+    a.rattle(0.1, seed=5)
+    a.numbers[::4] = 47
+    return a
+
+
+@needs_orb
+@pytest.mark.parametrize("conservative", [False, True])
+def test_charge_spin_conditioned_model_equals_orb_calculator(conservative, tmp_path):
+    """OrbMol (orb-v3 -omol: orb-models' ChargeSpinConditioner, no stress) with random weights on
+    an open Cu/Ag cluster, charge 1 and spin 2: energy and forces against ORBCalculator given
+    atoms.info charge and spin (1e-10); another charge gives another energy; the weights saved in
+    the release format load as a conditioned network (a released -omol name: cap 120)."""
+    from orb_cases import KWARGS, KWARGS_CONSERVATIVE, write_checkpoint
+
+    from shardmd.models.orb import factory
+
+    a = _cluster()
+    kw = {**(KWARGS_CONSERVATIVE if conservative else KWARGS), **CHARGED}
+    ours = _ours(**kw)
+    assert ours.model.charge_spin == (1.0, 2.0)
+    got = _energy_forces(ours, a)
+    _close(got, _energy_forces(ours.model.ase_calculator(), a, {"charge": 1.0, "spin": 2.0}),
+           what=f"omol, conservative={conservative}")
+    neutral = _energy_forces(_ours(**{**kw, "charge": 0}), a)
+    assert abs(neutral[0] - got[0]) > 1e-6 and np.abs(got[1]).max() > 1e-3
+    ckpt = write_checkpoint(ours.model, tmp_path / "omol-random.ckpt")
+    loaded = _ours(checkpoint=str(ckpt), max_neighbors=20, charge=1, spin=2)
+    _close(_energy_forces(loaded, a), got, tol=1e-6, what="omol checkpoint (float32 weights)")
+    named = tmp_path / f"orb-v3-{'conservative' if conservative else 'direct'}-omol-20250820.ckpt"
+    named.write_bytes(ckpt.read_bytes())
+    model = factory(checkpoint=str(named), charge=-1, spin=0)
+    assert model.max_neighbors == 120 and model.net.model.conditioner is not None and model.charge_spin == (-1.0, 0.0)
+
+
+@needs_orb
+def test_charge_and_spin_refusals_are_one_line(files, tmp_path):
+    """A conditioned model without its charge or spin, a charge or spin given to a model without a
+    conditioner, values that are not numbers: one line each, naming the key."""
+    from orb_cases import KWARGS, write_checkpoint
+
+    from shardmd.models.orb import factory
+
+    ckpt = write_checkpoint(factory(**KWARGS, **CHARGED), tmp_path / "omol.ckpt")
+    cases = [
+        (dict(checkpoint=str(ckpt), max_neighbors=20), ["charge/spin-conditioned", "model.charge", "model.spin"]),
+        (dict(checkpoint=str(ckpt), max_neighbors=20, charge=0), ["charge/spin-conditioned", "model.spin"]),
+        (dict(checkpoint=str(files["ckpt"]), max_neighbors=20, charge=0, spin=1), ["not one", "leave them out"]),
+        (dict(**KWARGS, charge=1), ["not one", "leave them out"]),
+        (dict(**KWARGS, **{**CHARGED, "charge": "plus"}), ["model.charge='plus'", "a number"]),
+        (dict(**KWARGS, **{**CHARGED, "spin": float("nan")}), ["model.spin=nan", "a number"]),
+        (dict(**KWARGS, **{**CHARGED, "spin": True}), ["model.spin=True", "a number"]),
+    ]
+    for kw, words in cases:
+        with pytest.raises(ValueError) as exc:
+            factory(**kw)
+        msg = str(exc.value)
+        assert "\n" not in msg and all(w in msg for w in words), (kw, msg)
+
+
+@needs_orb
+@pytest.mark.mpi
+def test_conditioned_model_on_1_and_2_domains(files):
+    """``model.charge_spin=true model.charge=1 model.spin=2`` (a random OrbMol network) through the
+    CLI on 1 and 2 domains: 30 hot Langevin steps; the 2-domain trajectory equals one domain's
+    (1e-10 Å) and the last frame's forces equal ORBCalculator's with the same charge and spin."""
+    from orb_cases import KWARGS
+
+    from shardmd.models.orb import factory
+
+    d = files["dir"]
+    model = [f"model.{k}={str(v).lower()}" for k, v in {**KWARGS, **CHARGED}.items()]
+    base = [*CLI, *model, f"system.file={files['xyz']}", "steps=30", "trajectory.every=30"]
+    for k in (1, 2):
+        r = run_engine([*base, f"domains={k}", f"output=q{k}.h5"], cwd=d, timeout=900)
+        assert r.returncode == 0, r.stderr[-3000:]
+    one, two = read_frames(d / "q1.h5"), read_frames(d / "q2.h5")
+    assert np.abs(one[-1].positions - two[-1].positions).max() <= 1e-10
+    ref = factory(**KWARGS, **CHARGED).ase_calculator()
+    e, f = _energy_forces(ref, one[-1], {"charge": 1.0, "spin": 2.0}, pbc=True)
+    assert abs(two[-1].get_potential_energy() - e) <= TOL * abs(e)
+    assert np.abs(two[-1].get_forces() - f).max() <= TOL * np.abs(f).max()
+
+
 # -- N domains ---------------------------------------------------------------------------------------
 @needs_orb
 @pytest.mark.mpi
@@ -256,7 +360,7 @@ def _edited(files, name, edit):
 @needs_orb
 def test_file_refusals_are_one_line(files):
     """A hostile pickle (never unpickled), another family, a whole pickled module, a state dict
-    without ORB's weights, a charge/spin-conditioned model, weights that do not fit, a missing
+    without ORB's weights, a conditioner that is not orb-models', weights that do not fit, a missing
     weight, no neighbour cap, a TorchScript archive, a junk file, a missing file."""
     from shardmd.models.orb import factory
 
@@ -276,7 +380,7 @@ def test_file_refusals_are_one_line(files):
         (d / "module.ckpt", ["torch.nn", "not an ORB checkpoint"]),
         (d / "bare.ckpt", ["not an ORB checkpoint", "without ORB's weights"]),
         (_edited(files, "omol.ckpt", lambda s: s.update({"model.conditioner.w": torch.zeros(2)})),
-         ["charge/spin-conditioned", "-omat"]),
+         ["do not fit"]),
         (_edited(files, "shape.ckpt", lambda s: s.update({"heads.energy.mlp.NN-1.weight": torch.zeros(2, 16)})),
          ["do not fit", "heads.energy.mlp.NN-1.weight"]),
         (_edited(files, "missing.ckpt", lambda s: s.pop("heads.forces.mlp.NN-0.bias")),
