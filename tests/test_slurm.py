@@ -36,7 +36,10 @@ pytestmark = pytest.mark.slurm
 SCRIPTS = ROOT / "scripts" / "slurm"
 LJ = ["model=lj", "system.repeat=[4,4,4]", "threads=1", "quiet=true", "trajectory.every=100",
       "thermo.every=50", "checkpoint.every=0"]
-STEPS = 800       # long enough (~8 s on two ranks) to be stopped three times on the way
+# long enough to be stopped three times on the way, each after 150 steps of a start, with the run
+# still going when the signal lands: at 800 steps (then ~8 s on two ranks) a faster engine (~400
+# steps/s) finished a start's remaining 250 steps before the third scancel reached it
+STEPS = 4000
 ENGINE = ["python", "-m", "engine", "run"]
 
 
