@@ -349,23 +349,19 @@ class LennardJones:
                      forces, energies, tot_e, tot_w) -> None:
         """Launch the half-list kernel. The launch is recorded (Warp's ``record_cmd``) and
         replayed while its inputs are the same tensors (their addresses and sizes, the
-        scalars): between rebuilds only the two fresh outputs are set, instead of wrapping and
-        packing 19 arguments per step (a few tenths of a ms of Python per call)."""
+        scalars): between rebuilds only the two fresh outputs are set, and the positions where
+        they are a new tensor of the same shape (every step under decomposition: the padded
+        points are made anew with their ghosts), instead of wrapping and packing 19 arguments
+        per step (a few tenths of a ms of Python per call)."""
         packed = getattr(nl, "packed", None)
         visit = self._visit_order(nl)
         edge_t = (packed,) if packed is not None else (nl.neighbors, nl.shifts)
         held = (x, cell, nl.offsets, *edge_t, types, table, visit, acc, virials, tot_e, tot_w)
         kernel = lk.LJ_HALF_KERNELS[(t == 1, pair_virial, packed is not None, *sums)]   # sums: (energy, virial)
-        key = (id(kernel), t, int(final), float(self.cutoff), x.dtype,
-               tuple((a.data_ptr(), tuple(a.shape)) for a in held))
+        # the positions' address is not in the key: a new one is set, not recorded again
+        key = (id(kernel), t, int(final), float(self.cutoff), x.dtype, tuple(x.shape),
+               tuple((a.data_ptr(), tuple(a.shape)) for a in held[1:]))
         kept = self._recorded
-        if kept is not None and kept[0] != key and kept[0][:5] == key[:5] and kept[0][5][1:] == key[5][1:] \
-                and kept[0][5][0][1] == key[5][0][1]:
-            # only the positions moved to another tensor of the same shape (every step under
-            # decomposition: the padded points are made anew with their ghosts): point the
-            # recorded launch at them
-            kept[1].set_param_at_index(0, as_vec3(x))
-            kept = self._recorded = (key, kept[1], held)
         if kept is None or kept[0] != key:
             edges = self._edge_arrays(nl, packed, x.device)
             cmd = wp.launch(kernel, dim=nl.n_query, device=wp_device(x), record_cmd=True,
@@ -376,6 +372,9 @@ class LennardJones:
                                     as_mat33(tot_w)])
             kept = self._recorded = (key, cmd, held)   # held: the addresses stay these tensors'
         else:
+            if kept[2][0].data_ptr() != x.data_ptr():
+                kept[1].set_param_at_index(0, as_vec3(x))
+                kept = self._recorded = (key, kept[1], held)
             kept[1].set_param_at_index(15, as_vec3(forces))
             kept[1].set_param_at_index(16, as_array(energies))
         kept[1].launch()

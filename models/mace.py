@@ -20,6 +20,7 @@ Energies are owned atoms' site energies (summed over ranks by the caller).  Unit
 """
 from __future__ import annotations
 
+import functools
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
@@ -151,20 +152,16 @@ class _Exchange:
         gout[: self.n_owned] = self.ctx.reverse(grad)
 
 
-_OPAQUE: list = []
-
-
+@functools.cache
 def _opaque_exchange() -> type:
     """:class:`_Exchange` whose two calls are graph breaks, for a compiled module: mace-torch's
     ``LAMMPS_MP`` (an autograd.Function whose output these calls fill in place) traced by dynamo
     gave wrong gradients on CUDA (torch 2.11; docs/design.md, "Compiling the MACE module"), so under a
     compiled module the whole Function runs eagerly, as uncompiled. Made on first use: the
     wrapper imports torch._dynamo, which a run that never compiles does not need."""
-    if not _OPAQUE:
-        _OPAQUE.append(type("_OpaqueExchange", (_Exchange,), {
-            "forward_exchange": torch.compiler.disable(_Exchange.forward_exchange),
-            "reverse_exchange": torch.compiler.disable(_Exchange.reverse_exchange)}))
-    return _OPAQUE[0]
+    return type("_OpaqueExchange", (_Exchange,), {
+        "forward_exchange": torch.compiler.disable(_Exchange.forward_exchange),
+        "reverse_exchange": torch.compiler.disable(_Exchange.reverse_exchange)})
 
 
 def select_head(model: torch.nn.Module, head: str | None, label: str) -> int:

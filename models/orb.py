@@ -65,6 +65,7 @@ from shardmd.domain.api import (
 
 from .files import file_sha256, weights_sha256
 from .orb_files import (
+    CONDITIONED,
     INSTALL,
     RADIUS,
     RELEASED,
@@ -320,7 +321,7 @@ def factory(*, checkpoint: str | None = None, max_neighbors: int | None = None, 
                     head_mlp_hidden_dim=int(head_hidden_dim), head_mlp_depth=int(head_depth),
                     num_message_passing_steps=int(num_layers))
         if charge_spin is True:
-            args.update(has_charge_spin_cond=True, has_stress=False)
+            args.update(CONDITIONED)
         return OrbModel(None, random={"kind": kind, "args": args, "seed": int(seed),
                                       "max_neighbors": int(max_neighbors if max_neighbors is not None else 20)},
                         dtype=dt, device=device, charge=charge, spin=spin)

@@ -43,6 +43,9 @@ RELEASED = {**{f"orb-v3-{k}-{c}-{d}": (f"v3-{k}", 20 if c == "20" else 120)
             "orb-v2": ("v2", 20), "orb-d3-v2": ("v2", 20), "orb-d3-sm-v2": ("v2", 20), "orb-d3-xs-v2": ("v2", 20),
             "orb-mptraj-only-v2": ("v2", 20), "orb-v3-direct-omol": ("v3-direct", 120),
             "orb-v3-conservative-omol": ("v3-conservative", 120)}
+#: architecture arguments of a charge/spin-conditioned orb-v3 (OrbMol), as orb-models builds the released
+#: -omol models: its ChargeSpinConditioner, no stress (molecules)
+CONDITIONED = MappingProxyType({"has_charge_spin_cond": True, "has_stress": False})
 
 
 def import_orb():
@@ -171,9 +174,8 @@ def architecture(sd: dict, label: str) -> Architecture:
             "head_mlp_hidden_dim": head[0], "head_mlp_depth": head[1], "num_message_passing_steps": layers}
     if kind == "v3-direct":
         args["has_stress"] = any(k.startswith("heads.stress.") for k in sd)
-    if conditioned:   # OrbMol: orb-models' ChargeSpinConditioner, no stress (molecules)
-        args["has_charge_spin_cond"] = True
-        args["has_stress"] = False
+    if conditioned:
+        args.update(CONDITIONED)
     return Architecture(kind, args)
 
 
@@ -216,5 +218,5 @@ def build_network(arch: Architecture, max_neighbors: int, state: dict | None = N
     return net.to(dtype=dtype).eval()
 
 
-__all__ = ["INSTALL", "RADIUS", "RELEASED", "Architecture", "architecture", "build_network", "cached_release",
-           "import_orb", "read_state_dict", "released_name"]
+__all__ = ["CONDITIONED", "INSTALL", "RADIUS", "RELEASED", "Architecture", "architecture", "build_network",
+           "cached_release", "import_orb", "read_state_dict", "released_name"]

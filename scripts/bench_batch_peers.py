@@ -27,6 +27,7 @@ import torch
 
 A_CU = 3.59
 
+
 def systems(count: int, atoms: int, seed: int = 0):
     from ase.build import bulk
     from ase.md.velocitydistribution import MaxwellBoltzmannDistribution
