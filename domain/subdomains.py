@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import torch
 
 from .cell import perpendicular_widths, to_fractional
+from .derivatives import apply_strain, fill_derivative_outputs, strain_leaf
 from .grid_shape import DecompositionError, grid_shape, max_domains_of
 from .neighbors import NeighborList
 
@@ -150,7 +151,7 @@ def evaluate_parts(model, parts: list[Part], positions: torch.Tensor, cell: torc
     virial = fill = None
     for part in parts:
         x = positions[part.ids] + part.images @ cell
-        out = model.compute(x, cell, pbc, numbers[part.ids], part.nl)
+        out = _part_outputs(model, x, cell, pbc, numbers[part.ids], part.nl)
         e = out["energy"].detach().to(torch.float64)
         energy = e if energy is None else energy + e
         forces.index_add_(0, part.ids, out["forces"].detach()[: part.ids.numel()].to(forces.dtype))
@@ -172,6 +173,25 @@ def evaluate_parts(model, parts: list[Part], positions: torch.Tensor, cell: torc
     return result
 
 
+def _part_outputs(model, x: torch.Tensor, cell: torch.Tensor, pbc, numbers: torch.Tensor, nl) -> dict:
+    """One part's outputs. A model that returns its forces calls plainly; one whose contract
+    derives them (``model_config.autograd_outputs`` / ``strain_outputs``, e.g. forces from
+    the energy) gets them here by autograd through the part's positions and a strain, as the
+    spec path does for a whole domain (a part is one process's open cluster: no exchange)."""
+    cfg = getattr(model, "model_config", None)
+    auto = dict(getattr(cfg, "autograd_outputs", None) or {})
+    strain = dict(getattr(cfg, "strain_outputs", None) or {})
+    if not auto and not strain:
+        return model.compute(x, cell, pbc, numbers, nl)
+    with torch.enable_grad():
+        leaf = x.detach().requires_grad_(True)
+        eps = strain_leaf(leaf.dtype, leaf.device) if strain else None
+        pos, c = apply_strain(leaf, cell, eps) if strain else (leaf, cell)
+        out = dict(model.compute(pos, c, pbc, numbers, nl))
+        fill_derivative_outputs(out, leaf, auto, eps, strain, cell)
+    return out
+
+
 class PartedModel:
     """A :class:`~shardmd.domain.distributed_model.DistributedModel`'s call (``compute(ctx,
     positions, numbers, nl, extras)``) made in parts on a one-domain rank. ``dmodel``: the
@@ -179,7 +199,8 @@ class PartedModel:
     message-passing steps; ``skin``: Å added to the cutoff in the reach.
 
     The model must count the energies of ``nl.n_counted`` rows only and give forces on every
-    row (attribute ``counts_rows = True``, as models/mace.py does)."""
+    row, itself or through its contract's autograd outputs (attribute ``counts_rows = True``,
+    as models/mace.py and models/sevennet.py do)."""
 
     def __init__(self, dmodel, count: int, layers: int, skin: float):
         self.dmodel, self.count, self.layers, self.skin = dmodel, int(count), int(layers), float(skin)

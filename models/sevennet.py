@@ -301,6 +301,11 @@ class SevenNetModel:
         self.type_map = {int(z): int(t) for z, t in self.graph_model.type_map.items()}
         self.atomic_numbers = sorted(self.type_map)
         self._lut = self.graph_model.z_to_onehot_tensor.to(self.device)
+        #: message-passing steps (a site energy reaches layers x cutoff), and the energy counts
+        #: ``nl.n_counted`` rows where a list has them: a call can be made in parts (subdomains)
+        self.layers = int(self.config.get("num_convolution_layer", 0)) or sum(
+            type(m).__name__ == "IrrepsConvolution" for m in self.modules)
+        self.counts_rows = True
         self.model_config = ModelConfig(outputs=("energy", "energies", "forces", "virial"),
                                         autograd_outputs={"forces": "energy"}, strain_outputs={"virial": "energy"},
                                         neighbors=NeighborConfig(self.cutoff))
@@ -375,7 +380,10 @@ class SevenNetModel:
                 K.BATCH: torch.zeros(n, dtype=torch.int64, device=types.device)}
         for module in self.modules:
             data = module(data)
-        return {"energy": data[K.PRED_TOTAL_ENERGY].reshape(()), "energies": data[K.ATOMIC_ENERGY].reshape(n)}
+        energies = data[K.ATOMIC_ENERGY].reshape(n)
+        counted = getattr(nl, "n_counted", None)   # a part (domain/subdomains.py): its own rows alone
+        energy = data[K.PRED_TOTAL_ENERGY].reshape(()) if counted is None else energies[:counted].sum()
+        return {"energy": energy, "energies": energies}
 
 
 def _shipped_path(name: str) -> Path | None:
