@@ -306,6 +306,13 @@ class SevenNetModel:
         self.layers = int(self.config.get("num_convolution_layer", 0)) or sum(
             type(m).__name__ == "IrrepsConvolution" for m in self.modules)
         self.counts_rows = True
+        #: device bytes per list edge for the memory check before a run (engine/run/preflight.py):
+        #: SevenNet-0 (128 channels, l <= 2, 5 layers) held 4.3-4.6 MB an atom in float32 at ~77
+        #: list edges an atom (one H100, docs/benchmarks.md), ~60 kB an edge; scaled by the width,
+        #: the depth and the float size of this model
+        c = self.config
+        size = int(c.get("channel", 128)) * (int(c.get("lmax", 2)) + 1) ** 2 * self.layers
+        self.bytes_per_edge = int(60_000 * size / (128 * 9 * 5) * torch.finfo(dtype).bits / 32)
         self.model_config = ModelConfig(outputs=("energy", "energies", "forces", "virial"),
                                         autograd_outputs={"forces": "energy"}, strain_outputs={"virial": "energy"},
                                         neighbors=NeighborConfig(self.cutoff))

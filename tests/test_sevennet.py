@@ -432,3 +432,15 @@ def test_a_run_in_parts_follows_the_run_in_one_piece(tmp_path):
             ends[name] = p["position/value"][-1] + p["image/value"][-1] @ p["box/edges/value"][-1]
     assert np.abs(ends["parts"] - ends["one"]).max() <= 1e-10
     assert np.abs(ends["one"] - _cuni(n=7).positions).max() > 0.01   # it moved
+
+
+def test_a_run_too_large_for_the_memory_is_refused_before_it_starts(tmp_path):
+    """SevenNet-0 needs ~60 kB per list edge (~4.5 MB an atom, measured on a GPU): 32,000 atoms
+    in 8 GiB are refused in one line before the first step, naming the need and the fixes."""
+    r = run_engine(["run", "model=sevennet", "model.name=7net-0", "system.element=Cu", "system.lattice=fcc",
+                    "system.a=3.61", "system.repeat=[20,20,20]", "precision=float32", "steps=1",
+                    "limits.memory_gb=8", "quiet=true"], tmp_path, timeout=600)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: "), r.stderr[-2000:]
+    assert "GiB" in lines[0] and "domains" in lines[0], lines[0]
+    assert not (tmp_path / "run.h5").exists()
