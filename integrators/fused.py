@@ -47,26 +47,32 @@ _recorded: dict = {}
 
 
 def _run(name: str, dim: int, args: list) -> None:
-    """Launch kernel ``name`` over ``dim`` rows with ``args`` (torch tensors and scalars, in the
-    kernel's order). The launch is recorded (Warp's ``record_cmd``) and replayed while the rows
-    and the tensors' shapes and dtypes are the same: a step then sets the scalars and wraps only
-    the tensors that are new (the forces, each step), instead of wrapping every tensor
-    (``from_torch``, ~31 a step in NPT) and packing every argument again."""
+    """Launch kernel ``name`` over ``dim`` rows with ``args`` (torch tensors, scalars, and tuples
+    of three floats for ``vec3d`` arguments, in the kernel's order). The launch is recorded
+    (Warp's ``record_cmd``) and replayed while the rows and the tensors' shapes and dtypes are
+    the same: a step then packs again only the scalars and vectors that changed (most, the step
+    sizes and constants, do not; a ``vec3d`` compared as a tuple, ~0.1 us, not as a Warp vector,
+    ~13 us) and wraps only the tensors that are new (the forces, each step), instead of
+    wrapping every tensor (``from_torch``, ~31 a step in NPT) and packing every argument again."""
     wp = _warp()
     key = (dim, tuple((i, tuple(a.shape), a.dtype) for i, a in enumerate(args) if isinstance(a, torch.Tensor)))
     kept = _recorded.get(name)
     if kept is None or kept[0] != key:
-        inputs = [wp.from_torch(a) if isinstance(a, torch.Tensor) else a for a in args]
+        inputs = [wp.from_torch(a) if isinstance(a, torch.Tensor) else wp.vec3d(*a) if isinstance(a, tuple) else a
+                  for a in args]
         cmd = wp.launch(_get()[name], dim=dim, device="cpu", inputs=inputs, record_cmd=True)
         _recorded[name] = (key, cmd, list(args))   # the tensors stay alive: their addresses stay theirs
         cmd.launch()
         return
     _, cmd, held = kept
     for i, a in enumerate(args):
-        if not isinstance(a, torch.Tensor):
-            cmd.set_param_at_index(i, a)
-        elif a.data_ptr() != held[i].data_ptr():
-            cmd.set_param_at_index(i, wp.from_torch(a))
+        h = held[i]
+        if isinstance(a, torch.Tensor):
+            if a.data_ptr() != h.data_ptr():
+                cmd.set_param_at_index(i, wp.from_torch(a))
+                held[i] = a
+        elif type(a) is not type(h) or a != h:   # NaN != NaN: packed every time, as it should be
+            cmd.set_param_at_index(i, wp.vec3d(*a) if isinstance(a, tuple) else a)
             held[i] = a
     cmd.launch()
 
@@ -127,17 +133,15 @@ def press_kick(velocities: torch.Tensor, forces: torch.Tensor, masses: torch.Ten
                od: list[float], dthalf: float, tri: bool, alpha: float) -> None:
     """npt.py's first half on the velocities, in place: ``_v_press`` (factors f, omega_dot od,
     dthalf fs), then v += alpha F / m (alpha = dt/2 FORCE_TO_ACCEL).  (N, 3) Å/fs, eV/Å; (N,) amu."""
-    wp = _warp()
-    _run("press_kick", velocities.shape[0], [velocities, forces, masses, wp.vec3d(*f), wp.vec3d(od[3], od[4], od[5]),
+    _run("press_kick", velocities.shape[0], [velocities, forces, masses, (f[0], f[1], f[2]), (od[3], od[4], od[5]),
                                              -dthalf, int(tri), alpha])
 
 
 def _remap_args(m) -> tuple:
     """(diagonal, m10 m20 m21, iso) of a remap: a float (iso's scale) or a lower-triangular matrix."""
-    wp = _warp()
     if isinstance(m, float):
-        return wp.vec3d(m, m, m), wp.vec3d(0.0, 0.0, 0.0), 1
-    return wp.vec3d(m[0][0], m[1][1], m[2][2]), wp.vec3d(m[1][0], m[2][0], m[2][1]), 0
+        return (m, m, m), (0.0, 0.0, 0.0), 1
+    return (m[0][0], m[1][1], m[2][2]), (m[1][0], m[2][0], m[2][1]), 0
 
 
 def remap_drift_remap(positions: torch.Tensor, velocities: torch.Tensor, m1, dt: float, m2) -> None:
@@ -156,12 +160,11 @@ def kick_press_measure(velocities: torch.Tensor, forces: torch.Tensor, masses: t
     words (``tensor``, as :func:`kinetic_words`), else m v^2's hi and lo words first (as
     :func:`mv2_words`).  consts: (MVV_TO_EV 2^32, MVV_TO_EV, 2^32, 2^31); ``out`` a kept
     (>= chunks, 12) int64 work array."""
-    wp = _warp()
     n = velocities.shape[0]
     part = out[:_chunks(n)]
     mscale, scale, hi, lo = consts
-    _run("kick_press_measure", part.shape[0], [velocities, forces, masses, n, alpha, wp.vec3d(*f),
-                                               wp.vec3d(od[3], od[4], od[5]), -dthalf, int(tri), int(tensor), mscale,
+    _run("kick_press_measure", part.shape[0], [velocities, forces, masses, n, alpha, (f[0], f[1], f[2]),
+                                               (od[3], od[4], od[5]), -dthalf, int(tri), int(tensor), mscale,
                                                scale, hi, lo, part])
     return part.sum(0)
 
@@ -172,9 +175,8 @@ def strain_displacement(x: torch.Tensor, x0: torch.Tensor, t: list[list[float]],
     float64 work array.  Not bit for bit the torch expression (mm, sub, norm): the products and
     sums of each row in another order, a few ulps of the displacement, which only decides whether
     a list is rebuilt (its trigger is (skin - ||T - I|| R) / 2, not a bound to the ulp)."""
-    wp = _warp()
     n = x.shape[0]
     part = out[:_chunks(n)]
-    _run("strain_displacement", part.shape[0], [x, x0, wp.vec3d(*t[0]), wp.vec3d(*t[1]), wp.vec3d(*t[2]), n,
+    _run("strain_displacement", part.shape[0], [x, x0, tuple(t[0]), tuple(t[1]), tuple(t[2]), n,
                                                 float("nan"), part])
     return part.amax().sqrt()
