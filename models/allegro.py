@@ -369,6 +369,11 @@ class AllegroModel:
         self.model_config = ModelConfig(outputs=("energy", "energies", "forces", "virial"),
                                         autograd_outputs={"forces": "energy"}, strain_outputs={"virial": "energy"},
                                         neighbors=NeighborConfig(self.cutoff))
+        #: strictly local (a site energy sees one cutoff), and the energy counts ``nl.n_counted``
+        #: rows where a list has them: a call can be made in parts (subdomains) with a halo of
+        #: one cutoff + skin
+        self.layers = 1
+        self.counts_rows = True
 
     def _types_from(self, type_map: Mapping[str, str] | None) -> None:
         """The atomic number -> type index table (``type_map``: element -> type name)."""
@@ -442,6 +447,9 @@ class AllegroModel:
         for module in self.modules:
             data = module(data)
         energies = data[K.PER_ATOM_ENERGY_KEY].reshape(n).to(x.dtype)
+        counted = getattr(nl, "n_counted", None)   # a part (domain/subdomains.py): its own rows alone
+        if counted is not None:
+            return {"energy": energies[:counted].sum(), "energies": energies}
         system = torch.zeros(n, dtype=torch.int64, device=x.device)
         energy = positions.new_zeros(1).index_add_(0, system, energies)   # the system_reduce handler sees it
         return {"energy": energy.reshape(()), "energies": energies}
