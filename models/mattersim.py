@@ -270,6 +270,11 @@ class MatterSimModel:
         self.model_config = ModelConfig(outputs=("energy", "energies", "forces", "virial"),
                                         autograd_outputs={"forces": "energy"}, strain_outputs={"virial": "energy"},
                                         neighbors=NeighborConfig(self.cutoff))
+        #: message-passing steps (each block reaches one edge: atoms, bonds and the angles at a
+        #: bond's centre), and the energy counts ``nl.n_counted`` rows where a list has them: a
+        #: call can be made in parts (subdomains)
+        self.layers = len(self.net.graph_conv)
+        self.counts_rows = True
 
     @staticmethod
     def _resolve(checkpoint: str) -> Path:
@@ -355,6 +360,9 @@ class MatterSimModel:
         finally:
             _LOCAL.edge_map = None
         energies = net.normalizer(net.final(atom_attr).view(-1), z)
+        counted = getattr(nl, "n_counted", None)   # a part (domain/subdomains.py): its own rows alone
+        if counted is not None:
+            return {"energy": energies[:counted].sum(), "energies": energies.reshape(n)}
         system = torch.zeros(n, dtype=torch.int64, device=energies.device)
         energy = positions.new_zeros(1, dtype=energies.dtype).index_add_(0, system, energies)
         return {"energy": energy.reshape(()), "energies": energies.reshape(n)}
