@@ -200,7 +200,7 @@ class PartedModel:
 
     The model must count the energies of ``nl.n_counted`` rows only and give forces on every
     row, itself or through its contract's autograd outputs (attribute ``counts_rows = True``,
-    as models/mace.py, sevennet.py, allegro.py and mattersim.py do)."""
+    as models/mace.py, nequip.py, sevennet.py, allegro.py and mattersim.py do)."""
 
     def __init__(self, dmodel, count: int, layers: int, skin: float):
         self.dmodel, self.count, self.layers, self.skin = dmodel, int(count), int(layers), float(skin)

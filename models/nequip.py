@@ -168,6 +168,10 @@ class NequipModel:
         self.model_config = ModelConfig(outputs=("energy", "energies", "forces", "virial"),
                                         autograd_outputs={"forces": "energy"}, strain_outputs={"virial": "energy"},
                                         neighbors=NeighborConfig(self.cutoff))
+        #: message-passing steps (nequip's interaction blocks), and the energy counts
+        #: ``nl.n_counted`` rows where a list has them: a call can be made in parts (subdomains)
+        self.layers = int(self.config.get("num_layers", 3))
+        self.counts_rows = True
 
     def identity(self) -> str:
         import hashlib
@@ -211,4 +215,8 @@ class NequipModel:
                                                                                 device=types.device),
                 K.BATCH_PTR_KEY: torch.tensor([0, n], dtype=torch.int64, device=types.device)}
         out = self.energy_model(data)
-        return {"energy": out[K.TOTAL_ENERGY_KEY].reshape(()), "energies": out[K.PER_ATOM_ENERGY_KEY].reshape(n)}
+        energies = out[K.PER_ATOM_ENERGY_KEY].reshape(n)
+        counted = getattr(nl, "n_counted", None)   # a part (domain/subdomains.py): its own rows alone
+        if counted is not None:
+            return {"energy": energies[:counted].sum(), "energies": energies}
+        return {"energy": out[K.TOTAL_ENERGY_KEY].reshape(()), "energies": energies}

@@ -15,7 +15,7 @@ import torch
 from ase import Atoms
 from ase.build import bulk
 from ase.io import write
-from conftest import WorldTask
+from conftest import WorldTask, cli_in_process
 
 from shardmd.engine.config.compose import compose_config
 from shardmd.engine.run.simulation import Simulation
@@ -202,3 +202,55 @@ def test_nequip_spec_saves_and_loads(tmp_path):
     assert all(h.replacement == "shardmd.models.nequip:scatter" and h.factory for h in helpers)
     model = build_model({"name": "nequip", **KWARGS, "spec": str(tmp_path / "nequip_spec.json")})
     assert model.distribution_spec == SPEC_NEQUIP
+
+
+@pytest.mark.parametrize("count", [2, 8])
+def test_nequip_parts_give_nequips_own_call(count):
+    """The call made in parts (``subdomains=N``, domain/subdomains.py: each part its own atoms plus
+    a walk of num_layers list edges, forces and virial by autograd through the part) against
+    nequip's own calculator on the whole periodic cell (float64, 1e-10)."""
+    from shardmd.domain.neighbors import build_neighbor_list
+    from shardmd.domain.subdomains import build_part, evaluate_parts, owner_parts, part_grid
+
+    ref, one = _references()
+    m = one.model
+    assert m.counts_rows and m.layers >= 1
+    a = bulk("Cu", "fcc", a=3.61, cubic=True).repeat((7, 7, 7))
+    a.rattle(0.08, seed=2)
+    a.numbers[np.random.default_rng(1).random(len(a)) < 0.3] = 28
+    x, cell, z = torch.tensor(a.positions), torch.tensor(a.cell.array), torch.tensor(a.numbers)
+    pbc, skin = (True, True, True), 0.5
+    nl = build_neighbor_list(x, cell, torch.tensor(pbc), m.cutoff + skin)
+    grid = part_grid(count, cell, pbc, m.layers * (m.cutoff + skin))
+    owner = owner_parts(x, cell, pbc, grid)
+    parts = [build_part(nl, torch.nonzero(owner == p).squeeze(1), m.layers, x.dtype) for p in range(count)]
+    assert all(p.ids.numel() > p.n_counted for p in parts)   # each part has a halo
+    out = evaluate_parts(m, parts, x, cell, pbc, z)
+    e, f, w = _evaluate(ref, a.numbers, a.positions, a.cell.array)
+    assert abs(float(out["energy"]) - e) <= 1e-10 * abs(e)
+    assert np.abs(out["forces"].numpy() - f).max() <= 1e-10 * np.abs(f).max()
+    assert np.abs(out["virial"].numpy() - w).max() <= 1e-10 * np.abs(w).max()
+    assert abs(float(out["energies"].sum()) - e) <= 1e-10 * abs(e)
+
+
+def test_nequip_run_in_parts_follows_the_run_in_one_piece(tmp_path, capfd, monkeypatch):
+    """``subdomains=2``: 20 hot steps in two parts end where the run in one piece ends (float64,
+    1e-10 Å), through the engine's whole path (the model chosen by name, parts by the key)."""
+    import h5py
+
+    a = bulk("Cu", "fcc", a=3.61, cubic=True).repeat((5, 5, 5))
+    a.rattle(0.08, seed=3)
+    a.numbers[np.random.default_rng(2).random(len(a)) < 0.3] = 28
+    write(tmp_path / "cuni.extxyz", a)
+    common = ["run", "model=nequip", "model.species=[Cu,Ni]", "model.r_max=4.0", "model.seed=7",
+              "system.file=cuni.extxyz", "precision=float64", "steps=20", "temperature=900", "dt=2",
+              "trajectory.every=20", "quiet=true", "threads=1", "neighbor.skin=0.5"]
+    ends = {}
+    for name, extra in {"one": [], "parts": ["subdomains=2"]}.items():
+        r = cli_in_process([*common, *extra, f"output={name}.h5"], tmp_path, capfd, monkeypatch)
+        assert r.returncode == 0, (name, r.stderr[-2000:])
+        with h5py.File(tmp_path / f"{name}.h5") as f:
+            p = f["particles/all"]
+            ends[name] = p["position/value"][-1] + p["image/value"][-1] @ p["box/edges/value"][-1]
+    assert np.abs(ends["parts"] - ends["one"]).max() <= 1e-10
+    assert np.abs(ends["one"] - a.positions).max() > 0.01   # it moved

@@ -117,7 +117,7 @@ def in_parts(cfg, dmodel):
     inner = getattr(dmodel, "model", None)
     if not getattr(inner, "counts_rows", False) or not getattr(inner, "layers", None):
         raise UserError(f"subdomains={count}: the model {type(inner).__name__} cannot be evaluated in parts (it must "
-                        "count the energies of a part's own atoms: mace, sevennet, allegro and mattersim do); "
+                        "count the energies of a part's own atoms: mace, nequip, sevennet, allegro and mattersim do); "
                         "use subdomains=1")
     if int(cfg.domains) > 1:
         raise UserError(f"subdomains={count} with domains={int(cfg.domains)}: parts run on one domain per process "
