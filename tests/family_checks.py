@@ -61,3 +61,34 @@ def assert_install_line(tmp_path, hidden: str | None, model_args: list[str], wor
     lines = [ln for ln in r.stderr.strip().splitlines() if word in ln]
     assert len(lines) == 1 and f"pip install 'shardmd[{extra}]'" in lines[0], r.stderr
     assert "Traceback" not in r.stderr
+
+
+def evaluate_in_parts(model, atoms, count: int, skin: float = 0.5) -> dict:
+    """``model``'s call on ``atoms`` (periodic, float64) made in ``count`` parts as ``subdomains``
+    makes it (domain/subdomains.py): energy, forces, virial, energies; every part has a halo."""
+    from shardmd.domain.neighbors import build_neighbor_list
+    from shardmd.domain.subdomains import build_part, evaluate_parts, owner_parts, part_grid
+
+    x, cell, z = torch.tensor(atoms.positions), torch.tensor(atoms.cell.array), torch.tensor(atoms.numbers)
+    pbc = (True, True, True)
+    nl = build_neighbor_list(x, cell, torch.tensor(pbc), model.cutoff + skin)
+    grid = part_grid(count, cell, pbc, model.layers * (model.cutoff + skin))
+    owner = owner_parts(x, cell, pbc, grid)
+    parts = [build_part(nl, torch.nonzero(owner == p).squeeze(1), model.layers, x.dtype) for p in range(count)]
+    assert all(p.ids.numel() > p.n_counted for p in parts)   # each part has a halo
+    return evaluate_parts(model, parts, x, cell, pbc, z)
+
+
+def run_ends(common: list[str], runs: dict, cwd: Path) -> dict:
+    """Each run ``python -m engine <common> <runs[name]> output=<name>.h5`` (trajectory at its
+    last step); name -> its last frame's unwrapped positions (n, 3) Å."""
+    import h5py
+
+    ends = {}
+    for name, extra in runs.items():
+        r = run_engine([*common, *extra, f"output={name}.h5"], cwd, timeout=900)
+        assert r.returncode == 0, (name, r.stderr[-2000:])
+        with h5py.File(cwd / f"{name}.h5") as f:
+            p = f["particles/all"]
+            ends[name] = p["position/value"][-1] + p["image/value"][-1] @ p["box/edges/value"][-1]
+    return ends

@@ -19,7 +19,7 @@ import torch
 from ase import Atoms
 from ase.io import write
 from conftest import run_engine
-from family_checks import assert_install_line, assert_restart_bit_exact, save_hostile
+from family_checks import assert_install_line, assert_restart_bit_exact, evaluate_in_parts, run_ends, save_hostile
 
 pytest.importorskip("allegro", reason="nequip-allegro is not installed (pip install 'shardmd[allegro]' in its own "
                                       "environment: nequip >= 0.18 needs e3nn >= 0.5, which mace-torch excludes)")
@@ -246,20 +246,10 @@ def test_parts_give_nequips_own_call(count):
     """The call made in parts (``subdomains=N``, domain/subdomains.py): Allegro is strictly local,
     so each part is its own atoms plus one cutoff + skin of halo; forces and virial by autograd
     through the part. Against nequip's calculator on the whole periodic cell, to 1e-10."""
-    from shardmd.domain.neighbors import build_neighbor_list
-    from shardmd.domain.subdomains import build_part, evaluate_parts, owner_parts, part_grid
-
     m = _ours(**KWARGS).model
     assert m.layers == 1 and m.counts_rows
     a = cuag(n=5)
-    x, cell, z = torch.tensor(a.positions), torch.tensor(a.cell.array), torch.tensor(a.numbers)
-    pbc, skin = (True, True, True), 0.5
-    nl = build_neighbor_list(x, cell, torch.tensor(pbc), m.cutoff + skin)
-    grid = part_grid(count, cell, pbc, m.layers * (m.cutoff + skin))
-    owner = owner_parts(x, cell, pbc, grid)
-    parts = [build_part(nl, torch.nonzero(owner == p).squeeze(1), m.layers, x.dtype) for p in range(count)]
-    assert all(p.ids.numel() > p.n_counted for p in parts)   # each part has a halo
-    out = evaluate_parts(m, parts, x, cell, pbc, z)
+    out = evaluate_in_parts(m, a, count)
     _assert_close((float(out["energy"]), out["forces"].numpy(), out["virial"].numpy()),
                   _evaluate(m.ase_calculator(), a.numbers, a.positions, a.cell.array), "parts")
 
@@ -267,19 +257,11 @@ def test_parts_give_nequips_own_call(count):
 def test_a_run_in_parts_follows_the_run_in_one_piece(tmp_path):
     """``subdomains=8``: 30 hot steps (list rebuilds) in parts end where the run in one piece ends
     (float64, 1e-10 Å)."""
-    import h5py
-
     write(tmp_path / "cuag.extxyz", cuag(n=5))
     model = ["model.random=true", "model.species=[Cu,Ag]", "model.r_max=4.0", "model.num_layers=2", "model.l_max=1",
              "model.num_scalar_features=16", "model.num_tensor_features=4", "model.seed=7"]
     common = ["run", "model=allegro", *model, "system.file=cuag.extxyz", "precision=float64", "steps=30",
               "temperature=900", "dt=2", "trajectory.every=30", "quiet=true", "threads=1", "neighbor.skin=0.5"]
-    ends = {}
-    for name, extra in {"one": [], "parts": ["subdomains=8"]}.items():
-        r = run_engine([*common, *extra, f"output={name}.h5"], tmp_path, timeout=900)
-        assert r.returncode == 0, (name, r.stderr[-2000:])
-        with h5py.File(tmp_path / f"{name}.h5") as f:
-            p = f["particles/all"]
-            ends[name] = p["position/value"][-1] + p["image/value"][-1] @ p["box/edges/value"][-1]
+    ends = run_ends(common, {"one": [], "parts": ["subdomains=8"]}, tmp_path)
     assert np.abs(ends["parts"] - ends["one"]).max() <= 1e-10
     assert np.abs(ends["one"] - cuag(n=5).positions).max() > 0.01   # it moved

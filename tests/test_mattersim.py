@@ -15,7 +15,7 @@ import torch
 from ase import Atoms
 from ase.io import write
 from conftest import run_engine
-from family_checks import assert_install_line, assert_restart_bit_exact, save_hostile
+from family_checks import assert_install_line, assert_restart_bit_exact, evaluate_in_parts, save_hostile
 
 pytest.importorskip("mattersim", reason="mattersim is not installed (pip install 'shardmd[mattersim]' in its own "
                                         "environment: mattersim needs e3nn >= 0.5, which mace-torch excludes)")
@@ -232,20 +232,10 @@ def test_parts_give_mattersims_own_forward(count):
     """The call made in parts (``subdomains=N``, domain/subdomains.py: each part its own atoms plus
     a walk of num_blocks list edges, forces by autograd through the part) against MatterSim's own
     M3Gnet.forward on the whole periodic cell (float64, 1e-10); per-atom energies add up."""
-    from shardmd.domain.neighbors import build_neighbor_list
-    from shardmd.domain.subdomains import build_part, evaluate_parts, owner_parts, part_grid
-
     m = _ours(precision="float64", **KWARGS).model
     assert m.layers == KWARGS["num_blocks"] and m.counts_rows
     a = cuag(n=6, seed=4)
-    x, cell, z = torch.tensor(a.positions), torch.tensor(a.cell.array), torch.tensor(a.numbers)
-    pbc, skin = (True, True, True), 0.5
-    nl = build_neighbor_list(x, cell, torch.tensor(pbc), m.cutoff + skin)
-    grid = part_grid(count, cell, pbc, m.layers * (m.cutoff + skin))
-    owner = owner_parts(x, cell, pbc, grid)
-    parts = [build_part(nl, torch.nonzero(owner == p).squeeze(1), m.layers, x.dtype) for p in range(count)]
-    assert all(p.ids.numel() > p.n_counted for p in parts)   # each part has a halo
-    out = evaluate_parts(m, parts, x, cell, pbc, z)
+    out = evaluate_in_parts(m, a, count)
     e0, f0 = reference64(m, a)
     _close((float(out["energy"]), out["forces"].numpy()), (e0, f0), TOL, "parts")
     assert abs(float(out["energies"].sum()) - e0) <= TOL * abs(e0)

@@ -16,6 +16,7 @@ from ase import Atoms
 from ase.build import bulk
 from ase.io import write
 from conftest import WorldTask, cli_in_process
+from family_checks import evaluate_in_parts
 
 from shardmd.engine.config.compose import compose_config
 from shardmd.engine.run.simulation import Simulation
@@ -209,23 +210,13 @@ def test_nequip_parts_give_nequips_own_call(count):
     """The call made in parts (``subdomains=N``, domain/subdomains.py: each part its own atoms plus
     a walk of num_layers list edges, forces and virial by autograd through the part) against
     nequip's own calculator on the whole periodic cell (float64, 1e-10)."""
-    from shardmd.domain.neighbors import build_neighbor_list
-    from shardmd.domain.subdomains import build_part, evaluate_parts, owner_parts, part_grid
-
     ref, one = _references()
     m = one.model
     assert m.counts_rows and m.layers >= 1
     a = bulk("Cu", "fcc", a=3.61, cubic=True).repeat((7, 7, 7))
     a.rattle(0.08, seed=2)
     a.numbers[np.random.default_rng(1).random(len(a)) < 0.3] = 28
-    x, cell, z = torch.tensor(a.positions), torch.tensor(a.cell.array), torch.tensor(a.numbers)
-    pbc, skin = (True, True, True), 0.5
-    nl = build_neighbor_list(x, cell, torch.tensor(pbc), m.cutoff + skin)
-    grid = part_grid(count, cell, pbc, m.layers * (m.cutoff + skin))
-    owner = owner_parts(x, cell, pbc, grid)
-    parts = [build_part(nl, torch.nonzero(owner == p).squeeze(1), m.layers, x.dtype) for p in range(count)]
-    assert all(p.ids.numel() > p.n_counted for p in parts)   # each part has a halo
-    out = evaluate_parts(m, parts, x, cell, pbc, z)
+    out = evaluate_in_parts(m, a, count)
     e, f, w = _evaluate(ref, a.numbers, a.positions, a.cell.array)
     assert abs(float(out["energy"]) - e) <= 1e-10 * abs(e)
     assert np.abs(out["forces"].numpy() - f).max() <= 1e-10 * np.abs(f).max()

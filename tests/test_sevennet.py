@@ -26,7 +26,7 @@ from ase import Atoms
 from ase.build import bulk
 from ase.io import write
 from conftest import mpiexec_cmd, run_engine
-from family_checks import assert_restart_bit_exact, save_hostile
+from family_checks import assert_restart_bit_exact, evaluate_in_parts, run_ends, save_hostile
 
 pytest.importorskip("sevenn", reason="sevenn is not installed (pip install 'sevenn==0.13.0', in an environment "
                                      "without mace-torch: sevenn needs e3nn >= 0.5)")
@@ -394,21 +394,12 @@ def test_parts_give_sevenns_own_call(count):
     reaching layers x (cutoff + skin), forces and virial by autograd through the part) against
     sevenn's own calculator on the whole periodic cell: float64, a random two-layer SevenNet on
     rattled CuNi, to 1e-10; the site energies of the parts' own atoms add up to the energy."""
-    from shardmd.domain.neighbors import build_neighbor_list
-    from shardmd.domain.subdomains import build_part, evaluate_parts, owner_parts, part_grid
     from shardmd.models.sevennet import factory
 
     m = factory(**{**KWARGS, "num_layers": 2}, precision=torch.float64)
     assert m.layers == 2 and m.counts_rows
     a = _cuni(n=7)
-    x, cell, z = torch.tensor(a.positions), torch.tensor(a.cell.array), torch.tensor(a.numbers)
-    pbc, skin = (True, True, True), 0.5
-    nl = build_neighbor_list(x, cell, torch.tensor(pbc), m.cutoff + skin)
-    grid = part_grid(count, cell, pbc, m.layers * (m.cutoff + skin))
-    owner = owner_parts(x, cell, pbc, grid)
-    parts = [build_part(nl, torch.nonzero(owner == p).squeeze(1), m.layers, x.dtype) for p in range(count)]
-    assert all(p.ids.numel() > p.n_counted for p in parts)   # each part has a halo
-    out = evaluate_parts(m, parts, x, cell, pbc, z)
+    out = evaluate_in_parts(m, a, count)
     e0, f0, w0 = _evaluate(m.ase_calculator(), a.numbers, a.positions, a.cell.array)
     _assert_close((float(out["energy"]), out["forces"].numpy(), out["virial"].numpy()), (e0, f0, w0), F64, "parts")
     assert abs(float(out["energies"].sum()) - e0) <= 1e-10 * abs(e0)
@@ -417,19 +408,11 @@ def test_parts_give_sevenns_own_call(count):
 def test_a_run_in_parts_follows_the_run_in_one_piece(tmp_path):
     """``subdomains=2`` with a random two-layer SevenNet: 30 hot steps (list rebuilds) in parts
     end where the run in one piece ends (float64, 1e-10 Å)."""
-    import h5py
-
     _cuni(n=7).write(tmp_path / "cuni.extxyz")
     model = [m if not m.startswith("model.num_layers") else "model.num_layers=2" for m in MODEL]
     common = ["run", *model, "system.file=cuni.extxyz", "precision=float64", "steps=30", "temperature=900", "dt=2",
               "trajectory.every=30", "quiet=true", "threads=1", "neighbor.skin=0.5"]
-    ends = {}
-    for name, extra in {"one": [], "parts": ["subdomains=2"]}.items():
-        r = run_engine([*common, *extra, f"output={name}.h5"], tmp_path, timeout=900)
-        assert r.returncode == 0, (name, r.stderr[-2000:])
-        with h5py.File(tmp_path / f"{name}.h5") as f:
-            p = f["particles/all"]
-            ends[name] = p["position/value"][-1] + p["image/value"][-1] @ p["box/edges/value"][-1]
+    ends = run_ends(common, {"one": [], "parts": ["subdomains=2"]}, tmp_path)
     assert np.abs(ends["parts"] - ends["one"]).max() <= 1e-10
     assert np.abs(ends["one"] - _cuni(n=7).positions).max() > 0.01   # it moved
 
