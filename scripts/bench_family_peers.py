@@ -19,7 +19,6 @@ process on the same state, and the kernel launches of our step (torch.profiler).
 from __future__ import annotations
 
 import argparse
-import gc
 import os
 import statistics
 import subprocess
@@ -31,25 +30,10 @@ import warnings
 
 import numpy as np
 import torch
+from bench_peers import _fresh, _peak_gib, _sync  # scripts/ is the script's own folder on sys.path
 
 A_CU = 3.61
 DT_FS = 1.0
-
-
-def _sync(device: str) -> None:
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-
-
-def _fresh(device: str) -> None:
-    gc.collect()
-    if device.startswith("cuda"):
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats()
-
-
-def _peak_gib(device: str) -> float:
-    return torch.cuda.max_memory_allocated() / 2**30 if device.startswith("cuda") else float("nan")
 
 
 def crystal(n: int):
