@@ -57,3 +57,25 @@ def wrap(positions: torch.Tensor, cell: torch.Tensor, pbc: torch.Tensor, images:
 def unwrap(positions: torch.Tensor, cell: torch.Tensor, images: torch.Tensor) -> torch.Tensor:
     """(n, 3) unwrapped positions ``positions + images @ cell`` (Å)."""
     return positions + images.to(positions.dtype) @ cell
+
+
+def regularise_open_axes(cell: torch.Tensor, pbc, positions: torch.Tensor, cutoff: float):
+    """Replace a degenerate lattice vector on an open axis by one orthogonal to the others.
+
+    Open axes only need a frame to bin in; a zero or parallel vector (common for molecules
+    read from files) would make the cell singular.
+    """
+    if all(pbc):
+        return cell
+    vol = torch.det(cell).abs()
+    if float(vol) > 1e-6 * float(cell.norm(dim=1).prod().clamp_min(1e-30)) and float(vol) > 0:
+        return cell
+    cell = cell.clone()
+    extent = float((positions.max(0).values - positions.min(0).values).max()) + 2 * cutoff
+    eye = torch.eye(3, dtype=cell.dtype, device=cell.device)
+    for k in range(3):
+        if not pbc[k] and float(cell[k].norm()) < 1e-9:
+            cell[k] = eye[k] * extent
+    if float(torch.det(cell).abs()) < 1e-9:
+        raise ValueError("cell is singular: give three independent lattice vectors")
+    return cell

@@ -157,7 +157,6 @@ def scan_neighbors(
     neighbors: wp.array(dtype=wp.int32),
     shifts: wp.array(dtype=wp.vec3i),
     packed: wp.array(dtype=wp.int64),
-    slot_words: wp.array(dtype=wp.int64),
 ):
     """Neighbours of query point ``i`` in two passes over the same candidates.
 
@@ -172,14 +171,6 @@ def scan_neighbors(
     each hit; ``counts[i]`` = number of hits.
     ``write == 1`` (emit): visit only the set bits, in candidate order, and write those
     neighbours from ``offsets[i]`` on.
-    ``write == 3`` (mark and emit packed, one pass; CPU only): mode 0, and each hit also
-    written as in mode 2 at a running cursor kept in ``offsets[n_query]``; ``offsets[i]`` gets
-    the row's start. Only a serial launch (Warp's CPU launch: one thread runs the rows in
-    order) makes that cursor give the two-pass layout; edges past ``packed``'s length are
-    counted, not written (the caller then emits with mode 2 from the same mask and offsets).
-    ``slot_words[p]`` (mode 3): ``_pack(order[p], -img[order[p]])``; the pack is linear in the
-    shift's fields, so a candidate's word is that plus the run's shift ``(s0, s1, s2) + img[i]``
-    in the fields: one sequential load per candidate instead of ``order`` and ``img``.
     ``write == 2`` (emit packed): the same edges, each as one int64 (:func:`_pack`), for
     :func:`unpack_edges`. Each thread writes its own stretch of the list, so a warp's stores
     land in 32 places and their number, not their bytes, sets the cost: one 8-byte store per
@@ -210,14 +201,6 @@ def scan_neighbors(
     n_found = int(0)
     if write == 1 or write == 2:
         n_found = offsets[i]
-    # mode 3: the row starts at the cursor; its edges go to packed[start ...]
-    n_q = offsets.shape[0] - 1
-    start = int(0)
-    if write == 3:
-        start = offsets[n_q]
-    n_out = start
-    capacity = packed.shape[0]
-    shift_i = img[i]
     # the d2 extent of every row: all of it on a periodic axis, clipped to the grid if open
     lo2 = -reach[2]
     hi2 = reach[2]
@@ -256,10 +239,7 @@ def scan_neighbors(
                     last = bin_start[part * (n_cells + 1) + row + b2 + n_bins]
                     if half == 2 or (half == 1 and part == 0):
                         first = wp.min(wp.max(first, wp.where(s_pos, slot, slot + 1)), last)
-                    if write == 0 or write == 3:
-                        shift = wp.vec3i(s0, s1, s2) + shift_i
-                        run_word = ((wp.int64(shift[0]) * wp.int64(1024) + wp.int64(shift[1])) * wp.int64(1024)
-                                    + wp.int64(shift[2])) * wp.int64(2147483648)
+                    if write == 0:
                         offset = type(zero)(s0) * h[0] + type(zero)(s1) * h[1] + type(zero)(s2) * h[2] - xi
                         # i itself is no neighbour of its own zero image
                         own = -1
@@ -269,12 +249,6 @@ def scan_neighbors(
                             dx = xs[p] + offset
                             hit = wp.where(wp.dot(dx, dx) < cutoff2, wp.where(p != own, 1, 0), 0)
                             bits = bits | (wp.uint32(hit) << wp.uint32(c & 31))
-                            if write == 3:
-                                # branch-free: every candidate is stored, a hit moves the cursor
-                                # (a branch on the hit, mispredicted, cost what the emit pass did)
-                                if n_out < capacity:
-                                    packed[n_out] = slot_words[p] + run_word
-                                n_out += hit
                             c += 1
                             if (c & 31) == 0:
                                 mask[first_word + (c >> 5) - 1] = bits
@@ -300,14 +274,108 @@ def scan_neighbors(
                                 n_found += 1
                                 w = w & (w - wp.uint32(1))
                             c += n_bits
-    if write == 0 or write == 3:
+    if write == 0:
         if (c & 31) != 0:
             mask[first_word + (c >> 5)] = bits
             n_found += wp.bit_count(bits)
         counts[i] = n_found
-    if write == 3:
-        offsets[i] = start
-        offsets[n_q] = n_out
+
+
+
+@wp.kernel
+def scan_serial(
+    xs: wp.array(dtype=Any),
+    rank: wp.array(dtype=wp.int32),
+    bin_start: wp.array(dtype=wp.int32),
+    bin_of: wp.array(dtype=wp.int32),
+    img: wp.array(dtype=wp.vec3i),
+    cell: wp.array(dtype=Any),
+    pbc: wp.vec3i,
+    nb: wp.vec3i,
+    reach: wp.vec3i,
+    cutoff2: Any,
+    half: int,
+    offsets: wp.array(dtype=wp.int32),
+    packed: wp.array(dtype=wp.int64),
+    slot_words: wp.array(dtype=wp.int64),
+):
+    """The CPU's search: one thread (``dim=1``) visits the query points in index order and
+    writes each hit at a running cursor, so one pass over the candidates gives the list
+    :func:`scan_neighbors` makes in two (the same candidates, order and edges; no mask).
+
+    ``offsets`` (n_query + 1,): each row's start, and the edge count in the last entry, also
+    past ``packed``'s length (nothing is written there: the caller reserves that many and
+    runs it again). ``slot_words[p]``: ``_pack(order[p], -img[order[p]])``; the pack is linear
+    in the shift's fields, so a candidate's word is that plus the run's shift, one sequential
+    load. The candidate loop tests branch-free and stores every candidate, a hit moving the
+    cursor (a branch on the hit, mispredicted, cost as much as the test)."""
+    h = cell[0]
+    n_cells = nb[0] * nb[1] * nb[2]
+    parts = bin_start.shape[0] // (n_cells + 1)
+    n_q = offsets.shape[0] - 1
+    capacity = packed.shape[0]
+    n_out = int(0)
+    for i in range(n_q):
+        offsets[i] = n_out
+        slot = rank[i]
+        xi = xs[slot]
+        ci = _bin_coords(bin_of[i], nb)
+        shift_i = img[i]
+        lo2 = -reach[2]
+        hi2 = reach[2]
+        if pbc[2] == 0:
+            lo2 = wp.max(lo2, -ci[2])
+            hi2 = wp.min(hi2, nb[2] - 1 - ci[2])
+        for d0 in range(-reach[0], reach[0] + 1):
+            b0 = ci[0] + d0
+            s0 = int(0)
+            if pbc[0] != 0:
+                b0, s0 = _fold(b0, nb[0])
+            elif b0 < 0 or b0 >= nb[0]:
+                continue
+            for d1 in range(-reach[1], reach[1] + 1):
+                b1 = ci[1] + d1
+                s1 = int(0)
+                if pbc[1] != 0:
+                    b1, s1 = _fold(b1, nb[1])
+                elif b1 < 0 or b1 >= nb[1]:
+                    continue
+                row = (b0 * nb[1] + b1) * nb[2]
+                d2 = lo2
+                while d2 <= hi2:
+                    b2 = ci[2] + d2
+                    s2 = int(0)
+                    if pbc[2] != 0:
+                        b2, s2 = _fold(b2, nb[2])
+                    n_bins = wp.min(hi2 - d2 + 1, nb[2] - b2)
+                    d2 += n_bins
+                    s_pos = s0 > 0 or (s0 == 0 and (s1 > 0 or (s1 == 0 and s2 > 0)))
+                    shift = wp.vec3i(s0, s1, s2) + shift_i
+                    run_word = ((wp.int64(shift[0]) * wp.int64(1024) + wp.int64(shift[1])) * wp.int64(1024)
+                                + wp.int64(shift[2])) * wp.int64(2147483648)
+                    offset = type(xi[0])(s0) * h[0] + type(xi[0])(s1) * h[1] + type(xi[0])(s2) * h[2] - xi
+                    own = -1   # i is no neighbour of its own zero image
+                    if s0 == 0 and s1 == 0 and s2 == 0:
+                        own = slot
+                    for part in range(parts):
+                        first = bin_start[part * (n_cells + 1) + row + b2]
+                        last = bin_start[part * (n_cells + 1) + row + b2 + n_bins]
+                        if half == 2 or (half == 1 and part == 0):
+                            first = wp.min(wp.max(first, wp.where(s_pos, slot, slot + 1)), last)
+                        if (half != 0 or own < first or own >= last) and n_out + last - first <= capacity:
+                            # the common case: nothing to exclude (a half list skips i's slot), room
+                            for p in range(first, last):
+                                dx = xs[p] + offset
+                                packed[n_out] = slot_words[p] + run_word
+                                n_out += wp.where(wp.dot(dx, dx) < cutoff2, 1, 0)
+                        else:
+                            for p in range(first, last):
+                                dx = xs[p] + offset
+                                hit = wp.where(wp.dot(dx, dx) < cutoff2, wp.where(p != own, 1, 0), 0)
+                                if n_out < capacity:
+                                    packed[n_out] = slot_words[p] + run_word
+                                n_out += hit
+    offsets[n_q] = n_out
 
 
 for _vec, _mat, _s in (
@@ -320,10 +388,16 @@ for _vec, _mat, _s in (
          wp.array(dtype=_vec), wp.array(dtype=wp.vec3i), wp.array(dtype=wp.int32)],
     )
     wp.overload(
+        scan_serial,
+        [wp.array(dtype=_vec), wp.array(dtype=wp.int32), wp.array(dtype=wp.int32), wp.array(dtype=wp.int32),
+         wp.array(dtype=wp.vec3i), wp.array(dtype=_mat), wp.vec3i, wp.vec3i, wp.vec3i, _s, int,
+         wp.array(dtype=wp.int32), wp.array(dtype=wp.int64), wp.array(dtype=wp.int64)],
+    )
+    wp.overload(
         scan_neighbors,
         [wp.array(dtype=_vec), wp.array(dtype=wp.int32), wp.array(dtype=wp.int32),
          wp.array(dtype=wp.int32), wp.array(dtype=wp.int32), wp.array(dtype=wp.vec3i),
          wp.array(dtype=_mat), wp.vec3i, wp.vec3i, wp.vec3i, _s, wp.array(dtype=wp.int32), int, int,
          wp.array(dtype=wp.uint32), wp.array(dtype=wp.int32), wp.array(dtype=wp.int32),
-         wp.array(dtype=wp.int32), wp.array(dtype=wp.vec3i), wp.array(dtype=wp.int64), wp.array(dtype=wp.int64)],
+         wp.array(dtype=wp.int32), wp.array(dtype=wp.vec3i), wp.array(dtype=wp.int64)],
     )

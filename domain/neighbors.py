@@ -20,7 +20,7 @@ import math
 import torch
 
 from . import neighbor_kernels as nk
-from .cell import perpendicular_widths
+from .cell import perpendicular_widths, regularise_open_axes
 from .warp_setup import as_array, as_mat33, as_vec3, as_vec3i, init_warp, scalar_type, wp_device
 
 wp = init_warp()
@@ -169,7 +169,7 @@ def _bin_grid(cell: torch.Tensor, pbc: tuple[bool, bool, bool], cutoff: float, n
 def bin_points(positions: torch.Tensor, cell: torch.Tensor, pbc: tuple[bool, bool, bool], nb):
     """Bin points on the grid of ``nb`` (3,) bins per axis (one Warp kernel).
 
-    positions: (n, 3) Å; cell: (3, 3) Å, a usable frame (:func:`_regularise_open_axes`).
+    positions: (n, 3) Å; cell: (3, 3) Å, a usable frame (domain/cell.py :func:`regularise_open_axes`).
     Returns the positions wrapped on periodic axes (n, 3) Å, their bin images (n, 3) int32
     (``positions = wrapped + images @ cell``) and linear bins (n,) int32,
     ``(b0 * nb1 + b1) * nb2 + b2`` (clamped to the grid on open axes)."""
@@ -205,7 +205,7 @@ def _candidates_per_bin(per_bin: torch.Tensor, nb, reach, pbc) -> torch.Tensor:
     return c.reshape(-1)
 
 
-#: the CPU's one-pass search (mark and emit together, ``scan_neighbors`` mode 3); False: the
+#: the CPU's one-pass search (``scan_serial``: edges written at a running cursor); False: the
 #: two passes every device runs (tests compare the two lists)
 ONE_PASS_ON_CPU = True
 
@@ -232,14 +232,15 @@ def build_neighbor_list(
     half:      one edge per pair of query points (Newton's third law; edges to the other
                points all kept): see ``scan_neighbors`` in domain/neighbor_kernels.py
     capacity:  on the CPU, the edges expected (e.g. the last build's, scaled): the search
-               writes up to that many in its one pass over the candidates; more cost the second
-               (emit) pass, a larger reserve only untouched memory. None: a third of the
-               candidates (a sphere fills ~27 % of the scanned cube of bins)
+               writes up to that many in its one pass over the candidates; more cost a second
+               pass, a larger reserve only untouched memory. None: a third of the candidates
+               (a sphere fills ~27 % of the scanned cube of bins)
 
-    Three steps: the points binned and sorted by (bin, id) (:class:`_Bins`), one mask
-    bit per candidate pair (:func:`_candidate_words`), then the scan kernel's passes: mark and
-    emit at once on the CPU, else count, then emit packed edges, or neighbour and shift arrays
-    when an image is too far for the packed form (:func:`_scan`).
+    Two steps: the points binned and sorted by (bin, id) (:class:`_Bins`), then the scan
+    (:func:`_scan`): on the CPU one serial pass that writes packed edges at a running cursor;
+    elsewhere one mask bit per candidate pair (:func:`_candidate_words`), a pass that counts
+    and one that emits packed edges, or neighbour and shift arrays when an image is too far
+    for the packed form.
     """
     n = int(positions.shape[0])
     device = positions.device
@@ -257,10 +258,9 @@ def build_neighbor_list(
         )
     cell = cell.to(dtype=positions.dtype, device=device).contiguous()
     # An open axis needs a usable frame vector even if the user gave a zero one.
-    cell = _regularise_open_axes(cell, pbc_t, positions, cutoff)
+    cell = regularise_open_axes(cell, pbc_t, positions, cutoff)
     b = _Bins(positions, cell, pbc_t, cutoff, ids, nq, split=half)
-    word_start, n_words, max_img = _candidate_words(b, pbc_t, nq)
-    return _scan(b, cell, pbc_t, cutoff, half, nq, capacity, word_start, n_words, max_img)
+    return _scan(b, cell, pbc_t, cutoff, half, nq, capacity)
 
 
 class _Bins:
@@ -325,82 +325,76 @@ def _candidate_words(b: _Bins, pbc_t, nq: int) -> tuple[torch.Tensor, int, int]:
     return word_start, n_words, max_img
 
 
-def _scan(b: _Bins, cell, pbc_t, cutoff, half, nq, capacity, word_start, n_words, max_img) -> NeighborList:
-    """The scan kernel's passes (mode 3: mark and emit packed edges at once; 0: count; 2: emit
-    packed edges; 1: emit neighbour and shift arrays) and the list they make."""
+def _scan(b: _Bins, cell, pbc_t, cutoff, half, nq, capacity) -> NeighborList:
+    """The search over the binned points and the list it makes: :func:`_scan_serial` on the
+    CPU, else the scan kernel's passes (0: count; 2: emit packed edges; 1: emit neighbour and
+    shift arrays)."""
     n, device = b.n, b.xs.device
+    half_mode = (2 if nq == n else 1) if half else 0
+    # a shift component is (bin periods folded, at most ceil(reach / nb)) + img_i - img_j
+    fold = max((-(-b.reach[k] // b.nb[k]) for k in range(3) if pbc_t[k]), default=0)
+    geometry = [as_vec3(b.xs)]
+
+    def made(offsets, **edges) -> NeighborList:
+        return NeighborList(offsets=offsets, cutoff=float(cutoff), n_points=n, half=half, order=b.visit, **edges)
+
+    tail = [as_mat33(cell[None]), wp.vec3i(*[int(p) for p in pbc_t]), wp.vec3i(*b.nb), wp.vec3i(*b.reach),
+            scalar_type(b.dtype)(float(cutoff) ** 2)]
+    if device.type == "cpu" and ONE_PASS_ON_CPU and fold + 2 * int(b.img.abs().max()) < nk.PACK_LIMIT:
+        inputs = geometry + [as_array(b.rank), as_array(b.start), as_array(b.bin_of), as_vec3i(b.img)]
+        offsets, packed = _scan_serial(b, inputs + tail + [half_mode], pbc_t, nq, capacity)
+        return made(offsets, packed=packed)
+    word_start, n_words, max_img = _candidate_words(b, pbc_t, nq)
+    packable = fold + 2 * max_img < nk.PACK_LIMIT
     mask = torch.empty(max(n_words, 1), dtype=torch.int32, device=device)
     counts = torch.zeros(nq, dtype=torch.int32, device=device)
     offsets = torch.zeros(nq + 1, dtype=torch.int32, device=device)
-    dummy_n = torch.zeros(1, dtype=torch.int32, device=device)
-    dummy_s = torch.zeros(1, 3, dtype=torch.int32, device=device)
-    dummy_p = torch.zeros(1, dtype=torch.int64, device=device)
-    common = [as_vec3(b.xs), as_array(b.order), as_array(b.rank), as_array(b.start), as_array(b.bin_of),
-              as_vec3i(b.img), as_mat33(cell[None]), wp.vec3i(*[int(p) for p in pbc_t]), wp.vec3i(*b.nb),
-              wp.vec3i(*b.reach), scalar_type(b.dtype)(float(cutoff) ** 2),
-              as_array(word_start.to(torch.int32)), (2 if nq == n else 1) if half else 0]
-    mask_w = wp.from_torch(mask, dtype=wp.uint32)
-    dev = wp_device(b.xs)
+    common = geometry + [as_array(b.order), as_array(b.rank), as_array(b.start), as_array(b.bin_of),
+                         as_vec3i(b.img)] + tail + [as_array(word_start.to(torch.int32)), half_mode]
+    mask_w, i32 = wp.from_torch(mask, dtype=wp.uint32), dict(dtype=torch.int32, device=device)
 
-    def launch(mode, neighbors=dummy_n, shifts=dummy_s, packed=dummy_p, words=dummy_p):
-        wp.launch(nk.scan_neighbors, dim=nq, device=dev,
-                  inputs=common + [mode, mask_w, as_array(offsets), as_array(counts), as_array(neighbors),
-                                   as_vec3i(shifts), as_array(packed), as_array(words)])
+    def launch(mode, neighbors=None, shifts=None, packed=None):   # None: a dummy of one element
+        wp.launch(nk.scan_neighbors, dim=nq, device=wp_device(b.xs),
+                  inputs=common + [mode, mask_w, as_array(offsets), as_array(counts),
+                                   as_array(torch.zeros(1, **i32) if neighbors is None else neighbors),
+                                   as_vec3i(torch.zeros(1, 3, **i32) if shifts is None else shifts),
+                                   as_array(torch.zeros(1, dtype=torch.int64, device=device) if packed is None
+                                            else packed)])
 
-    def made(**edges) -> NeighborList:
-        return NeighborList(offsets=offsets, cutoff=float(cutoff), n_points=n, half=half, order=b.visit, **edges)
-
-    # a shift component is (bin periods folded, at most ceil(reach / nb)) + img_i - img_j
-    fold = max((-(-b.reach[k] // b.nb[k]) for k in range(3) if pbc_t[k]), default=0)
-    packable = fold + 2 * max_img < nk.PACK_LIMIT
-    if packable and device.type == "cpu" and ONE_PASS_ON_CPU:
-        # one pass (mark and emit at a running cursor): a CPU launch runs the rows in order, so
-        # the list is the two-pass one, bit for bit; the emit pass cost ~40 % of a build
-        cap = max(int(capacity) if capacity is not None else (32 * n_words) // 3, 1)
-        packed = torch.empty(cap, dtype=torch.int64, device=device)
-        # each sorted slot's packed word with the run's shift zero (nk._pack(j, -img_j))
-        ims = 512 - b.img[b.order.long()].to(torch.int64)
-        words = ((((ims[:, 0] << 10) | ims[:, 1]) << 10 | ims[:, 2]) << 31) | b.order.long()
-        launch(3, packed=packed, words=words.contiguous())
-        n_edges = int(offsets[-1])
-        if n_edges <= cap:
-            return made(packed=packed[:n_edges])
-        # more edges than reserved: the offsets and the mask are complete; emit as below
-    else:
-        launch(0)
-        offsets[1:] = torch.cumsum(counts, 0)
+    launch(0)
+    offsets[1:] = torch.cumsum(counts, 0)
     n_edges = int(offsets[-1])
     if packable:   # packed edges only: arrays unpacked when asked for
         packed = torch.empty(max(n_edges, 1), dtype=torch.int64, device=device)
         launch(2, packed=packed)
-        return made(packed=packed[:n_edges])
+        return made(offsets, packed=packed[:n_edges])
     # points many cells away from the cell (unwrapped input): write the edges directly
     neighbors = torch.empty(max(n_edges, 1), dtype=torch.int32, device=device)
     shifts = torch.empty(max(n_edges, 1), 3, dtype=torch.int32, device=device)
     launch(1, neighbors=neighbors, shifts=shifts)
-    return made(neighbors=neighbors[:n_edges], shifts=shifts[:n_edges])
+    return made(offsets, neighbors=neighbors[:n_edges], shifts=shifts[:n_edges])
 
 
-def _regularise_open_axes(cell: torch.Tensor, pbc, positions: torch.Tensor, cutoff: float):
-    """Replace a degenerate lattice vector on an open axis by one orthogonal to the others.
-
-    Open axes only need a frame to bin in; a zero or parallel vector (common for molecules
-    read from files) would make the cell singular.
-    """
-    if all(pbc):
-        return cell
-    vol = torch.det(cell).abs()
-    if float(vol) > 1e-6 * float(cell.norm(dim=1).prod().clamp_min(1e-30)) and float(vol) > 0:
-        return cell
-    cell = cell.clone()
-    extent = float((positions.max(0).values - positions.min(0).values).max()) + 2 * cutoff
-    eye = torch.eye(3, dtype=cell.dtype, device=cell.device)
-    for k in range(3):
-        if not pbc[k] and float(cell[k].norm()) < 1e-9:
-            cell[k] = eye[k] * extent
-    if float(torch.det(cell).abs()) < 1e-9:
-        raise ValueError("cell is singular: give three independent lattice vectors")
-    return cell
+def _scan_serial(b: _Bins, inputs: list, pbc_t, nq: int, capacity) -> tuple[torch.Tensor, torch.Tensor]:
+    """(offsets (nq + 1,), packed edges (E,)) from ``scan_serial``: one pass, or two when the
+    edges outnumber the reserve (the second with exactly their count)."""
+    device = b.xs.device
+    if capacity is None:   # a sphere fills ~27 % of the scanned cube of bins
+        capacity = int(_candidates_per_bin(b.per_bin, b.nb, b.reach, pbc_t)[b.bin_of[:nq].long()].sum()) // 3
+    # each sorted slot's packed word with the run's shift zero (nk._pack(j, -img_j))
+    ims = 512 - b.img[b.order.long()].to(torch.int64)
+    words = (((((ims[:, 0] << 10) | ims[:, 1]) << 10 | ims[:, 2]) << 31) | b.order.long()).contiguous()
+    offsets = torch.empty(nq + 1, dtype=torch.int32, device=device)
+    cap = max(int(capacity), 1)
+    for _ in range(2):
+        packed = torch.empty(cap, dtype=torch.int64, device=device)
+        wp.launch(nk.scan_serial, dim=1, device="cpu",
+                  inputs=inputs + [as_array(offsets), as_array(packed), as_array(words)])
+        n_edges = int(offsets[-1])
+        if n_edges <= cap:
+            break
+        cap = n_edges
+    return offsets, packed[:n_edges]
 
 
 class SkinNeighborList:

@@ -17,14 +17,15 @@ from __future__ import annotations
 
 import torch
 
-from .neighbors import _bin_grid, _regularise_open_axes, bin_points
+from .cell import regularise_open_axes
+from .neighbors import _bin_grid, bin_points
 
 
 def _bins(positions: torch.Tensor, cell: torch.Tensor, pbc, radius: float) -> tuple[torch.Tensor, int]:
     """((n,) int64 linear bin of each point, number of bins) on the build's grid, from the
     build's own binning kernel."""
     pbc_t = tuple(bool(p) for p in (pbc.tolist() if torch.is_tensor(pbc) else pbc))
-    cell = _regularise_open_axes(cell.to(positions), pbc_t, positions, radius)
+    cell = regularise_open_axes(cell.to(positions), pbc_t, positions, radius)
     nb, _ = _bin_grid(cell, pbc_t, radius, int(positions.shape[0]))
     return bin_points(positions, cell, pbc_t, nb)[2].long(), nb[0] * nb[1] * nb[2]
 
