@@ -379,8 +379,15 @@ def _scan_serial(b: _Bins, inputs: list, pbc_t, nq: int, capacity) -> tuple[torc
     """(offsets (nq + 1,), packed edges (E,)) from ``scan_serial``: one pass, or two when the
     edges outnumber the reserve (the second with exactly their count)."""
     device = b.xs.device
-    if capacity is None:   # a sphere fills ~27 % of the scanned cube of bins
-        capacity = int(_candidates_per_bin(b.per_bin, b.nb, b.reach, pbc_t)[b.bin_of[:nq].long()].sum()) // 3
+    # candidates: counted when no reserve is given, or when a cheap bound (every point in every
+    # periodic repeat of the scanned bins) does not rule out more than the int32 counts hold
+    repeats = math.prod(-(-(2 * b.reach[k] + 1) // b.nb[k]) for k in range(3))
+    if capacity is None or nq * b.n * repeats >= 2**36:
+        candidates = int(_candidates_per_bin(b.per_bin, b.nb, b.reach, pbc_t)[b.bin_of[:nq].long()].sum())
+        if candidates >= 2**36:
+            raise ValueError(f"neighbour search: {candidates} candidate pairs exceed the int32 index range; "
+                             "the cutoff is far too large for this system")
+        capacity = candidates // 3 if capacity is None else capacity   # a sphere fills ~27 % of the cube
     # each sorted slot's packed word with the run's shift zero (nk._pack(j, -img_j))
     ims = 512 - b.img[b.order.long()].to(torch.int64)
     words = (((((ims[:, 0] << 10) | ims[:, 1]) << 10 | ims[:, 2]) << 31) | b.order.long()).contiguous()

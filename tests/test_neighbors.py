@@ -269,3 +269,12 @@ def test_cpu_one_pass_equals_two_passes(pbc, half, monkeypatch):
         assert torch.equal(got.offsets, ref.offsets), cap
         assert torch.equal(got.packed, ref.packed), cap
         assert torch.equal(got.order, ref.order), cap
+
+
+def test_cutoff_far_beyond_the_cell_is_refused_in_one_line():
+    """A cutoff of 10 km in a 10 Å cell (a unit slip: m for Å) asks for ~1e13 candidate pairs:
+    refused before any memory is reserved for them, naming the cause."""
+    pos = torch.rand(10, 3, dtype=torch.float64) * 10.0
+    cell = torch.eye(3, dtype=torch.float64) * 10.0
+    with pytest.raises(ValueError, match="cutoff is far too large"):
+        build_neighbor_list(pos, cell, (True, True, True), 1e4)
