@@ -379,10 +379,10 @@ def _scan_serial(b: _Bins, inputs: list, pbc_t, nq: int, capacity) -> tuple[torc
     """(offsets (nq + 1,), packed edges (E,)) from ``scan_serial``: one pass, or two when the
     edges outnumber the reserve (the second with exactly their count)."""
     device = b.xs.device
-    # candidates: counted when no reserve is given, or when a cheap bound (every point in every
-    # periodic repeat of the scanned bins) does not rule out more than the int32 counts hold
-    repeats = math.prod(-(-(2 * b.reach[k] + 1) // b.nb[k]) for k in range(3))
-    if capacity is None or nq * b.n * repeats >= 2**36:
+    # candidates: counted when no reserve is given, or when a cheap bound (the fullest bin's
+    # points in every bin scanned) does not rule out more than the int32 counts hold
+    bound = nq * int(b.per_bin.max()) * math.prod(2 * r + 1 for r in b.reach)
+    if capacity is None or bound >= 2**36:
         candidates = int(_candidates_per_bin(b.per_bin, b.nb, b.reach, pbc_t)[b.bin_of[:nq].long()].sum())
         if candidates >= 2**36:
             raise ValueError(f"neighbour search: {candidates} candidate pairs exceed the int32 index range; "
