@@ -188,10 +188,12 @@ def bin_points(positions: torch.Tensor, cell: torch.Tensor, pbc: tuple[bool, boo
     return xw, img, bin_of
 
 
-def _candidates_per_bin(per_bin: torch.Tensor, nb, reach, pbc) -> torch.Tensor:
-    """(n_bins,) number of points in the ``(2 reach + 1)^3`` bins the scan visits from each bin
-    (periodic axes wrap, possibly more than once in small cells; open axes stop at the grid)."""
-    c = per_bin.view(nb[0], nb[1], nb[2])
+def _candidates(b: "_Bins", pbc, nq: int) -> torch.Tensor:
+    """(nq,) the candidates the scan tests for each query point: the points in the ``(2 reach +
+    1)^3`` bins around its own (periodic axes wrap, possibly more than once in small cells; open
+    axes stop at the grid)."""
+    nb, reach = b.nb, b.reach
+    c = b.per_bin.view(nb[0], nb[1], nb[2])
     for axis in range(3):
         total = torch.zeros_like(c)
         for d in range(-reach[axis], reach[axis] + 1):
@@ -202,7 +204,7 @@ def _candidates_per_bin(per_bin: torch.Tensor, nb, reach, pbc) -> torch.Tensor:
             else:
                 total.narrow(axis, -d, nb[axis] + d).add_(c.narrow(axis, 0, nb[axis] + d))
         c = total
-    return c.reshape(-1)
+    return c.reshape(-1)[b.bin_of[:nq].long()]
 
 
 #: the CPU's one-pass search (``scan_serial``: edges written at a running cursor); False: the
@@ -311,47 +313,50 @@ class _Bins:
         self.n, self.dtype = n, positions.dtype
 
 
+def _refuse_too_many(candidates: int) -> None:
+    """One line for a search whose candidate pairs the int32 indices cannot count."""
+    if candidates >= 2**36:
+        raise ValueError(f"neighbour search: {candidates} candidate pairs exceed the int32 index range; "
+                         "the cutoff is far too large for this system")
+
+
 def _candidate_words(b: _Bins, pbc_t, nq: int) -> tuple[torch.Tensor, int, int]:
     """(word_start (nq + 1,) int64, mask words in all, the largest bin image): one mask bit per
     candidate; point i owns ceil(candidates / 32) words from word_start[i]."""
-    candidates = _candidates_per_bin(b.per_bin, b.nb, b.reach, pbc_t)[b.bin_of[:nq].long()]
+    candidates = _candidates(b, pbc_t, nq)
     word_start = torch.zeros(nq + 1, dtype=torch.int64, device=candidates.device)
     word_start[1:] = torch.cumsum((candidates + 31) // 32, 0)
     # one read-back for two sizes: the mask words, and the largest bin image (packed edges)
     n_words, max_img = torch.stack([word_start[-1], b.img.abs().max().to(torch.int64)]).tolist()
-    if n_words >= 2**31:
-        raise ValueError(f"neighbour search: {32 * n_words} candidate pairs exceed the int32 index range; "
-                         "the cutoff is far too large for this system")
+    _refuse_too_many(32 * n_words)   # the mask's words are indexed in int32
     return word_start, n_words, max_img
 
 
 def _scan(b: _Bins, cell, pbc_t, cutoff, half, nq, capacity) -> NeighborList:
-    """The search over the binned points and the list it makes: :func:`_scan_serial` on the
-    CPU, else the scan kernel's passes (0: count; 2: emit packed edges; 1: emit neighbour and
-    shift arrays)."""
+    """The search over the binned points and its list: :func:`_scan_serial` on the CPU, else the
+    scan kernel's passes (0: count; 2: emit packed edges; 1: emit neighbour and shift arrays)."""
     n, device = b.n, b.xs.device
     half_mode = (2 if nq == n else 1) if half else 0
     # a shift component is (bin periods folded, at most ceil(reach / nb)) + img_i - img_j
     fold = max((-(-b.reach[k] // b.nb[k]) for k in range(3) if pbc_t[k]), default=0)
-    geometry = [as_vec3(b.xs)]
+
+    def packable(max_img: int) -> bool:   # every edge's shift fits the packed word
+        return fold + 2 * max_img < nk.PACK_LIMIT
 
     def made(offsets, **edges) -> NeighborList:
         return NeighborList(offsets=offsets, cutoff=float(cutoff), n_points=n, half=half, order=b.visit, **edges)
 
-    tail = [as_mat33(cell[None]), wp.vec3i(*[int(p) for p in pbc_t]), wp.vec3i(*b.nb), wp.vec3i(*b.reach),
+    bins = [as_array(b.rank), as_array(b.start), as_array(b.bin_of), as_vec3i(b.img), as_mat33(cell[None]),
+            wp.vec3i(*[int(p) for p in pbc_t]), wp.vec3i(*b.nb), wp.vec3i(*b.reach),
             scalar_type(b.dtype)(float(cutoff) ** 2)]
-    if device.type == "cpu" and ONE_PASS_ON_CPU and fold + 2 * int(b.img.abs().max()) < nk.PACK_LIMIT:
-        inputs = geometry + [as_array(b.rank), as_array(b.start), as_array(b.bin_of), as_vec3i(b.img)]
-        offsets, packed = _scan_serial(b, inputs + tail + [half_mode], pbc_t, nq, capacity)
+    if device.type == "cpu" and ONE_PASS_ON_CPU and packable(int(b.img.abs().max())):
+        offsets, packed = _scan_serial(b, [as_vec3(b.xs), *bins, half_mode], pbc_t, nq, capacity)
         return made(offsets, packed=packed)
     word_start, n_words, max_img = _candidate_words(b, pbc_t, nq)
-    packable = fold + 2 * max_img < nk.PACK_LIMIT
-    mask = torch.empty(max(n_words, 1), dtype=torch.int32, device=device)
-    counts = torch.zeros(nq, dtype=torch.int32, device=device)
-    offsets = torch.zeros(nq + 1, dtype=torch.int32, device=device)
-    common = geometry + [as_array(b.order), as_array(b.rank), as_array(b.start), as_array(b.bin_of),
-                         as_vec3i(b.img)] + tail + [as_array(word_start.to(torch.int32)), half_mode]
-    mask_w, i32 = wp.from_torch(mask, dtype=wp.uint32), dict(dtype=torch.int32, device=device)
+    i32 = dict(dtype=torch.int32, device=device)
+    mask, counts, offsets = torch.empty(max(n_words, 1), **i32), torch.zeros(nq, **i32), torch.zeros(nq + 1, **i32)
+    common = [as_vec3(b.xs), as_array(b.order), *bins, as_array(word_start.to(torch.int32)), half_mode]
+    mask_w = wp.from_torch(mask, dtype=wp.uint32)
 
     def launch(mode, neighbors=None, shifts=None, packed=None):   # None: a dummy of one element
         wp.launch(nk.scan_neighbors, dim=nq, device=wp_device(b.xs),
@@ -364,7 +369,7 @@ def _scan(b: _Bins, cell, pbc_t, cutoff, half, nq, capacity) -> NeighborList:
     launch(0)
     offsets[1:] = torch.cumsum(counts, 0)
     n_edges = int(offsets[-1])
-    if packable:   # packed edges only: arrays unpacked when asked for
+    if packable(max_img):   # packed edges only: arrays unpacked when asked for
         packed = torch.empty(max(n_edges, 1), dtype=torch.int64, device=device)
         launch(2, packed=packed)
         return made(offsets, packed=packed[:n_edges])
@@ -383,10 +388,8 @@ def _scan_serial(b: _Bins, inputs: list, pbc_t, nq: int, capacity) -> tuple[torc
     # points in every bin scanned) does not rule out more than the int32 counts hold
     bound = nq * int(b.per_bin.max()) * math.prod(2 * r + 1 for r in b.reach)
     if capacity is None or bound >= 2**36:
-        candidates = int(_candidates_per_bin(b.per_bin, b.nb, b.reach, pbc_t)[b.bin_of[:nq].long()].sum())
-        if candidates >= 2**36:
-            raise ValueError(f"neighbour search: {candidates} candidate pairs exceed the int32 index range; "
-                             "the cutoff is far too large for this system")
+        candidates = int(_candidates(b, pbc_t, nq).sum())
+        _refuse_too_many(candidates)
         capacity = candidates // 3 if capacity is None else capacity   # a sphere fills ~27 % of the cube
     # each sorted slot's packed word with the run's shift zero (nk._pack(j, -img_j))
     ims = 512 - b.img[b.order.long()].to(torch.int64)
