@@ -89,6 +89,49 @@ def _fold(b: int, n: int):
     return b, s
 
 
+@wp.func
+def _row_extent(c2: int, reach2: int, n2: int, periodic: int):
+    """The d2 extent of every row of bins around bin coordinate ``c2``: all of it on a periodic
+    axis, clipped to the grid on an open one."""
+    lo2 = -reach2
+    hi2 = reach2
+    if periodic == 0:
+        lo2 = wp.max(lo2, -c2)
+        hi2 = wp.min(hi2, n2 - 1 - c2)
+    return lo2, hi2
+
+
+@wp.func
+def _axis_bin(b: int, n: int, periodic: int):
+    """Bin index ``b`` on an axis of ``n`` bins: (folded bin, periods folded, 1 if it is on the
+    grid; an open axis's bins past the grid are skipped, 0)."""
+    s = int(0)
+    inside = int(1)
+    if periodic != 0:
+        b, s = _fold(b, n)
+    elif b < 0 or b >= n:
+        inside = 0
+    return b, s, inside
+
+
+@wp.func
+def _upper_image(s0: int, s1: int, s2: int):
+    """True when the shift S is > 0 lexicographically (a half list then keeps i's own image)."""
+    return s0 > 0 or (s0 == 0 and (s1 > 0 or (s1 == 0 and s2 > 0)))
+
+
+@wp.func
+def _part_range(bin_start: wp.array(dtype=wp.int32), at: int, n_bins: int, skip: int, upper: bool, slot: int):
+    """Slots [first, last) of a run of ``n_bins`` bins whose first bin start is ``bin_start[at]``;
+    ``skip`` (a half list's query points): only the slots after ``i``'s (from ``i``'s own when
+    the run is an upper image)."""
+    first = bin_start[at]
+    last = bin_start[at + n_bins]
+    if skip != 0:
+        first = wp.min(wp.max(first, wp.where(upper, slot, slot + 1)), last)
+    return first, last
+
+
 #: a packed edge holds each shift component in [-PACK_LIMIT, PACK_LIMIT) (10 bits each) above
 #: the neighbour index (31 bits); a zero shift packs to ``ZERO_SHIFT``
 PACK_LIMIT = 512
@@ -201,44 +244,27 @@ def scan_neighbors(
     n_found = int(0)
     if write == 1 or write == 2:
         n_found = offsets[i]
-    # the d2 extent of every row: all of it on a periodic axis, clipped to the grid if open
-    lo2 = -reach[2]
-    hi2 = reach[2]
-    if pbc[2] == 0:
-        lo2 = wp.max(lo2, -ci[2])
-        hi2 = wp.min(hi2, nb[2] - 1 - ci[2])
+    lo2, hi2 = _row_extent(ci[2], reach[2], nb[2], pbc[2])
     for d0 in range(-reach[0], reach[0] + 1):
-        b0 = ci[0] + d0
-        s0 = int(0)
-        if pbc[0] != 0:
-            b0, s0 = _fold(b0, nb[0])
-        elif b0 < 0 or b0 >= nb[0]:
+        b0, s0, in0 = _axis_bin(ci[0] + d0, nb[0], pbc[0])
+        if in0 == 0:
             continue
         for d1 in range(-reach[1], reach[1] + 1):
-            b1 = ci[1] + d1
-            s1 = int(0)
-            if pbc[1] != 0:
-                b1, s1 = _fold(b1, nb[1])
-            elif b1 < 0 or b1 >= nb[1]:
+            b1, s1, in1 = _axis_bin(ci[1] + d1, nb[1], pbc[1])
+            if in1 == 0:
                 continue
             row = (b0 * nb[1] + b1) * nb[2]
             d2 = lo2
             while d2 <= hi2:
                 # one run: bins b2 .. b2 + n_bins - 1 of this row, all with image s2
-                b2 = ci[2] + d2
-                s2 = int(0)
-                if pbc[2] != 0:
-                    b2, s2 = _fold(b2, nb[2])
+                b2, s2, in2 = _axis_bin(ci[2] + d2, nb[2], pbc[2])
                 n_bins = wp.min(hi2 - d2 + 1, nb[2] - b2)
                 d2 += n_bins
-                # half list: S > 0 lexicographically keeps i's own image in this run
-                s_pos = s0 > 0 or (s0 == 0 and (s1 > 0 or (s1 == 0 and s2 > 0)))
+                s_pos = _upper_image(s0, s1, s2)
                 for part in range(parts):
                     # part 0: the query points (all points unless split); part 1: the others
-                    first = bin_start[part * (n_cells + 1) + row + b2]
-                    last = bin_start[part * (n_cells + 1) + row + b2 + n_bins]
-                    if half == 2 or (half == 1 and part == 0):
-                        first = wp.min(wp.max(first, wp.where(s_pos, slot, slot + 1)), last)
+                    skip = wp.where(half == 2 or (half == 1 and part == 0), 1, 0)
+                    first, last = _part_range(bin_start, part * (n_cells + 1) + row + b2, n_bins, skip, s_pos, slot)
                     if write == 0:
                         offset = type(zero)(s0) * h[0] + type(zero)(s1) * h[1] + type(zero)(s2) * h[2] - xi
                         # i itself is no neighbour of its own zero image
@@ -321,35 +347,22 @@ def scan_serial(
         xi = xs[slot]
         ci = _bin_coords(bin_of[i], nb)
         shift_i = img[i]
-        lo2 = -reach[2]
-        hi2 = reach[2]
-        if pbc[2] == 0:
-            lo2 = wp.max(lo2, -ci[2])
-            hi2 = wp.min(hi2, nb[2] - 1 - ci[2])
+        lo2, hi2 = _row_extent(ci[2], reach[2], nb[2], pbc[2])
         for d0 in range(-reach[0], reach[0] + 1):
-            b0 = ci[0] + d0
-            s0 = int(0)
-            if pbc[0] != 0:
-                b0, s0 = _fold(b0, nb[0])
-            elif b0 < 0 or b0 >= nb[0]:
+            b0, s0, in0 = _axis_bin(ci[0] + d0, nb[0], pbc[0])
+            if in0 == 0:
                 continue
             for d1 in range(-reach[1], reach[1] + 1):
-                b1 = ci[1] + d1
-                s1 = int(0)
-                if pbc[1] != 0:
-                    b1, s1 = _fold(b1, nb[1])
-                elif b1 < 0 or b1 >= nb[1]:
+                b1, s1, in1 = _axis_bin(ci[1] + d1, nb[1], pbc[1])
+                if in1 == 0:
                     continue
                 row = (b0 * nb[1] + b1) * nb[2]
                 d2 = lo2
                 while d2 <= hi2:
-                    b2 = ci[2] + d2
-                    s2 = int(0)
-                    if pbc[2] != 0:
-                        b2, s2 = _fold(b2, nb[2])
+                    b2, s2, in2 = _axis_bin(ci[2] + d2, nb[2], pbc[2])
                     n_bins = wp.min(hi2 - d2 + 1, nb[2] - b2)
                     d2 += n_bins
-                    s_pos = s0 > 0 or (s0 == 0 and (s1 > 0 or (s1 == 0 and s2 > 0)))
+                    s_pos = _upper_image(s0, s1, s2)
                     shift = wp.vec3i(s0, s1, s2) + shift_i
                     run_word = ((wp.int64(shift[0]) * wp.int64(1024) + wp.int64(shift[1])) * wp.int64(1024)
                                 + wp.int64(shift[2])) * wp.int64(2147483648)
@@ -358,10 +371,9 @@ def scan_serial(
                     if s0 == 0 and s1 == 0 and s2 == 0:
                         own = slot
                     for part in range(parts):
-                        first = bin_start[part * (n_cells + 1) + row + b2]
-                        last = bin_start[part * (n_cells + 1) + row + b2 + n_bins]
-                        if half == 2 or (half == 1 and part == 0):
-                            first = wp.min(wp.max(first, wp.where(s_pos, slot, slot + 1)), last)
+                        skip = wp.where(half == 2 or (half == 1 and part == 0), 1, 0)
+                        first, last = _part_range(bin_start, part * (n_cells + 1) + row + b2, n_bins, skip, s_pos,
+                                                  slot)
                         if (half != 0 or own < first or own >= last) and n_out + last - first <= capacity:
                             # the common case: nothing to exclude (a half list skips i's slot), room
                             for p in range(first, last):
