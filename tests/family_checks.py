@@ -79,16 +79,21 @@ def evaluate_in_parts(model, atoms, count: int, skin: float = 0.5) -> dict:
     return evaluate_parts(model, parts, x, cell, pbc, z)
 
 
+def last_unwrapped(path: Path):
+    """The last frame's unwrapped positions (n, 3) Å of an H5MD trajectory (ours, read by h5py)."""
+    import h5py
+
+    with h5py.File(path) as f:
+        p = f["particles/all"]
+        return p["position/value"][-1] + p["image/value"][-1] @ p["box/edges/value"][-1]
+
+
 def run_ends(common: list[str], runs: dict, cwd: Path) -> dict:
     """Each run ``python -m engine <common> <runs[name]> output=<name>.h5`` (trajectory at its
     last step); name -> its last frame's unwrapped positions (n, 3) Å."""
-    import h5py
-
     ends = {}
     for name, extra in runs.items():
         r = run_engine([*common, *extra, f"output={name}.h5"], cwd, timeout=900)
         assert r.returncode == 0, (name, r.stderr[-2000:])
-        with h5py.File(cwd / f"{name}.h5") as f:
-            p = f["particles/all"]
-            ends[name] = p["position/value"][-1] + p["image/value"][-1] @ p["box/edges/value"][-1]
+        ends[name] = last_unwrapped(cwd / f"{name}.h5")
     return ends
