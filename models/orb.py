@@ -64,6 +64,7 @@ from shardmd.domain.api import (
 )
 
 from .files import file_sha256, weights_sha256
+from .orb_compat import calculator, forces_denormalised_first, get_cutoff
 from .orb_files import (
     CONDITIONED,
     INSTALL,
@@ -186,29 +187,26 @@ class OrbModel:
         """orb-models' own ``ORBCalculator`` on a copy of the same network (its graph builder, its
         heads; for conservative models its autograd forces and stress): the reference.  It builds
         its graph in the process's default dtype: evaluate under float64 for a float64 model."""
-        from orb_models.forcefield.calculator import ORBCalculator
-
-        return ORBCalculator(copy.deepcopy(self.net), device="cpu")
+        return calculator(copy.deepcopy(self.net), RADIUS, self.max_neighbors)
 
     # -- the call ---------------------------------------------------------------------------------
     def _features(self, z: torch.Tensor, senders, receivers, vectors) -> torch.Tensor:
         """``MoleculeGNS.forward``'s steps on its own modules, the ghost rows refreshed from their
         owners before every layer but the first.  Returns (n_padded, latent) atom features."""
-        from orb_models.forcefield.nn_util import get_cutoff
-
         gns = self.net.model
         graph = SimpleNamespace(
             node_features={"atomic_numbers": z,
                            "atomic_numbers_embedding": torch.nn.functional.one_hot(z, 118).to(vectors.dtype)},
             edge_features={"vectors": vectors}, senders=senders, receivers=receivers)
         nodes, edges = gns._encoder(gns.featurize_nodes(graph), gns.featurize_edges(graph))
-        cutoff = get_cutoff(vectors.norm(dim=-1))
+        cutoff = get_cutoff()(vectors.norm(dim=-1))
         cond = {}
         if self.charge_spin is not None:   # the same rows on every rank: the system's charge and spin
             dev = vectors.device
-            batch = SimpleNamespace(
+            spin = torch.tensor([self.charge_spin[1]], dtype=vectors.dtype, device=dev)
+            batch = SimpleNamespace(   # the spin under both names: orb-models 0.5's and 0.7's conditioner
                 system_features={"total_charge": torch.tensor([self.charge_spin[0]], dtype=vectors.dtype, device=dev),
-                                 "total_spin": torch.tensor([self.charge_spin[1]], dtype=vectors.dtype, device=dev)},
+                                 "total_spin": spin, "spin_multiplicity": spin},
                 n_node=torch.tensor([nodes.shape[0]], device=dev), n_edge=torch.tensor([edges.shape[0]], device=dev))
             cond["cond_nodes"], cond["cond_edges"] = gns.conditioner(batch)
         for k, layer in enumerate(gns.gnn_stacks):
@@ -255,11 +253,15 @@ class OrbModel:
 
         fh = net.heads["forces"]
         f = fh.mlp(h)
+        first = forces_denormalised_first()   # as the installed orb-models' ForceHead (models/orb_compat.py)
+        if first:
+            f = fh.normalizer.inverse(f)
         if fh.remove_mean:
             f = f - system_sum(f, system) / n_atoms
         if fh.remove_torque_for_nonpbc_systems and not any(bool(p) for p in pbc):
             f = remove_net_torque(x, f, n_atoms)
-        f = fh.normalizer.inverse(f)
+        if not first:
+            f = fh.normalizer.inverse(f)
         if zbl is not None:
             f = f.index_add(0, senders, -f_edges).index_add(0, receivers, f_edges)
         out["forces"] = f
@@ -267,8 +269,7 @@ class OrbModel:
             sh = net.heads["stress"]
             pooled = system_sum(h, system) / (n_atoms if sh.node_aggregation == "mean" else 1)
             raw = sh.mlp(pooled)
-            stress = _full(sh.denormalize(raw, None) if hasattr(sh, "diag_normalizer")
-                           else sh.normalizer.inverse(raw.squeeze(-1)))
+            stress = _full(_stress_inverse(sh, raw))
             volume = torch.linalg.det(c)
             virial = -stress * volume
             if zbl is not None:   # orb-models: stress -= sum(r (x) f) / det(cell); its virial, the sum
@@ -277,6 +278,16 @@ class OrbModel:
                 virial = virial + 0.5 * (total + total.T)
             out["virial"] = virial
         return out
+
+
+def _stress_inverse(head, raw: torch.Tensor) -> torch.Tensor:
+    """The stress head's denormalisation of its MLP output ``raw`` (1, 6) (Voigt, eV/Å^3):
+    orb-v3's StressHead (separate diagonal and off-diagonal normalisers; its method is
+    ``denormalize`` in orb-models 0.5, ``_denormalize`` in 0.7, hence written out) or orb-v2's
+    GraphHead (one normaliser)."""
+    if hasattr(head, "diag_normalizer"):
+        return torch.cat([head.diag_normalizer.inverse(raw[:, :3]), head.offdiag_normalizer.inverse(raw[:, 3:])], -1)
+    return head.normalizer.inverse(raw.squeeze(-1))
 
 
 def _charge_spin(conditioned: bool, charge, spin, label: str) -> tuple[float, float] | None:

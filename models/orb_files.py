@@ -32,6 +32,7 @@ from types import MappingProxyType
 import torch
 
 from .files import refused_global
+from .orb_compat import build_architecture, import_calculator_module
 
 INSTALL = "pip install 'shardmd[orb]'"
 RADIUS = 6.0   # Å: every ORB system config (and the envelopes its modules hard-code)
@@ -53,7 +54,7 @@ def import_orb():
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            import orb_models.forcefield.calculator  # noqa: F401 - the reference calculator
+            import_calculator_module()   # the reference calculator, in either layout (models/orb_compat.py)
             import orb_models.forcefield.pretrained as pretrained
     except ImportError as exc:
         raise ValueError(f"model=orb needs the orb-models package ({exc.name or 'orb_models'} is not importable): "
@@ -186,18 +187,13 @@ def build_network(arch: Architecture, max_neighbors: int, state: dict | None = N
     Built under float32 as orb-models' loaders build it (its reference energies and ZBL
     constants are made in the default dtype), then cast to ``dtype``."""
     pretrained = import_orb()
-    from orb_models.forcefield.atomic_system import SystemConfig
-
-    build = {"v2": pretrained.orb_v2_architecture, "v3-direct": pretrained.orb_v3_direct_architecture,
-             "v3-conservative": pretrained.orb_v3_conservative_architecture}[arch.kind]
     default = torch.get_default_dtype()
     with warnings.catch_warnings(), torch.random.fork_rng():
         warnings.simplefilter("ignore")
         torch.set_default_dtype(torch.float32)
         torch.manual_seed(int(seed))
         try:
-            net = build(device="cpu", system_config=SystemConfig(radius=RADIUS, max_num_neighbors=int(max_neighbors)),
-                        **arch.args)
+            net = build_architecture(pretrained, arch.kind, RADIUS, max_neighbors, dict(arch.args))
             if state is not None:
                 own = net.state_dict()
                 bad = next((k for k, v in state.items() if k in own and own[k].shape != v.shape), None)
