@@ -9,24 +9,28 @@ the edge from the features of ``i`` and ``j``, then atom ``i`` by the sum of its
 per-atom readout, per-species scale and shift; no whole-system terms.
 
 Route to decomposition, and why: **the per-layer exchange through the spec** (as
-models/sevennet.py), not the wide halo.  MatterSim's modules are plain Python ``nn.Module``
-code (its TorchScript ``compile_mode`` applies only when a user scripts the model), and its
-sums go through one module-level function, ``torch_runstats.scatter.scatter``, imported into
-``mattersim.forcefield.m3gnet.modules.message_passing``; a :class:`PythonAdapter` swaps that
-name for :func:`message_scatter`, the same sum with its per-atom target allocated like the
-positions (``shard_like``), so the built-in ``halo_correction`` refreshes ghost rows from their
-owners before the next block (its backward is the reverse exchange).  The edge sum of the
-three-body update (target: the edges) stays MatterSim's own: every edge and every angle is of
-an owned centre, whose edges are all on its rank (the engine's full list, query rows = owned
+models/sevennet.py), not the wide halo.  MatterSim's modules are plain Python ``nn.Module`` code
+(its TorchScript ``compile_mode`` applies only when a user scripts the model), and its blocks'
+sums go through one module-level function of
+``mattersim.forcefield.m3gnet.modules.message_passing``: torch_runstats' ``scatter`` in
+mattersim 1.2.3, mattersim's own ``scatter_sum`` (``modules/scatter.py``) in 1.2.5, called in
+both for the same sums: ``MainBlock``'s per-atom sum (``AtomLayer``'s too, a module M3Gnet does
+not use) and the three-body sum onto edges.  A :class:`PythonAdapter` swaps the installed name
+(``SCATTER_NAME``) for :func:`message_scatter`, the same sum with its per-atom target allocated
+like the positions (``shard_like``), so the built-in ``halo_correction`` refreshes ghost rows
+from their owners before the next block (its backward is the reverse exchange).  The edge sum of
+the three-body update (target: the edges) stays MatterSim's own: every edge and every angle is
+of an owned centre, whose edges are all on its rank (the engine's full list, query rows = owned
 atoms), so each owned atom's angles are complete (:func:`three_body_indices`).  M3GNet's
-``forward`` (graph featurisation, then the blocks, then ``scatter`` over systems) is short and
-casts to float32 (``pbc_offsets.float()``, the one-hot ``.float()``); the wrapper runs the same
-steps on the same submodules (:meth:`MatterSimModel.compute`) in the model's dtype and sums the
-per-atom energies into ``positions.new_zeros(1)``, the per-system scatter the ``system_reduce``
-handler sums over ranks (ghost rows dropped).  Forces ``-dE/dx`` and the virial ``-dE/d strain``
-come from DistributedModel's autograd (``model_config``); MatterSim's own
-``MatterSimCalculator`` on the same weights (its pymatgen neighbour list, its three-body
-builder, its autograd) is the independent reference (:meth:`MatterSimModel.ase_calculator`).
+``forward`` (graph featurisation, then the blocks, then a sum over systems, its one other
+scatter) is short and in 1.2.3 casts to float32 (``pbc_offsets.float()``, the one-hot
+``.float()``); the wrapper runs the same steps on the same submodules
+(:meth:`MatterSimModel.compute`) in the model's dtype and sums the per-atom energies into
+``positions.new_zeros(1)``, the per-system scatter the ``system_reduce`` handler sums over
+ranks (ghost rows dropped).  Forces ``-dE/dx`` and the virial ``-dE/d strain`` come from
+DistributedModel's autograd (``model_config``); MatterSim's own ``MatterSimCalculator`` on the
+same weights (its pymatgen neighbour list, its three-body builder, its autograd) is the
+independent reference (:meth:`MatterSimModel.ase_calculator`).
 
 Graph from our neighbour list: MatterSim's convention ``edge_index = [centre i, neighbour j]``,
 ``edge_vector = x_i - (x_j + S @ cell)``, edges past the cutoff dropped (the list reaches
@@ -45,6 +49,8 @@ format) are refused in one line.  mattersim is imported only when this model is 
 """
 from __future__ import annotations
 
+import importlib.util
+import inspect
 import pickle
 import threading
 import warnings
@@ -61,26 +67,61 @@ INSTALL = "pip install 'shardmd[mattersim]'"
 ENVIRONMENT = "in its own environment: mattersim needs e3nn >= 0.5, which mace-torch excludes"
 #: the pretrained names MatterSim downloads to ~/.local/mattersim/pretrained_models (never downloaded here)
 PRETRAINED = {"mattersim-v1.0.0-1m": "mattersim-v1.0.0-1M.pth", "mattersim-v1.0.0-5m": "mattersim-v1.0.0-5M.pth"}
-#: M3Gnet's constructor arguments a checkpoint may give (``M3Gnet.get_model_args``)
-MODEL_ARGS = ("num_blocks", "units", "max_l", "max_n", "cutoff", "max_z", "threebody_cutoff")
+#: M3Gnet's constructor arguments a checkpoint may give (``M3Gnet.get_model_args``); mattersim
+#: 1.2.5 also saves ``gradient_checkpointing``, which recomputes activations to save memory and
+#: changes no number (1.2.3's M3Gnet takes it into ``**kwargs``; the wrapper runs the blocks itself)
+MODEL_ARGS = ("num_blocks", "units", "max_l", "max_n", "cutoff", "max_z", "threebody_cutoff",
+              "gradient_checkpointing")
 _LOCAL = threading.local()   # the current call's three-body edge map: that sum is over edges, not atoms
 
 
+def _scatter_name() -> str:
+    """The name message_passing calls its sums by, read from the installed files (importing
+    mattersim is slow and happens only when a model is built): ``scatter_sum`` where mattersim
+    has its own ``modules/scatter.py`` (1.2.5), else torch_runstats' ``scatter`` (1.2.3)."""
+    try:
+        spec = importlib.util.find_spec("mattersim")
+    except (ImportError, ValueError):   # hidden or half-installed: the model's build says so
+        spec = None
+    roots = list(spec.submodule_search_locations or []) if spec is not None else []
+    own = any((Path(r) / "forcefield" / "m3gnet" / "modules" / "scatter.py").is_file() for r in roots)
+    return "scatter_sum" if own else "scatter"
+
+
+SCATTER_NAME = _scatter_name()
+
+
+def _is_edge_map(index) -> bool:
+    """Whether ``index`` is the current call's three-body edge map (that sum's target is the
+    edges, not the atoms): 1.2.3 gets the tensor itself (``three_body_edge_map``); 1.2.5 slices
+    ``three_body_index[:, 0]`` afresh, a new tensor on the same memory, shape and strides.  The
+    per-atom sums index ``edge_index``, other memory."""
+    edge_map = getattr(_LOCAL, "edge_map", None)
+    if edge_map is None or not torch.is_tensor(index):
+        return False
+    return index is edge_map or (index.shape == edge_map.shape and index.stride() == edge_map.stride()
+                                 and index.data_ptr() == edge_map.data_ptr())
+
+
 def message_scatter(scope):
-    """PythonAdapter factory for ``scatter(src, index, dim, out, dim_size, reduce)`` as
-    MatterSim's blocks call it: the per-atom sum (target (n_padded, F)) allocated like the
-    promoted positions, so ``halo_correction`` sees it; the three-body sum onto edges and any
-    call outside a scope go to torch_runstats' own ``scatter``."""
-    from torch_runstats.scatter import scatter as plain
+    """PythonAdapter factory for message_passing's sum as MatterSim's blocks call it, by keyword
+    (1.2.3: ``scatter(src, index, dim=0, reduce="sum", dim_size=n)``; 1.2.5:
+    ``scatter_sum(src, index, dim=0, dim_size=n)``): the per-atom sum (target (n_padded, F))
+    allocated like the promoted positions, so ``halo_correction`` sees it; the three-body sum
+    onto edges, any other call and any call outside a scope go to the function it replaces."""
+    if SCATTER_NAME == "scatter_sum":
+        from mattersim.forcefield.m3gnet.modules.scatter import scatter_sum as plain
+    else:
+        from torch_runstats.scatter import scatter as plain
 
     ref = getattr(scope, "reference", None)
     n_padded = None if ref is None else scope.n_padded
 
-    def scatter(src, index, dim: int = -1, out=None, dim_size=None, reduce: str = "sum"):
-        atoms = (ref is not None and out is None and dim == 0 and dim_size == n_padded and reduce == "sum"
-                 and index is not getattr(_LOCAL, "edge_map", None))
+    def scatter(src, index, *args, **kw):
+        atoms = (ref is not None and not args and kw.get("dim") == 0 and kw.get("dim_size") == n_padded
+                 and kw.get("out") is None and kw.get("reduce", "sum") == "sum" and not _is_edge_map(index))
         if not atoms:
-            return plain(src, index, dim=dim, out=out, dim_size=dim_size, reduce=reduce)
+            return plain(src, index, *args, **kw)
         target = shard_like(src.new_zeros((n_padded, *src.shape[1:])), ref)
         return target.index_add_(0, index, src)
 
@@ -94,8 +135,8 @@ SPEC_MATTERSIM = SPEC_MPNN_HALO.replace(
                 "the handlers see",
     output_kinds={"energy": OutputKind.PER_GRAPH, "forces": OutputKind.PER_NODE, "energies": OutputKind.PER_NODE,
                   "virial": OutputKind.PER_GRAPH},
-).with_helpers(PythonAdapter("mattersim.forcefield.m3gnet.modules.message_passing", "scatter", message_scatter,
-                             factory=True))
+).with_helpers(PythonAdapter("mattersim.forcefield.m3gnet.modules.message_passing", SCATTER_NAME,
+                             message_scatter, factory=True))
 
 
 def import_mattersim():
@@ -275,6 +316,10 @@ class MatterSimModel:
         #: call can be made in parts (subdomains)
         self.layers = len(self.net.graph_conv)
         self.counts_rows = True
+        #: 1.2.3's blocks take the sizes and the three-body edge map (without them they read the
+        #: sizes back from the tensors and rebuild the map as if the angles were sorted by edge;
+        #: ours are by centre); 1.2.5's take neither, reading both off the tensors they are given
+        self.block_sizes = "three_body_edge_map" in inspect.signature(import_mattersim().MainBlock.forward).parameters
 
     @staticmethod
     def _resolve(checkpoint: str) -> Path:
@@ -350,13 +395,13 @@ class MatterSimModel:
         basis = net.sbf(lengths[t1].view(-1), torch.acos(cos))
         n_edges = int(edge_index.shape[1])
         counts = torch.bincount(t0, minlength=n_edges)
+        sizes = dict(total_num_atoms=n, total_num_bonds=n_edges, three_body_edge_map=t0) if self.block_sizes else {}
         _LOCAL.edge_map = t0
         try:
             for block in net.graph_conv:
                 atom_attr, edge_attr = block(atom_attr, edge_attr, edge_zero, edge_index, basis, triples,
                                              lengths.unsqueeze(-1), counts.new_tensor([n_edges]), counts,
-                                             counts.new_tensor([n]), total_num_atoms=n, total_num_bonds=n_edges,
-                                             three_body_edge_map=t0)
+                                             counts.new_tensor([n]), **sizes)
         finally:
             _LOCAL.edge_map = None
         energies = net.normalizer(net.final(atom_attr).view(-1), z)

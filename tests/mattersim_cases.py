@@ -2,14 +2,16 @@
 users get one (MatterSim's own ``Potential.save``, of a small M3GNet with random weights), and a
 float64 reference by MatterSim's own code.  Everything offline; a few seconds on 2 cores.
 
-MatterSim runs float32 only (``M3Gnet.forward`` casts the periodic offsets and the one-hot to
-float32, its graphs are ``FloatTensor``s), so its calculator checks the float32 route at float32
-tolerance.  :func:`reference64` evaluates MatterSim's own ``M3Gnet.forward`` in float64 on
-MatterSim's own graph (its neighbour list, its three-body builder): the weights cast to float64,
-the one-hot method returning float64, the positions float64 and the cell kept float32, which is
-exact for the cells used here (a = 3.625 Å: every cell entry and offset product is a float32
-number), so nothing is rounded to float32.  It gives energies and forces (a strain would make the
-cell float64, which ``forward``'s float32 offsets cannot meet).
+MatterSim runs float32 only (mattersim 1.2.3's ``M3Gnet.forward`` casts the periodic offsets and
+the one-hot to float32, its graphs are ``FloatTensor``s), so its calculator checks the float32
+route at float32 tolerance.  :func:`reference64` evaluates MatterSim's own ``M3Gnet.forward`` in
+float64 on MatterSim's own graph (its neighbour list, its three-body builder): the weights cast
+to float64, the one-hot method returning float64, the positions float64 and the cell kept
+float32, which is exact for the cells used here (a = 3.625 Å: every cell entry and offset
+product is a float32 number), so nothing is rounded to float32.  mattersim 1.2.4 on casts the
+offsets to the positions' dtype instead, so there the cell goes float64 (the same numbers).  It
+gives energies and forces (a strain would make the cell float64, which 1.2.3's float32 offsets
+cannot meet).
 """
 from __future__ import annotations
 
@@ -45,6 +47,14 @@ def make_checkpoint(model, path: Path) -> Path:
     return Path(path)
 
 
+def _offsets_follow_positions() -> bool:
+    """Whether ``M3Gnet.forward`` casts the periodic offsets to the positions' dtype (mattersim
+    1.2.4 on) rather than to float32 (1.2.3)."""
+    from importlib.metadata import version
+
+    return tuple(int(x) for x in version("mattersim").split(".")[:3]) >= (1, 2, 4)
+
+
 def reference64(model, atoms) -> tuple[float, np.ndarray]:
     """(energy eV, forces (n, 3) eV/Å) of MatterSim's own ``M3Gnet.forward`` in float64 on its
     own graph of ``atoms`` (module docstring)."""
@@ -66,6 +76,8 @@ def reference64(model, atoms) -> tuple[float, np.ndarray]:
                                   threebody_cutoff=model.threebody_cutoff, batch_size=1, only_inference=True)
         data = batch_to_dict(next(iter(loader)), device="cpu")
     data["atom_pos"] = torch.tensor(a.positions, dtype=torch.float64, requires_grad=True)
+    if _offsets_follow_positions():
+        data["cell"] = data["cell"].double()
     energy = net(data)[0]
     (grad,) = torch.autograd.grad(energy, data["atom_pos"])
     return float(energy.detach()), -grad.numpy()

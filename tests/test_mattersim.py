@@ -1,6 +1,7 @@
-"""MatterSim (mattersim 1.2.3, unmodified: its M3GNet) through the specs: a model of MatterSim's
-architecture with random weights against MatterSim's own ``MatterSimCalculator`` (float32, the only
-precision MatterSim runs) and against MatterSim's own ``M3Gnet.forward`` on its own graph in float64
+"""MatterSim (mattersim 1.2.3 on Python 3.11, 1.2.5 on 3.12; unmodified: its M3GNet) through the
+specs: a model of MatterSim's architecture with random weights against MatterSim's own
+``MatterSimCalculator`` (float32, the only precision MatterSim runs) and against MatterSim's own
+``M3Gnet.forward`` on its own graph in float64
 (tests/mattersim_cases.py ``reference64``); a checkpoint written by MatterSim's ``Potential.save``
 loaded as data; the CLI on 1, 2 and 4 domains (real MPI ranks) through 50 hot Langevin steps with
 migrations, and across a restart; the refusals, one line each.  models/mattersim.py swaps only
@@ -88,7 +89,10 @@ def test_random_model_float64_equals_mattersims_own_forward():
 
 def test_three_body_indices_are_mattersims():
     """Our three-body pairs are the set MatterSim's compute_threebody builds from the same edges."""
-    from mattersim.datasets.utils.convertor import compute_threebody_indices
+    try:
+        from mattersim.datasets.utils.converter import compute_threebody_indices
+    except ImportError:   # mattersim 1.2.3's spelling of the module (1.2.4 renamed it)
+        from mattersim.datasets.utils.convertor import compute_threebody_indices
 
     from shardmd.models.mattersim import three_body_indices
 
