@@ -81,7 +81,7 @@ class UMAModel:
     distribution_spec = SPEC_UMA
 
     def __init__(self, checkpoint: str, task: str | None = None, dtype=torch.float64, device="cpu",
-                 trust_pickle: bool = False):
+                 trust_pickle: bool = False, edge_chunk: int | str = "auto"):
         import_fairchem()
         self.dtype, self.device = dtype, torch.device(device)
         self.label = f"model.checkpoint={checkpoint}"
@@ -103,6 +103,10 @@ class UMAModel:
         self.hydra = build(cp, self.label, dtype).to(self.device)
         self.backbone = bb = self.hydra.backbone
         self.head = self._energy_head()
+        self.edge_chunk = _edge_chunk(edge_chunk, self.device)
+        for m in self.hydra.modules():   # fairchem's own chunked recomputation (its "batch" inference setting)
+            if hasattr(m, "activation_checkpoint_chunk_size"):
+                m.activation_checkpoint_chunk_size = self.edge_chunk
         self.cutoff = float(bb.cutoff)
         self.max_neighbors = int(bb.max_neighbors)
         n_z = int(bb.max_num_elements)
@@ -283,20 +287,41 @@ class UMAModel:
         return e
 
 
+#: fairchem's edge block for its activation checkpointing (ESCNMD_DEFAULT_EDGE_ACTIVATION_CHECKPOINT_CHUNK_SIZE)
+EDGE_CHUNK = 128 * 1024
+
+
+def _edge_chunk(value, device) -> int | None:
+    """``model.edge_chunk``: edges per block whose activations the message-passing layers
+    recompute in the backward pass instead of keeping (fairchem's activation checkpointing, the
+    setting of its "batch" inference mode and of torch-sim's wrapper); 0: keep them all; auto:
+    fairchem's block on a GPU, where memory bounds the system size (~6x less at 4,000 atoms of a
+    UMA-S-sized model, docs/benchmarks.md), none on the CPU, where the recomputation costs time."""
+    if value == "auto":
+        return EDGE_CHUNK if torch.device(device).type == "cuda" else None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"model.edge_chunk={value!r}: give a number of edges (e.g. {EDGE_CHUNK}), 0 to keep every "
+                         "activation, or auto")
+    return int(value) or None
+
+
 def factory(*, checkpoint: str | None = None, task: str | None = None, dtype: str | None = None,
-            trust_pickle: bool = False, precision: torch.dtype = torch.float64, device="cpu"):
+            trust_pickle: bool = False, edge_chunk: int | str = "auto", precision: torch.dtype = torch.float64,
+            device="cpu"):
     """UMA via fairchem-core (models/uma.py): ``checkpoint`` an inference checkpoint fairchem
     wrote (``.pt``, read as data) or a pretrained name already in the Hugging Face cache
     (``uma-s-1p1``, ...); ``task`` the head to run (omat, omol, oc20, odac, omc: those the file
     has); ``dtype`` float32|float64 (default: the run's precision); ``trust_pickle=true`` to
-    unpickle a file the safe loader refuses."""
+    unpickle a file the safe loader refuses; ``edge_chunk`` edges per recomputed block (auto:
+    fairchem's on a GPU, none on the CPU; 0: none)."""
     if dtype not in (None, "float32", "float64"):
         raise ValueError(f"model.dtype={dtype!r}: give float32 or float64 (or leave it out: the run's precision)")
     if checkpoint is None:
         raise ValueError("model=uma needs model.checkpoint=FILE.pt (a fairchem UMA inference checkpoint) or a "
                          "pretrained name already downloaded (uma-s-1p1, ...)")
     dt = {"float32": torch.float32, "float64": torch.float64}[dtype] if dtype else precision
-    return UMAModel(str(checkpoint), task=task, dtype=dt, device=device, trust_pickle=trust_pickle is True)
+    return UMAModel(str(checkpoint), task=task, dtype=dt, device=device, trust_pickle=trust_pickle is True,
+                    edge_chunk=edge_chunk)
 
 
 __all__ = ["INSTALL", "SPEC_UMA", "UMAModel", "factory"]

@@ -84,6 +84,29 @@ def test_checkpoint_equals_fairchem_calculator_on_every_task(files):
 
 
 @needs_fairchem
+def test_edge_chunks_recomputed_equal_fairchem_calculator(files):
+    """model.edge_chunk: the message passing in blocks of 97 edges whose activations are
+    recomputed in the backward pass (fairchem's activation checkpointing, many blocks here)
+    gives fairchem's calculator's energy, forces and stress to 1e-10, float64; a bad value is
+    refused in one line."""
+    from shardmd.models.uma import factory
+
+    a = crystal(seed=7)
+    ours = _ours(checkpoint=str(files["ckpt"]), task="omat", edge_chunk=97)
+    chunked = factory(checkpoint=str(files["ckpt"]), task="omat", edge_chunk=97)
+    sizes = [m.activation_checkpoint_chunk_size for m in chunked.hydra.modules()
+             if hasattr(m, "activation_checkpoint_chunk_size")]
+    assert sizes and set(sizes) == {97}
+    ref = factory(checkpoint=str(files["ckpt"]), task="omat").ase_calculator()
+    _assert_close(_evaluate(ours, a), _evaluate(ref, a), "edge_chunk=97")
+    assert factory(checkpoint=str(files["ckpt"]), task="omat").edge_chunk is None   # auto on the CPU: none
+    for bad in (-1, "big", 1.5, True):
+        with pytest.raises(ValueError, match="model.edge_chunk=") as err:
+            factory(checkpoint=str(files["ckpt"]), task="omat", edge_chunk=bad)
+        assert "\n" not in str(err.value)
+
+
+@needs_fairchem
 def test_charge_and_spin_reach_the_experts(files):
     """omol: another charge or multiplicity gives another energy (fairchem's too, the same)."""
     from shardmd.models.uma import factory
