@@ -148,7 +148,7 @@ def run_ours(atoms, a) -> dict:
 
     _fresh(a.device)
     ov = [*_ours_keys(a.family, a), "precision=float32", f"device={a.device}", "trajectory.every=0", "thermo.every=0",
-          "checkpoint.every=0", "quiet=true", f"dt={DT_FS}", f"steps={a.warmup + a.steps}", "overwrite=true",
+          "checkpoint.every=0", "quiet=true", f"dt={a.dt}", f"steps={a.warmup + a.steps}", "overwrite=true",
           f"output={tempfile.gettempdir()}/bench_family_peers_{os.getpid()}.h5"]
     sim = Simulation(compose_config(ov), state=State.from_atoms(atoms, dtype=torch.float32, device=a.device))
     sim.setup()
@@ -181,7 +181,7 @@ def run_torchsim(atoms, a) -> dict:
         _sync(a.device)
         t = time.perf_counter()
         ts.integrate(system=atoms, model=model, integrator=ts.Integrator.nve, n_steps=k, temperature=300.0,
-                     timestep=DT_FS * 1e-3)
+                     timestep=a.dt * 1e-3)
         _sync(a.device)
         return time.perf_counter() - t
 
@@ -205,7 +205,7 @@ def profile(a) -> None:
 
     atoms = crystal(a.sizes[0], a.family)
     ov = [*_ours_keys(a.family, a), "precision=float32", f"device={a.device}", "trajectory.every=0", "thermo.every=0",
-          "checkpoint.every=0", "quiet=true", f"dt={DT_FS}", "steps=1000", "overwrite=true",
+          "checkpoint.every=0", "quiet=true", f"dt={a.dt}", "steps=1000", "overwrite=true",
           f"output={tempfile.gettempdir()}/bench_family_peers_{os.getpid()}.h5"]
     sim = Simulation(compose_config(ov), state=State.from_atoms(atoms, dtype=torch.float32, device=a.device))
     sim.setup()
@@ -253,7 +253,7 @@ def _sides(a) -> dict:
 
 def table(a) -> None:
     print(f"# {a.family}, float32, {torch.cuda.get_device_name(0) if a.device.startswith('cuda') else 'CPU'}, "
-          f"NVE {DT_FS} fs, {a.steps} timed steps after {a.warmup}; torch {torch.__version__}\n"
+          f"NVE {a.dt} fs, {a.steps} timed steps after {a.warmup}; torch {torch.__version__}\n"
           "| atoms | code | atom-steps/s | ours / it | peak GiB | E/atom eV | max abs dF from ours, eV/Å | note |\n"
           "|---:|---|---:|---:|---:|---:|---:|---|", flush=True)
     for n in a.sizes:
@@ -287,6 +287,7 @@ def capacity(a) -> None:
         best, failed = None, None
         for n in sorted(a.sizes):
             extra = ["--checkpoint", a.checkpoint] if a.checkpoint else []
+            extra += ["--dt", str(a.dt)]
             r = subprocess.run([sys.executable, __file__, "--family", a.family, *extra, "--device", a.device, "--steps",
                                 str(a.steps), "--warmup", str(a.warmup), "--ts-nl", a.ts_nl, "--sizes", str(n),
                                 "--child", side], capture_output=True, text=True)
@@ -307,6 +308,7 @@ def main() -> None:
     p.add_argument("--family", default="sevennet", choices=list(KEYS))
     p.add_argument("--checkpoint", default=None, help="the model file (uma, metatomic, aimnet2)")
     p.add_argument("--no-peer", action="store_true", help="ours alone")
+    p.add_argument("--dt", type=float, default=DT_FS, help="time step, fs (a random model with large forces: smaller)")
     p.add_argument("--sizes", type=int, nargs="+", default=[6, 16], help="fcc repeats n (4 n^3 atoms)")
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--warmup", type=int, default=3)
