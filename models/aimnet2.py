@@ -64,6 +64,7 @@ from shardmd.domain.api import PRESETS, ModelConfig, NeighborConfig, refresh_hal
 
 from .aimnet2_files import INSTALL, import_aimnet, load, resolve
 from .contract import refuse_unknown_species
+from .edge_memory import edge_bytes
 from .files import file_sha256
 
 #: aimnet's Coulomb constant, Hartree * Bohr in eV Å (aimnet.constants: not CODATA's last digits)
@@ -140,6 +141,9 @@ class AIMNet2Model:
         self.cutoff = max(self.rc_s, self.coulomb_cutoff if self.coulomb != "none" else 0.0,
                           self.d3.cutoff if self.d3 is not None else 0.0)
         self.atomic_numbers = [int(z) for z in self.meta.get("implemented_species") or []]
+        #: device bytes per list edge for the memory check (models/edge_memory.py): measured with the
+        #: list at the 15 Å Coulomb cutoff; the same bytes an atom for another list radius
+        self.bytes_per_edge = edge_bytes(174 * (16.0 / (self.cutoff + 1.0)) ** 3, dtype=dtype)
         self.model_config = ModelConfig(outputs=("energy", "energies", "forces", "virial"),
                                         autograd_outputs={"forces": "energy"}, strain_outputs={"virial": "energy"},
                                         neighbors=NeighborConfig(self.cutoff))

@@ -52,6 +52,7 @@ import torch
 from shardmd.domain.api import SPEC_MPNN_HALO, HaloStorage, ModelConfig, NeighborConfig, OutputKind
 
 from .contract import refuse_unknown_species
+from .edge_memory import edge_bytes
 from .files import file_sha256, refused_global, weights_sha256
 
 #: what the errors tell to install (nequip >= 0.18 needs e3nn >= 0.5; mace-torch pins 0.4.4)
@@ -149,6 +150,17 @@ def _targets(node, path: str = "model"):
     elif isinstance(node, (list, tuple)):
         for k, v in enumerate(node):
             yield from _targets(v, f"{path}[{k}]")
+
+
+def _setting(config, key: str):
+    """The first integer ``key`` in a nested configuration (dicts and lists), or None."""
+    if isinstance(config, Mapping):
+        if isinstance(config.get(key), int) and not isinstance(config.get(key), bool):
+            return int(config[key])
+        config = list(config.values())
+    if isinstance(config, (list, tuple)):
+        return next((v for v in (_setting(c, key) for c in config) if v is not None), None)
+    return None
 
 
 def check_config(config, label: str) -> None:
@@ -361,6 +373,12 @@ class AllegroModel:
         self.modules = [m for m in self.graph_model.model.func if type(m).__name__ != "AtomwiseReduce"]
         meta = self.graph_model.metadata
         self.cutoff = float(meta["r_max"])
+        #: device bytes per list edge for the memory check (models/edge_memory.py): by the tensor
+        #: track (features x (l_max + 1)^2 x layers) where the configuration says it
+        dtype = next((p.dtype for p in self.graph_model.parameters()), torch.float64)
+        size = [_setting(self.config, k) for k in ("num_tensor_features", "l_max", "num_layers")]
+        self.bytes_per_edge = (edge_bytes(62_600, size[0] * (size[1] + 1) ** 2 * size[2], 32 * 9 * 2, dtype)
+                               if None not in size else edge_bytes(62_600, dtype=dtype))
         self.type_names = str(meta["type_names"]).split(" ")
         self._types_from(type_map)
         norm = next((m for m in self.modules if hasattr(m, "_rmax_recip")), None)

@@ -60,6 +60,7 @@ import torch
 
 from shardmd.domain.api import SPEC_MPNN_HALO, ModelConfig, NeighborConfig, OutputKind, PythonAdapter, shard_like
 
+from .edge_memory import edge_bytes
 from .files import file_sha256, refused_global, weights_sha256
 
 #: what the errors tell to install (mattersim 1.2.3 needs e3nn >= 0.5; mace-torch pins 0.4.4)
@@ -308,6 +309,9 @@ class MatterSimModel:
         self.cutoff = float(self.args["cutoff"])
         self.threebody_cutoff = float(self.args["threebody_cutoff"])
         self.max_z = int(self.args["max_z"])
+        #: device bytes per list edge for the memory check (models/edge_memory.py): by blocks x units
+        self.bytes_per_edge = edge_bytes(39_600, int(self.args.get("num_blocks", 4)) * int(self.args.get("units", 128)),
+                                         4 * 128, dtype)
         self.model_config = ModelConfig(outputs=("energy", "energies", "forces", "virial"),
                                         autograd_outputs={"forces": "energy"}, strain_outputs={"virial": "energy"},
                                         neighbors=NeighborConfig(self.cutoff))

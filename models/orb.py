@@ -63,6 +63,7 @@ from shardmd.domain.api import (
     system_sum,
 )
 
+from .edge_memory import edge_bytes
 from .files import file_sha256, weights_sha256
 from .orb_compat import calculator, forces_denormalised_first, get_cutoff
 from .orb_files import (
@@ -135,6 +136,10 @@ class OrbModel:
         self.charge_spin = _charge_spin(self.net.model.conditioner is not None, charge, spin, self.label)
         self.direct = self.kind != "v3-conservative"
         self.cutoff = RADIUS
+        #: device bytes per list edge for the memory check (models/edge_memory.py): by width x layers
+        args = dict(self.arch.args)
+        self.bytes_per_edge = edge_bytes(2_390, int(args.get("latent_dim", 256)) *
+                                         int(args.get("num_message_passing_steps", 5)), 256 * 5, dtype)
         weight = self.net.heads["energy"].reference.linear.weight.detach().reshape(-1)
         self.atomic_numbers = [z for z in range(1, MAX_Z + 1) if float(weight[z]) != 0.0]
         stress = not self.direct or "stress" in self.net.heads

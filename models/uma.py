@@ -54,6 +54,7 @@ from shardmd.domain.api import (
 )
 
 from .contract import refuse_unknown_species
+from .edge_memory import edge_bytes
 from .files import file_sha256
 from .uma_files import INSTALL, build, import_fairchem, read_checkpoint, read_tasks, resolve
 
@@ -108,6 +109,10 @@ class UMAModel:
             if hasattr(m, "activation_checkpoint_chunk_size"):
                 m.activation_checkpoint_chunk_size = self.edge_chunk
         self.cutoff = float(bb.cutoff)
+        #: device bytes per list edge for the memory check (models/edge_memory.py): by channels x layers,
+        #: with the recomputation's figure where it is on
+        size = int(bb.sphere_channels) * len(bb.blocks)
+        self.bytes_per_edge = edge_bytes(131_000 if self.edge_chunk is None else 20_500, size, 128 * 4, dtype)
         self.max_neighbors = int(bb.max_neighbors)
         n_z = int(bb.max_num_elements)
         self.refs = (refs if refs is not None else torch.zeros(n_z, dtype=torch.float64)).to(self.device, dtype)
