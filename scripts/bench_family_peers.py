@@ -141,18 +141,25 @@ def _torchsim_model(family: str, a):
     raise ValueError(f"torch-sim 0.6.2 has no wrapper of {family} here")
 
 
-def run_ours(atoms, a) -> dict:
+def _our_simulation(atoms, a, steps: int):
+    """``python -m engine run model=<family> ...`` on ``atoms`` as a Simulation in this process,
+    set up and started (float32, no output but a scratch file)."""
     from shardmd.engine.config.compose import compose_config
     from shardmd.engine.run.simulation import Simulation
     from shardmd.engine.run.state import State
 
-    _fresh(a.device)
     ov = [*_ours_keys(a.family, a), "precision=float32", f"device={a.device}", "trajectory.every=0", "thermo.every=0",
-          "checkpoint.every=0", "quiet=true", f"dt={a.dt}", f"steps={a.warmup + a.steps}", "overwrite=true",
+          "checkpoint.every=0", "quiet=true", f"dt={a.dt}", f"steps={steps}", "overwrite=true",
           f"output={tempfile.gettempdir()}/bench_family_peers_{os.getpid()}.h5"]
     sim = Simulation(compose_config(ov), state=State.from_atoms(atoms, dtype=torch.float32, device=a.device))
     sim.setup()
     sim.started = True
+    return sim
+
+
+def run_ours(atoms, a) -> dict:
+    _fresh(a.device)
+    sim = _our_simulation(atoms, a, a.warmup + a.steps)
     e0 = float(sim.observables(["potential_energy"])["potential_energy"])
     f0 = np.asarray(sim.domain.gather(sim.state, ("forces",))["forces"], dtype=np.float64)
     for _ in range(a.warmup):
@@ -199,17 +206,9 @@ def profile(a) -> None:
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
-    from shardmd.engine.config.compose import compose_config
-    from shardmd.engine.run.simulation import Simulation
-    from shardmd.engine.run.state import State
-
     atoms = crystal(a.sizes[0], a.family)
-    ov = [*_ours_keys(a.family, a), "precision=float32", f"device={a.device}", "trajectory.every=0", "thermo.every=0",
-          "checkpoint.every=0", "quiet=true", f"dt={a.dt}", "steps=1000", "overwrite=true",
-          f"output={tempfile.gettempdir()}/bench_family_peers_{os.getpid()}.h5"]
-    sim = Simulation(compose_config(ov), state=State.from_atoms(atoms, dtype=torch.float32, device=a.device))
-    sim.setup()
-    sim.started = True
+    sim = _our_simulation(atoms, a, 1000)
+
     def ms(fn) -> float:
         for _ in range(3):
             fn()
