@@ -196,22 +196,30 @@ class PartedModel:
     """A :class:`~shardmd.domain.distributed_model.DistributedModel`'s call (``compute(ctx,
     positions, numbers, nl, extras)``) made in parts on a one-domain rank. ``dmodel``: the
     wrapped call (its attributes are this one's); ``count``: parts; ``layers``: the model's
-    message-passing steps; ``skin``: Å added to the cutoff in the reach.
+    message-passing steps; ``skin``: Å added to the cutoff in the reach; ``by_layer``: made
+    layer by layer over the parts (domain/layered_parts.py: the model's ``call_layer``), each
+    part with one cutoff + skin of halo, else each part whole with ``layers`` of them.
 
     The model must count the energies of ``nl.n_counted`` rows only and give forces on every
     row, itself or through its contract's autograd outputs (attribute ``counts_rows = True``,
     as models/mace.py, nequip.py, sevennet.py, allegro.py and mattersim.py do)."""
 
-    def __init__(self, dmodel, count: int, layers: int, skin: float):
+    def __init__(self, dmodel, count: int, layers: int, skin: float, by_layer: bool = False):
         self.dmodel, self.count, self.layers, self.skin = dmodel, int(count), int(layers), float(skin)
+        self.by_layer = bool(by_layer)
         self._cache = None   # (nl, grid, parts)
 
     def __getattr__(self, name):
         return getattr(self.dmodel, name)
 
     @property
+    def walk(self) -> int:
+        """List steps a part's halo reaches: one per layer the part is called with at once."""
+        return 1 if self.by_layer else self.layers
+
+    @property
     def reach(self) -> float:
-        return self.layers * (float(self.dmodel.cutoff) + self.skin)
+        return self.walk * (float(self.dmodel.cutoff) + self.skin)
 
     def parts(self, ctx, positions: torch.Tensor, nl) -> list[Part]:
         c = self._cache
@@ -219,7 +227,7 @@ class PartedModel:
             return c[1]
         grid = part_grid(self.count, ctx.cell, ctx.pbc, self.reach)
         owner = owner_parts(positions[: ctx.n_owned], ctx.cell, ctx.pbc, grid)
-        parts = [build_part(nl, torch.nonzero(owner == p).squeeze(1), self.layers, positions.dtype)
+        parts = [build_part(nl, torch.nonzero(owner == p).squeeze(1), self.walk, positions.dtype)
                  for p in range(grid[0] * grid[1] * grid[2])]
         self._cache = (nl, [p for p in parts if p.n_counted])
         return self._cache[1]
@@ -233,6 +241,10 @@ class PartedModel:
         if extras:
             raise ValueError(f"subdomains > 1 does not pass the model's inputs {sorted(extras)}; use subdomains=1")
         parts = self.parts(ctx, positions, nl)
+        if self.by_layer:
+            from .layered_parts import evaluate_by_layer
+
+            return evaluate_by_layer(self.dmodel.model, parts, positions, ctx.cell, numbers, self.layers)
         return evaluate_parts(self.dmodel.model, parts, positions, ctx.cell, ctx.pbc, numbers)
 
 

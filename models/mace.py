@@ -392,6 +392,29 @@ class MaceModel:
             graphed = self._graphed_joined
         return compute_joined(self, graph, positions, _fixed_jit_executor, capacity, graphed, owner)
 
+    def call_layer(self, index: int, positions: torch.Tensor, numbers: torch.Tensor, nl, features):
+        """Layer ``index`` on a part (domain/layered_parts.py; models/mace_layers.py): (the query
+        rows' features, their site-energy terms (q,) eV). positions: (m, 3) Å of the part's points."""
+        from .mace_layers import call_layer
+
+        node_attrs = torch.nn.functional.one_hot(self._lut[numbers.long()], len(self.atomic_numbers)).to(self.dtype)
+        with _fixed_jit_executor():
+            return call_layer(self.model, index, positions.to(self.dtype), node_attrs, self.heads.index(self.head), nl,
+                              features, self.cutoff)
+
+    @property
+    def layer_feature_bytes(self) -> int:
+        """Bytes per atom a call layer by layer keeps besides the list: a layer's output, its
+        gradient and the next one's (three arrays of the widest hidden features)."""
+        widths = [getattr(getattr(b, "hidden_irreps", None), "dim", 512) for b in self.model.interactions]
+        return 3 * max(widths, default=512) * torch.finfo(self.dtype).bits // 8
+
+    def layer_problem(self) -> str | None:
+        """Why this model cannot be called layer by layer (None: it can)."""
+        from .mace_layers import layer_problem
+
+        return "a compiled module (model.compile=true)" if self.compiled else layer_problem(self.model)
+
     def _evaluate_fitting(self, positions, cell, numbers, nl, ctx) -> dict[str, torch.Tensor]:
         """:meth:`_evaluate`; if it runs out of device memory with the radial MLPs' activations
         kept, once more with them recomputed, which stays on for later calls. One domain only:

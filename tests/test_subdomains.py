@@ -1,6 +1,7 @@
-"""A domain's model call made in parts (``subdomains=N``, domain/subdomains.py): the same energy,
-forces, virial and site energies as the call in one piece (float64, a random mace-torch model),
-the same trajectory as the run in one piece and as two MPI domains, and the refusals."""
+"""A domain's model call made in parts (``subdomains=N``, domain/subdomains.py), each part whole or
+layer by layer (domain/layered_parts.py): the same energy, forces, virial and site energies as
+the call in one piece (float64, a random mace-torch model), the same trajectory as the run in one
+piece and as two MPI domains, and the refusals."""
 from __future__ import annotations
 
 import csv
@@ -29,8 +30,10 @@ def crystal(n=5, rattle=0.1, seed=0):
     return a
 
 
+@pytest.mark.parametrize("by_layer", [False, True], ids=["whole", "by-layer"])
 @pytest.mark.parametrize("count", [2, 4, 8])
-def test_parts_give_the_one_piece_call(model_file, count):
+def test_parts_give_the_one_piece_call(model_file, count, by_layer):
+    from shardmd.domain.layered_parts import evaluate_by_layer
     from shardmd.domain.neighbors import build_neighbor_list
     from shardmd.domain.subdomains import build_part, evaluate_parts, owner_parts, part_grid
     from shardmd.models.mace import MaceModel
@@ -41,17 +44,47 @@ def test_parts_give_the_one_piece_call(model_file, count):
     pbc = (True, True, True)
     nl = build_neighbor_list(x, cell, torch.tensor(pbc), m.cutoff + SKIN)
     ref = m.compute(x, cell, pbc, z, nl)
-    grid = part_grid(count, cell, pbc, m.layers * (m.cutoff + SKIN))
+    walk = 1 if by_layer else m.layers   # by layer: one cutoff + skin of halo
+    grid = part_grid(count, cell, pbc, walk * (m.cutoff + SKIN))
     owner = owner_parts(x, cell, pbc, grid)
-    parts = [build_part(nl, torch.nonzero(owner == p).squeeze(1), m.layers, x.dtype) for p in range(count)]
+    parts = [build_part(nl, torch.nonzero(owner == p).squeeze(1), walk, x.dtype) for p in range(count)]
     assert sorted(torch.cat([p.ids[: p.n_counted] for p in parts]).tolist()) == list(range(len(a)))
     assert all(p.ids.numel() > p.n_counted for p in parts)   # each part has a halo
-    out = evaluate_parts(m, parts, x, cell, pbc, z)
+    out = (evaluate_by_layer(m, parts, x, cell, z, m.layers) if by_layer
+           else evaluate_parts(m, parts, x, cell, pbc, z))
     scale = float(ref["forces"].abs().max())
     assert float((out["forces"] - ref["forces"]).abs().max()) <= 1e-10 * scale
     assert abs(float(out["energy"] - ref["energy"])) <= 1e-10 * abs(float(ref["energy"]))
     assert float((out["virial"] - ref["virial"]).abs().max()) <= 1e-10 * float(ref["virial"].abs().max())
     assert float((out["energies"] - ref["energies"]).abs().max()) <= 1e-10 * float(ref["energies"].abs().max())
+
+
+def test_by_layer_with_three_layers_two_heads_and_a_pair_term(tmp_path):
+    """Layer by layer on a harder model than the shipped one: three interactions (two layers'
+    outputs kept and their gradients carried), three species, the second of two heads (its own
+    E0s, scale and shift), mace-torch's ZBL pair term; against the call in one piece (float64)."""
+    from shardmd.domain.layered_parts import evaluate_by_layer
+    from shardmd.domain.neighbors import build_neighbor_list
+    from shardmd.domain.subdomains import build_part, owner_parts, part_grid
+    from shardmd.models.mace import MaceModel
+    from shardmd.models.mace_random import make_random_mace
+
+    f = make_random_mace(tmp_path / "m.model", elements=(13, 28, 29), r_max=3.0, num_interactions=3,
+                         heads=("pbe", "r2scan"), pair_repulsion=True, seed=3)
+    m = MaceModel(f, dtype=torch.float64, trust_pickle=True, head="r2scan")
+    assert m.layer_problem() is None and m.layers == 3
+    a = crystal(n=4, rattle=0.15, seed=2)
+    a.numbers = np.random.default_rng(4).choice([13, 28, 29], len(a))
+    x, cell, z = torch.tensor(a.positions), torch.tensor(a.cell.array), torch.tensor(a.numbers)
+    pbc = (True, True, True)
+    nl = build_neighbor_list(x, cell, torch.tensor(pbc), m.cutoff + SKIN)
+    ref = m.compute(x, cell, pbc, z, nl)
+    grid = part_grid(4, cell, pbc, m.cutoff + SKIN)
+    owner = owner_parts(x, cell, pbc, grid)
+    parts = [build_part(nl, torch.nonzero(owner == p).squeeze(1), 1, x.dtype) for p in range(4)]
+    out = evaluate_by_layer(m, parts, x, cell, z, m.layers)
+    for key in ("energy", "forces", "virial", "energies"):
+        assert float((out[key] - ref[key]).abs().max()) <= 1e-10 * float(ref[key].abs().max()), key
 
 
 def test_a_part_walk_reaches_a_site_energys_whole_neighbourhood(model_file):
@@ -87,18 +120,22 @@ def test_a_run_in_parts_follows_the_run_in_one_piece_and_on_two_domains(model_fi
               "system.file=cu.extxyz", "steps=50", "temperature=900", "dt=2", "trajectory.every=50",
               "quiet=true", "threads=1", "neighbor.skin=1.0"]
     runs = {"one": ["output=one.h5"], "parts": ["subdomains=4", "output=parts.h5"],
+            "whole": ["subdomains=4", "parts_by_layer=false", "output=whole.h5"],
             "domains": ["domains=2", "output=two.h5"]}
     for name, extra in runs.items():
         r = run_engine([*common, *extra], tmp_path, timeout=900)
         assert r.returncode == 0, (name, r.stderr[-2000:])
     one = final(tmp_path / "one.h5")
     assert np.abs(final(tmp_path / "parts.h5") - one).max() <= 1e-10
+    assert np.abs(final(tmp_path / "whole.h5") - one).max() <= 1e-10
     assert np.abs(final(tmp_path / "two.h5") - one).max() <= 1e-10
     assert np.abs(final(tmp_path / "parts.h5") - crystal(rattle=0.05).positions).max() > 0.01   # it moved
 
 
 @pytest.mark.parametrize("args, needle", [
-    (["subdomains=64"], "use at most subdomains=8 for this system"),
+    (["subdomains=64", "parts_by_layer=false"], "use at most subdomains=8 for this system"),
+    (["subdomains=125"], "use at most subdomains=64 for this system"),   # by layer: 4 Å of reach
+    (["subdomains=2", "parts_by_layer=maybe"], "parts_by_layer"),
     (["subdomains=2", "domains=2"], "parts run on one domain per process"),
 ])
 def test_parts_refused_up_front(model_file, args, needle, tmp_path, capfd, monkeypatch):
@@ -108,6 +145,16 @@ def test_parts_refused_up_front(model_file, args, needle, tmp_path, capfd, monke
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 2 and lines[0].startswith("error: ") and needle in lines[0], r.stderr
     assert not (tmp_path / "run.h5").exists()   # refused before any file
+
+
+def test_by_layer_asked_of_a_model_that_cannot_is_refused(tmp_path, capfd, monkeypatch):
+    crystal().write(tmp_path / "cu.extxyz")
+    r = cli_in_process(["run", "model=nequip", "model.species=[Cu]", "model.r_max=3.0", "system.file=cu.extxyz",
+                        "steps=2", "quiet=true", "subdomains=2", "parts_by_layer=true"], tmp_path, capfd, monkeypatch)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1, r.stderr
+    assert "parts_by_layer=true" in lines[0] and "use parts_by_layer=auto or false" in lines[0]
+    assert not (tmp_path / "run.h5").exists()
 
 
 def test_a_model_that_cannot_count_its_rows_is_refused(tmp_path, capfd, monkeypatch):
@@ -137,6 +184,11 @@ def test_a_memory_budget_chooses_the_parts(model_file, big, tmp_path, capfd, mon
     assert r.returncode == 2 and "or subdomains=0" in r.stderr, r.stderr
     r = engine_run(model_file, big, ["limits.memory_gb=0.13", "subdomains=0", "output=a.h5"], tmp_path, capfd,
                    monkeypatch)
+    assert r.returncode == 0, r.stderr
+    # by layer (the default for mace): one layer's activations alive and 4 Å of halo: 2 parts fit
+    assert "subdomains 2 (grid 2x1x1, layer by layer, reach 4 Å)" in r.stdout + r.stderr
+    r = engine_run(model_file, big, ["limits.memory_gb=0.13", "subdomains=0", "parts_by_layer=false", "output=w.h5"],
+                   tmp_path, capfd, monkeypatch)
     assert r.returncode == 0, r.stderr
     assert "subdomains 8 (grid 2x2x2, reach 8 Å)" in r.stdout + r.stderr
     r = engine_run(model_file, big, ["limits.memory_gb=50", "subdomains=0", "output=b.h5"], tmp_path, capfd,

@@ -333,7 +333,8 @@ def size_problem(cfg, n: int, cell, pbc, positions, cutoff: float, ranks: int, d
     """Why a system cannot run (too many atoms, denser than ``health.min_distance`` allows, more
     memory than one rank has), or None.  cell: (3, 3) Å rows; pbc: 3 bools; positions: (n, 3) Å;
     cutoff: the list radius, Å (model cutoff + skin); parts: {"count": subdomains (0: as few as
-    the memory needs, written back), "reach": Å} for a call made in parts."""
+    the memory needs, written back), "reach": Å, "alive": share of a part's activations alive at
+    once, "atom_bytes": per atom kept besides} for a call made in parts."""
     import numpy as np
 
     cell, pbc = np.asarray(cell, dtype=np.float64), np.asarray(pbc, dtype=bool)
@@ -397,7 +398,8 @@ def _parts_problem(parts: dict, n: int, cell, pbc, neighbours: float, per_edge: 
     from shardmd.domain.grid_shape import DecompositionError, grid_shape, max_domains_of, perpendicular_widths_of
 
     widths, reach = perpendicular_widths_of(cell), float(parts["reach"])
-    whole = n * (ATOM_BYTES + neighbours * LIST_EDGE_BYTES)
+    whole = n * (ATOM_BYTES + float(parts.get("atom_bytes", 0)) + neighbours * LIST_EDGE_BYTES)
+    alive = float(parts.get("alive", 1.0))   # the share of a part's activations alive at once
 
     def need(count: int) -> float | None:
         if count == 1:   # one piece: the call as it is without parts
@@ -410,7 +412,7 @@ def _parts_problem(parts: dict, n: int, cell, pbc, neighbours: float, per_edge: 
         for k in range(3):
             if g[k] > 1 or pbc[k]:
                 grow *= (widths[k] / g[k] + 2 * reach) / (widths[k] / g[k])
-        return whole + min(n, n / count * grow) * neighbours * per_edge
+        return whole + min(n, n / count * grow) * neighbours * per_edge * alive
 
     most = max_domains_of(widths, reach, 4096)
     fits = [c for c in range(1, most + 1) if need(c) is not None and (budget is None or need(c) <= budget[0])]

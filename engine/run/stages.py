@@ -129,7 +129,20 @@ def in_parts(cfg, dmodel):
 
     # one CUDA graph per part would keep each part's activations: parts run eagerly
     inner.graph_max_points = None
-    return PartedModel(dmodel, count, inner.layers, float(cfg.neighbor.skin))
+    return PartedModel(dmodel, count, inner.layers, float(cfg.neighbor.skin), _by_layer(cfg, inner))
+
+
+def _by_layer(cfg, model) -> bool:
+    """``parts_by_layer``: whether the call in parts goes layer by layer (the model's
+    ``call_layer``, domain/layered_parts.py); true asks for it and refuses a model that cannot."""
+    asked = cfg.get("parts_by_layer", "auto")
+    if asked is False or asked == "false":
+        return False
+    problem = model.layer_problem() if hasattr(model, "layer_problem") else f"a {type(model).__name__}"
+    if problem and asked is True:
+        raise UserError(f"parts_by_layer=true: the model is {problem}, which is not called layer by layer "
+                        "(mace's MACE and ScaleShiftMACE are); use parts_by_layer=auto or false")
+    return problem is None
 
 
 def parts_line(dmodel, state) -> str:
@@ -139,7 +152,8 @@ def parts_line(dmodel, state) -> str:
     from shardmd.domain.subdomains import part_grid
 
     grid = part_grid(dmodel.count, state.cell, [bool(p) for p in state.pbc], dmodel.reach)
-    return f", subdomains {dmodel.count} (grid {'x'.join(map(str, grid))}, reach {dmodel.reach:g} Å)"
+    how = "layer by layer, " if dmodel.by_layer else ""
+    return f", subdomains {dmodel.count} (grid {'x'.join(map(str, grid))}, {how}reach {dmodel.reach:g} Å)"
 
 
 def wrap_model(model) -> DistributedModel:
@@ -181,7 +195,11 @@ def starting_state(cfg, state: State | None, checkpoint_in: dict | None, integra
 def check_state(cfg, comm: Comm, state: State, dmodel: DistributedModel, device) -> None:
     """Finite inputs, sizes against limits and memory, and species the model knows."""
     health.check_inputs(state)
-    parts = {"count": dmodel.count, "reach": dmodel.reach} if hasattr(dmodel, "reach") else None
+    parts = None
+    if hasattr(dmodel, "reach"):   # one layer's activations alive, and the features kept, when by layer
+        layered = dmodel.by_layer
+        parts = {"count": dmodel.count, "reach": dmodel.reach, "alive": 1.0 / dmodel.layers if layered else 1.0,
+                 "atom_bytes": getattr(dmodel.model, "layer_feature_bytes", 0) if layered else 0}
     check_size(cfg, comm, state, dmodel.cutoff + float(cfg.neighbor.skin), device, dmodel.model, parts)
     if parts is not None:   # made in parts: parts as wide as the model's reach, before any file opens
         from shardmd.domain.subdomains import part_grid
