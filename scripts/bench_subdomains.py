@@ -44,7 +44,9 @@ def one(size: int, parts: int, steps: int, device: str, extra: list[str]) -> dic
         wall = time.perf_counter() - t
         loop = re.search(r"Loop: .*?([0-9.e+]+) atom-steps/s.*?(\d+) neighbour builds", r.stdout + r.stderr)
         split = re.search(r"Time split: (.*)", r.stdout + r.stderr)   # where the loop's time went
-        mem = float(open(peak).read()) / 2**30 if os.path.exists(peak) else float("nan")
+        logged = re.search(r"Memory: peak GPU ([0-9.]+) GiB", r.stdout + r.stderr)   # the run's own summary line
+        mem = (float(logged.group(1)) if logged else
+               float(open(peak).read()) / 2**30 if os.path.exists(peak) else float("nan"))
         if r.returncode or loop is None:
             tail = [ln for ln in (r.stderr or r.stdout).splitlines() if ln.strip()][-1:] or ["no output"]
             return {"rate": float("nan"), "mem": mem, "wall": wall, "note": tail[0][:140]}
