@@ -406,7 +406,10 @@ class MaceModel:
     def layer_feature_bytes(self) -> int:
         """Bytes per atom a call layer by layer keeps besides the list: a layer's output, its
         gradient and the next one's (three arrays of the widest hidden features)."""
-        widths = [getattr(getattr(b, "hidden_irreps", None), "dim", 512) for b in self.model.interactions]
+        from e3nn import o3
+
+        # a block keeps its hidden irreps as Irreps or as their text, depending on the class
+        widths = [o3.Irreps(str(b.hidden_irreps)).dim for b in self.model.interactions if hasattr(b, "hidden_irreps")]
         return 3 * max(widths, default=512) * torch.finfo(self.dtype).bits // 8
 
     def layer_problem(self) -> str | None:

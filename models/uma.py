@@ -112,7 +112,7 @@ class UMAModel:
         #: device bytes per list edge for the memory check (models/edge_memory.py): by channels x layers,
         #: with the recomputation's figure where it is on
         size = int(bb.sphere_channels) * len(bb.blocks)
-        self.bytes_per_edge = edge_bytes(131_000 if self.edge_chunk is None else 20_500, size, 128 * 4, dtype)
+        self.bytes_per_edge = edge_bytes(131_000 if self.edge_chunk is None else 7_580, size, 128 * 4, dtype)
         self.max_neighbors = int(bb.max_neighbors)
         n_z = int(bb.max_num_elements)
         self.refs = (refs if refs is not None else torch.zeros(n_z, dtype=torch.float64)).to(self.device, dtype)

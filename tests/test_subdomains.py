@@ -197,7 +197,8 @@ def test_a_memory_budget_chooses_the_parts(model_file, big, tmp_path, capfd, mon
 
 
 @pytest.mark.parametrize("args, needle", [
-    (["limits.memory_gb=0.01", "subdomains=0"], "give limits.memory_gb >= 0.05"),
+    (["limits.memory_gb=0.01", "subdomains=0"], "give limits.memory_gb >= 0.0117"),   # by layer
+    (["limits.memory_gb=0.01", "subdomains=0", "parts_by_layer=false"], "give limits.memory_gb >= 0.05"),
     (["limits.memory_gb=0.01", "subdomains=2"], "no count fits"),
 ])
 def test_a_budget_too_small_for_one_part_is_refused(model_file, big, args, needle, tmp_path, capfd, monkeypatch):
