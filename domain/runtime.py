@@ -98,14 +98,21 @@ def to_local(x: torch.Tensor) -> torch.Tensor:
 
 def system_sum(values: torch.Tensor, system_index: torch.Tensor, n_systems: int = 1) -> torch.Tensor:
     """(n_systems, *F) per-system sums of per-point ``values``: halo rows dropped, summed over
-    ranks (differentiable).  Outside a scope: a plain ``index_add``."""
+    ranks (differentiable), in the values' dtype.  Outside a scope: a plain ``index_add``.
+
+    A float32 sum is accumulated in float64: an index_add adds its terms one by one, so a sum
+    of ~10^4 site energies of a few eV each in float32 drifts by ~1e-4 eV per point (measured
+    on ORB's and UMA's energies, docs/benchmarks.md), more than the forces' agreement."""
     s = current_scope()
     values, system_index = plain(values), plain(system_index)
     if s is not None and s.halo is not None and values.shape[0] == s.halo.n_padded:
         values, system_index = values[: s.halo.n_owned], system_index[: s.halo.n_owned]
-    out = torch.zeros((n_systems, *values.shape[1:]), dtype=values.dtype, device=values.device)
-    out = out.index_add(0, system_index, values)
-    return all_reduce_sum(s.comm, out) if s is not None else out
+    wide = values.dtype in (torch.float16, torch.bfloat16, torch.float32)
+    acc = values.double() if wide else values
+    out = torch.zeros((n_systems, *values.shape[1:]), dtype=acc.dtype, device=values.device)
+    out = out.index_add(0, system_index, acc)
+    out = all_reduce_sum(s.comm, out) if s is not None else out
+    return out.to(values.dtype) if wide else out
 
 
 def scatter_to_owners(x: torch.Tensor) -> torch.Tensor:

@@ -237,9 +237,9 @@ class OrbModel:
         n_atoms = system_sum(torch.ones(n, dtype=x.dtype, device=x.device), system)   # (1,)
 
         head = net.heads["energy"]
-        # sums over every atom in float64: in float32 the ~N terms' roundings add up (at 16,384 atoms the
-        # energy per atom was 3.5e-4 eV off float64's; docs/benchmarks.md, "The other families on one GPU")
-        pooled = system_sum(h.double(), system).to(h.dtype)
+        # system_sum accumulates in float64: in float32 the ~N terms' roundings added up (at 16,384 atoms
+        # the energy per atom was 3.5e-4 eV off float64's; docs/benchmarks.md, "The other families on one GPU")
+        pooled = system_sum(h, system)
         if head.atom_avg:
             pooled = pooled / n_atoms
         e_net = head.normalizer.inverse(head.mlp(pooled).squeeze(-1)).reshape(1)
@@ -253,7 +253,7 @@ class OrbModel:
             v_edges, f_edges = zbl_edges(zbl, z, senders, receivers, vectors, gradients=self.direct)
             v_atom = x.new_zeros(n).index_add(0, senders[:n_out], v_edges[:n_out])
             energies = energies + (v_atom / n_atoms if zbl.node_aggregation == "mean" else v_atom)
-        energy = system_sum(energies.double(), system).to(energies.dtype)
+        energy = system_sum(energies, system)
         out["energy"], out["energies"] = energy.reshape(()), energies
         if not self.direct:
             return out

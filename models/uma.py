@@ -271,8 +271,9 @@ class UMAModel:
                 x = refresh_halo(x).as_subclass(torch.Tensor)
         x = bb.norm(x)
         energies = self._energies(x[:, 0, :], z, n)
-        energy = positions.new_zeros(1, dtype=energies.dtype).index_add_(0, batch, energies)
-        return {"energy": energy.reshape(()), "energies": energies}
+        # accumulated in float64 (a float32 index_add of 10^4 site energies drifts: domain/runtime.py system_sum)
+        energy = positions.new_zeros(1, dtype=torch.float64).index_add_(0, batch, energies.double())
+        return {"energy": energy.to(energies.dtype).reshape(()), "energies": energies}
 
     def _energies(self, scalars: torch.Tensor, z: torch.Tensor, n: int) -> torch.Tensor:
         """(n_padded,) eV: the task's energy MLP on the scalar channels (its experts: one-hot of

@@ -79,6 +79,29 @@ def _one_domain_matches_brute_force(one_domain, brute_frames):
             assert abs(d["energy"][i] - bf["energy"]) <= 1e-10 * abs(bf["energy"]), name
 
 
+def test_a_float32_system_sum_is_the_exact_sum_rounded_once():
+    """100,000 float32 site energies of ~-3.5 eV: system_sum gives the exact sum (math.fsum in
+    float64) rounded once to float32, where a float32 index_add drifts by eV (one rounding per
+    term); its gradient stays ones in float32."""
+    import math
+
+    from shardmd.domain.runtime import system_sum
+
+    g = torch.Generator().manual_seed(0)
+    v = (-3.5 + 0.1 * torch.randn(100_000, generator=g, dtype=torch.float64)).float().requires_grad_(True)
+    index = torch.zeros(100_000, dtype=torch.int64)
+    exact = math.fsum(v.detach().double().tolist())
+    out = system_sum(v, index)
+    assert out.dtype == torch.float32 and out.shape == (1,)
+    assert abs(float(out) - exact) <= float(torch.finfo(torch.float32).eps) * abs(exact)
+    (grad,) = torch.autograd.grad(out.sum(), v)
+    assert grad.dtype == torch.float32 and bool((grad == 1).all())
+    two = system_sum(v.detach(), torch.arange(100_000) % 2, 2)   # two systems, each its own exact sum
+    for k in range(2):
+        ref = math.fsum(v.detach().double()[k::2].tolist())
+        assert abs(float(two[k]) - ref) <= float(torch.finfo(torch.float32).eps) * abs(ref)
+
+
 def test_seed_once_is_the_identity_outside_a_scope_and_on_one_rank():
     """(seed_once is what a model differentiating itself calls; docs/distributed.md)"""
     from shardmd.domain.api import seed_once
