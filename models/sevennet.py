@@ -366,6 +366,23 @@ class SevenNetModel:
             cls = SevenNetCalculator if dtype == torch.float32 else _Calculator
             return cls(model=self.graph_model, file_type="model_instance", device=self.device)
 
+    def layer_problem(self) -> str | None:
+        """Why this model cannot be called layer by layer (domain/layered_parts.py), or None."""
+        from .sevennet_layers import segments
+
+        return segments(self.graph_model)[1]
+
+    def call_layer(self, index: int, positions: torch.Tensor, numbers: torch.Tensor, nl, features):
+        """Layer ``index`` on a part (models/sevennet_layers.py): (the query rows' features, their
+        site energies (q,) eV at the last layer, zeros before). positions: (m, 3) Å."""
+        from .sevennet_layers import call_layer, segments
+
+        if getattr(self, "_segments", None) is None:
+            self._segments = segments(self.graph_model)[0]
+        z = numbers.long()
+        return call_layer(self.graph_model, self._segments, index, positions.to(self.dtype), self._lut[z], z, nl,
+                          features, self.cutoff)
+
     def compute(self, positions: torch.Tensor, cell: torch.Tensor, pbc, numbers: torch.Tensor, nl
                 ) -> dict[str, torch.Tensor]:
         """positions: (n_padded, 3) Å (a ShardTensor under DistributedModel); nl: query rows =

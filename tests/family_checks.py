@@ -63,19 +63,24 @@ def assert_install_line(tmp_path, hidden: str | None, model_args: list[str], wor
     assert "Traceback" not in r.stderr
 
 
-def evaluate_in_parts(model, atoms, count: int, skin: float = 0.5) -> dict:
+def evaluate_in_parts(model, atoms, count: int, skin: float = 0.5, by_layer: bool = False) -> dict:
     """``model``'s call on ``atoms`` (periodic, float64) made in ``count`` parts as ``subdomains``
-    makes it (domain/subdomains.py): energy, forces, virial, energies; every part has a halo."""
+    makes it (domain/subdomains.py; ``by_layer``: layer by layer, domain/layered_parts.py, each
+    part one cutoff + skin of halo): energy, forces, virial, energies; every part has a halo."""
+    from shardmd.domain.layered_parts import evaluate_by_layer
     from shardmd.domain.neighbors import build_neighbor_list
     from shardmd.domain.subdomains import build_part, evaluate_parts, owner_parts, part_grid
 
     x, cell, z = torch.tensor(atoms.positions), torch.tensor(atoms.cell.array), torch.tensor(atoms.numbers)
     pbc = (True, True, True)
     nl = build_neighbor_list(x, cell, torch.tensor(pbc), model.cutoff + skin)
-    grid = part_grid(count, cell, pbc, model.layers * (model.cutoff + skin))
+    walk = 1 if by_layer else model.layers
+    grid = part_grid(count, cell, pbc, walk * (model.cutoff + skin))
     owner = owner_parts(x, cell, pbc, grid)
-    parts = [build_part(nl, torch.nonzero(owner == p).squeeze(1), model.layers, x.dtype) for p in range(count)]
+    parts = [build_part(nl, torch.nonzero(owner == p).squeeze(1), walk, x.dtype) for p in range(count)]
     assert all(p.ids.numel() > p.n_counted for p in parts)   # each part has a halo
+    if by_layer:
+        return evaluate_by_layer(model, parts, x, cell, z, model.layers)
     return evaluate_parts(model, parts, x, cell, pbc, z)
 
 

@@ -388,32 +388,51 @@ def test_shipped_checkpoints_load_through_the_safe_path():
         torch.load(C.SEVENNET_0_11Jul2024, map_location="cpu", weights_only=True)
 
 
-@pytest.mark.parametrize("count", [2, 4])
-def test_parts_give_sevenns_own_call(count):
+@pytest.mark.parametrize("count, by_layer", [(2, False), (4, False), (2, True), (8, True)])
+def test_parts_give_sevenns_own_call(count, by_layer):
     """The call made in parts (``subdomains=N``, domain/subdomains.py: each part an open cluster
-    reaching layers x (cutoff + skin), forces and virial by autograd through the part) against
-    sevenn's own calculator on the whole periodic cell: float64, a random two-layer SevenNet on
-    rattled CuNi, to 1e-10; the site energies of the parts' own atoms add up to the energy."""
+    reaching layers x (cutoff + skin), forces and virial by autograd through the part; or layer by
+    layer, domain/layered_parts.py, one cutoff + skin of halo) against sevenn's own calculator on
+    the whole periodic cell: float64, a random SevenNet (two layers; three by layer, so that a
+    gradient is carried through a kept layer) on rattled CuNi, to 1e-10; the site energies of the
+    parts' own atoms add up to the energy."""
     from shardmd.models.sevennet import factory
 
-    m = factory(**{**KWARGS, "num_layers": 2}, precision=torch.float64)
-    assert m.layers == 2 and m.counts_rows
+    m = factory(**{**KWARGS, "num_layers": 3 if by_layer else 2}, precision=torch.float64)
+    assert m.layers == (3 if by_layer else 2) and m.counts_rows and m.layer_problem() is None
     a = _cuni(n=7)
-    out = evaluate_in_parts(m, a, count)
+    out = evaluate_in_parts(m, a, count, by_layer=by_layer)
     e0, f0, w0 = _evaluate(m.ase_calculator(), a.numbers, a.positions, a.cell.array)
     _assert_close((float(out["energy"]), out["forces"].numpy(), out["virial"].numpy()), (e0, f0, w0), F64, "parts")
     assert abs(float(out["energies"].sum()) - e0) <= 1e-10 * abs(e0)
 
 
+def test_sevennet_0_by_layer_in_eight_parts_gives_sevenns_own_call():
+    """SevenNet-0 (its shipped weights, five layers: whole parts would need 5 x (5 + 0.5) Å of
+    halo, more than this cell holds) layer by layer in eight parts of one cutoff + skin of halo,
+    against sevenn's own calculator on the periodic cell (float64, 1e-10)."""
+    from shardmd.models.sevennet import factory
+
+    m = factory(checkpoint="7net-0", precision=torch.float64)
+    assert m.layers == 5 and m.layer_problem() is None
+    a = _cuni(n=7)
+    out = evaluate_in_parts(m, a, 8, by_layer=True)
+    e0, f0, w0 = _evaluate(m.ase_calculator(), a.numbers, a.positions, a.cell.array)
+    _assert_close((float(out["energy"]), out["forces"].numpy(), out["virial"].numpy()), (e0, f0, w0), F64, "7net-0")
+
+
 def test_a_run_in_parts_follows_the_run_in_one_piece(tmp_path):
-    """``subdomains=2`` with a random two-layer SevenNet: 30 hot steps (list rebuilds) in parts
-    end where the run in one piece ends (float64, 1e-10 Å)."""
+    """``subdomains=2`` with a random two-layer SevenNet, layer by layer (the default) and each
+    part whole: 30 hot steps (list rebuilds) in parts end where the run in one piece ends
+    (float64, 1e-10 Å)."""
     _cuni(n=7).write(tmp_path / "cuni.extxyz")
     model = [m if not m.startswith("model.num_layers") else "model.num_layers=2" for m in MODEL]
     common = ["run", *model, "system.file=cuni.extxyz", "precision=float64", "steps=30", "temperature=900", "dt=2",
               "trajectory.every=30", "quiet=true", "threads=1", "neighbor.skin=0.5"]
-    ends = run_ends(common, {"one": [], "parts": ["subdomains=2"]}, tmp_path)
+    ends = run_ends(common, {"one": [], "parts": ["subdomains=2"],
+                             "whole": ["subdomains=2", "parts_by_layer=false"]}, tmp_path)
     assert np.abs(ends["parts"] - ends["one"]).max() <= 1e-10
+    assert np.abs(ends["whole"] - ends["one"]).max() <= 1e-10
     assert np.abs(ends["one"] - _cuni(n=7).positions).max() > 0.01   # it moved
 
 

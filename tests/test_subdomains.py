@@ -112,6 +112,56 @@ def final(path):
             f["particles/all/box/edges/value"][-1]
 
 
+def test_by_layer_on_an_open_and_a_slanted_cell(model_file):
+    """Layer by layer where a part's images matter and where they do not: a triclinic periodic
+    cell (parts cut along slanted faces, halo atoms at lattice images) and a cluster with no
+    periodic axis; against the call in one piece (float64)."""
+    from shardmd.domain.layered_parts import evaluate_by_layer
+    from shardmd.domain.neighbors import build_neighbor_list
+    from shardmd.domain.subdomains import build_part, owner_parts, part_grid
+    from shardmd.models.mace import MaceModel
+
+    m = MaceModel(model_file, dtype=torch.float64, trust_pickle=True)
+    a = crystal(n=4, rattle=0.1, seed=5)
+    slanted = a.cell.array + np.array([[0.0, 0.0, 0.0], [1.7, 0.0, 0.0], [0.9, -1.1, 0.0]])
+    a.set_cell(slanted, scale_atoms=True)
+    cluster = crystal(n=3, rattle=0.1, seed=6)
+    cluster.pbc = False
+    for atoms, pbc in ((a, (True, True, True)), (cluster, (False, False, False))):
+        x, cell, z = torch.tensor(atoms.positions), torch.tensor(atoms.cell.array), torch.tensor(atoms.numbers)
+        nl = build_neighbor_list(x, cell, torch.tensor(pbc), m.cutoff + SKIN)
+        ref = m.compute(x, cell, pbc, z, nl)
+        grid = part_grid(4, cell, pbc, m.cutoff + SKIN)
+        owner = owner_parts(x, cell, pbc, grid)
+        parts = [p for p in (build_part(nl, torch.nonzero(owner == k).squeeze(1), 1, x.dtype) for k in range(4))
+                 if p.n_counted]
+        assert len(parts) > 1
+        out = evaluate_by_layer(m, parts, x, cell, z, m.layers)
+        for key in ("energy", "forces", "virial", "energies"):
+            assert float((out[key] - ref[key]).abs().max()) <= 1e-10 * float(ref[key].abs().max()), (pbc, key)
+
+
+@pytest.mark.slow
+def test_an_npt_run_by_layer_follows_the_run_in_one_piece(model_file, tmp_path):
+    """integrator=npt (couple tri) on a slanted cell: the virial of the parts drives the cell, so
+    30 steps in four parts by layer end where the run in one piece ends (positions and cell)."""
+    a = crystal(n=5, rattle=0.05, seed=7)
+    a.set_cell(a.cell.array + np.array([[0.0, 0.0, 0.0], [0.8, 0.0, 0.0], [0.4, 0.3, 0.0]]), scale_atoms=True)
+    a.write(tmp_path / "cu.extxyz")
+    common = ["run", "model=mace", f"model.checkpoint={model_file}", "model.trust_pickle=true",
+              "system.file=cu.extxyz", "steps=30", "temperature=600", "dt=2", "trajectory.every=30", "quiet=true",
+              "threads=1", "integrator=npt", "integrator.couple=tri", "integrator.pressure=20000",
+              "integrator.pdamp=100"]
+    for name, extra in {"one": [], "parts": ["subdomains=4"]}.items():
+        r = run_engine([*common, *extra, f"output={name}.h5"], tmp_path, timeout=900)
+        assert r.returncode == 0, (name, r.stderr[-2000:])
+    with h5py.File(tmp_path / "one.h5") as f, h5py.File(tmp_path / "parts.h5") as g:
+        box_one, box_parts = f["particles/all/box/edges/value"][-1], g["particles/all/box/edges/value"][-1]
+    assert np.abs(box_parts - box_one).max() <= 1e-10
+    assert np.abs(box_one - a.cell.array).max() > 1e-4   # the cell moved
+    assert np.abs(final(tmp_path / "parts.h5") - final(tmp_path / "one.h5")).max() <= 1e-10
+
+
 @pytest.mark.slow
 @pytest.mark.mpi
 def test_a_run_in_parts_follows_the_run_in_one_piece_and_on_two_domains(model_file, tmp_path):

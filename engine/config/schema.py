@@ -328,7 +328,8 @@ class ShardMD:
                           "few as the memory (limits.memory_gb, else what is free) needs", whole(0))
     parts_by_layer: Any = key("auto", "with subdomains: the call made one message-passing layer at a time over the "
                               "parts, each with one cutoff + skin of halo (docs/design.md); auto: where the model "
-                              "can (mace); false: each part whole, with a halo of layers x (cutoff + skin)", AUTO)
+                              "can (mace, sevennet); false: each part whole, with a halo of layers x (cutoff + "
+                              "skin)", AUTO)
     steps: int = key(1000, "total step number to reach", whole(0))
     dt: float = key(1.0, "time step, fs", number("give a time step > 0 in fs", gt=0))
     temperature: float = key(100.0, "K: initial Maxwell-Boltzmann velocities and the Langevin target",

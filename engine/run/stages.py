@@ -141,7 +141,7 @@ def _by_layer(cfg, model) -> bool:
     problem = model.layer_problem() if hasattr(model, "layer_problem") else f"a {type(model).__name__}"
     if problem and asked is True:
         raise UserError(f"parts_by_layer=true: the model is {problem}, which is not called layer by layer "
-                        "(mace's MACE and ScaleShiftMACE are); use parts_by_layer=auto or false")
+                        "(mace's MACE and ScaleShiftMACE and sevenn's SevenNet are); use parts_by_layer=auto or false")
     return problem is None
 
 
