@@ -3,10 +3,12 @@
 For each (size, parts) pair: one MD run of fcc Cu with the shipped MACE model (NVE, 1 fs,
 float32 on CUDA) through ``python -m engine run``, in its own process; prints atom-steps/s of
 the loop, the device's peak memory and the rate against the first row of the same parts count
-(the 1M-atom run in one piece is the reference of the issue's target).
+(the 1M-atom run in one piece is the reference of the issue's target). Peak memory: the GPU's
+(the run's own summary line), or on the CPU the process's peak resident set.
 
     python scripts/bench_subdomains.py --sizes 63:1 100:1 100:8 136:27 --steps 20 --device cuda
     python scripts/bench_subdomains.py --sizes 6:1 6:2 --steps 5 --device cpu      # a smoke run
+    python scripts/bench_subdomains.py --sizes 6:1 10:1 --steps 5 --device cpu --extra malloc=keep
 
 ``SIZE:PARTS``: SIZE fcc cells per axis (4 SIZE^3 atoms: 63 -> 1.0M, 100 -> 4.0M, 136 -> 10.1M).
 A run that fails (out of memory, refused) gets one row saying why; the others go on.
@@ -40,13 +42,19 @@ def one(size: int, parts: int, steps: int, device: str, extra: list[str]) -> dic
                 f"steps={steps}", "temperature=300", "trajectory.every=0", "checkpoint.every=0",
                 f"thermo.every={steps}", "quiet=false", f"subdomains={parts}", f"output={d}/run.h5", *extra]
         t = time.perf_counter()
-        r = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, cwd=d)
+        with open(os.path.join(d, "out"), "w+") as out, open(os.path.join(d, "err"), "w+") as err:
+            p = subprocess.Popen([sys.executable, "-c", code, *args], stdout=out, stderr=err, text=True, cwd=d)
+            _, status, usage = os.wait4(p.pid, 0)   # this child's own peak resident memory (kB on Linux)
+            p.returncode = os.waitstatus_to_exitcode(status)
+            out.seek(0)
+            err.seek(0)
+            r = subprocess.CompletedProcess(p.args, p.returncode, out.read(), err.read())
         wall = time.perf_counter() - t
         loop = re.search(r"Loop: .*?([0-9.e+]+) atom-steps/s.*?(\d+) neighbour builds", r.stdout + r.stderr)
         split = re.search(r"Time split: (.*)", r.stdout + r.stderr)   # where the loop's time went
         logged = re.search(r"Memory: peak GPU ([0-9.]+) GiB", r.stdout + r.stderr)   # the run's own summary line
         mem = (float(logged.group(1)) if logged else
-               float(open(peak).read()) / 2**30 if os.path.exists(peak) else float("nan"))
+               float(open(peak).read()) / 2**30 if os.path.exists(peak) else usage.ru_maxrss / 2**20)
         if r.returncode or loop is None:
             tail = [ln for ln in (r.stderr or r.stdout).splitlines() if ln.strip()][-1:] or ["no output"]
             return {"rate": float("nan"), "mem": mem, "wall": wall, "note": tail[0][:140]}

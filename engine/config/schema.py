@@ -340,6 +340,9 @@ class ShardMD:
                          one_of("float32", "float64", fix="use float32 or float64"))
     device: str = key("cpu", "cpu, cuda or cuda:N",
                       Check(lambda v: re.fullmatch(r"cpu|cuda(:\d+)?", v) is not None, "use cpu, cuda or cuda:N"))
+    malloc: str = key("system", "CPU runs: keep (glibc keeps the memory a step frees for the next: MACE 2.3x faster "
+                      "at 4,000 atoms, ~1.8x the peak memory; docs/design.md) or system (its defaults)",
+                      one_of("system", "keep"))
     threads: int = key(0, "torch CPU threads per rank; 0: 1 per rank under MPI, else OMP_NUM_THREADS, "
                           "SLURM_CPUS_PER_TASK or the cores this process may use less the busy ones (the log's "
                           "header says which)",

@@ -75,6 +75,10 @@ def device_of(cfg, comm: Comm) -> torch.device:
         raise UserError(f"device={cfg.device}: CUDA is not available on this machine; use device=cpu")
     _CHOICE[:] = [int(cfg.threads), f"threads={int(cfg.threads)}"] if int(cfg.threads) else thread_choice(comm.size)
     torch.set_num_threads(_CHOICE[0])
+    if device.type == "cpu" and cfg.get("malloc", "system") == "keep":
+        from shardmd.engine.run.malloc import keep_freed_memory
+
+        keep_freed_memory()   # engine/run/malloc.py: large freed blocks kept for the next step
     return device
 
 
@@ -84,7 +88,12 @@ def threads_line(cfg, comm: Comm, device) -> str:
         return ""
     n, why = _CHOICE or ([int(cfg.threads), f"threads={int(cfg.threads)}"] if int(cfg.threads)
                          else thread_choice(comm.size))
-    return f", threads {n} ({why})"
+    kept = ""
+    if cfg.get("malloc", "system") == "keep":
+        from shardmd.engine.run.malloc import keep_freed_memory
+
+        kept = ", malloc keep" if keep_freed_memory() else ", malloc keep (not glibc: its defaults kept)"
+    return f", threads {n} ({why}){kept}"
 
 
 def the_model(cfg, model, dtype: torch.dtype, device) -> tuple[DistributedModel, dict]:
