@@ -415,7 +415,7 @@ def test_sevennet_0_by_layer_in_eight_parts_gives_sevenns_own_call():
 
     m = factory(checkpoint="7net-0", precision=torch.float64)
     assert m.layers == 5 and m.layer_problem() is None
-    a = _cuni(n=7)
+    a = _cuni(n=5)
     out = evaluate_in_parts(m, a, 8, by_layer=True)
     e0, f0, w0 = _evaluate(m.ase_calculator(), a.numbers, a.positions, a.cell.array)
     _assert_close((float(out["energy"]), out["forces"].numpy(), out["virial"].numpy()), (e0, f0, w0), F64, "7net-0")
