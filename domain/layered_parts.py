@@ -91,8 +91,9 @@ def evaluate_by_layer(model, parts, positions: torch.Tensor, cell: torch.Tensor,
         upstream = down
         if k:
             kept[k - 1] = None   # layer k-1's outputs are no longer needed
-    return {"energy": energies.sum().to(positions.dtype), "forces": forces,
-            "virial": (0.5 * (virial + virial.T)).to(positions.dtype), "energies": energies.to(positions.dtype)}
+    # symmetric as it is: apply_strain differentiates through sym(eps)
+    return {"energy": energies.sum().to(positions.dtype), "forces": forces, "virial": virial.to(positions.dtype),
+            "energies": energies.to(positions.dtype)}
 
 
 __all__ = ["evaluate_by_layer"]

@@ -72,8 +72,8 @@ def part_grid(count: int, cell: torch.Tensor, pbc, reach: float) -> tuple[int, i
     except DecompositionError:
         best = max_domains_of(widths, float(reach), int(count))
         raise ValueError(f"subdomains={count} makes parts narrower than the model's reach {reach:.2f} Å "
-                         f"(message-passing layers x (cutoff + skin)); use at most subdomains={best} for this "
-                         "system") from None
+                         "(cutoff + skin, times the layers a part is called with at once); use at most "
+                         f"subdomains={best} for this system") from None
 
 
 def owner_parts(positions: torch.Tensor, cell: torch.Tensor, pbc, grid) -> torch.Tensor:

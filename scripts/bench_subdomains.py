@@ -28,14 +28,6 @@ A_CU = 3.61
 
 def one(size: int, parts: int, steps: int, device: str, extra: list[str]) -> dict:
     with tempfile.TemporaryDirectory() as d:
-        peak = os.path.join(d, "peak")
-        code = ("import runpy, sys, torch, atexit\n"
-                "def _p():\n"
-                "    if torch.cuda.is_available():\n"
-                f"        open({peak!r}, 'w').write(str(torch.cuda.max_memory_allocated()))\n"
-                "atexit.register(_p)\n"
-                "sys.argv = ['engine'] + sys.argv[1:]\n"
-                "runpy.run_module('engine', run_name='__main__')\n")
         precision = "float32" if device != "cpu" else "float64"
         args = ["run", "model=mace", f"device={device}", f"precision={precision}",
                 "system.lattice=fcc", "system.element=Cu", f"system.a={A_CU}", f"system.repeat=[{size},{size},{size}]",
@@ -43,7 +35,7 @@ def one(size: int, parts: int, steps: int, device: str, extra: list[str]) -> dic
                 f"thermo.every={steps}", "quiet=false", f"subdomains={parts}", f"output={d}/run.h5", *extra]
         t = time.perf_counter()
         with open(os.path.join(d, "out"), "w+") as out, open(os.path.join(d, "err"), "w+") as err:
-            p = subprocess.Popen([sys.executable, "-c", code, *args], stdout=out, stderr=err, text=True, cwd=d)
+            p = subprocess.Popen([sys.executable, "-m", "engine", *args], stdout=out, stderr=err, text=True, cwd=d)
             _, status, usage = os.wait4(p.pid, 0)   # this child's own peak resident memory (kB on Linux)
             p.returncode = os.waitstatus_to_exitcode(status)
             out.seek(0)
@@ -53,8 +45,7 @@ def one(size: int, parts: int, steps: int, device: str, extra: list[str]) -> dic
         loop = re.search(r"Loop: .*?([0-9.e+]+) atom-steps/s.*?(\d+) neighbour builds", r.stdout + r.stderr)
         split = re.search(r"Time split: (.*)", r.stdout + r.stderr)   # where the loop's time went
         logged = re.search(r"Memory: peak GPU ([0-9.]+) GiB", r.stdout + r.stderr)   # the run's own summary line
-        mem = (float(logged.group(1)) if logged else
-               float(open(peak).read()) / 2**30 if os.path.exists(peak) else usage.ru_maxrss / 2**20)
+        mem = (float(logged.group(1)) if logged else usage.ru_maxrss / 2**20 if device == "cpu" else float("nan"))
         if r.returncode or loop is None:
             tail = [ln for ln in (r.stderr or r.stdout).splitlines() if ln.strip()][-1:] or ["no output"]
             return {"rate": float("nan"), "mem": mem, "wall": wall, "note": tail[0][:140]}
