@@ -252,7 +252,9 @@ class MaceModel:
     CUDA, on one domain, with sync-free edge selection (True: then always; 'auto', the default:
     up to ``GRAPH_MAX_POINTS``; False: never; see domain/graphed_call.py); trust_pickle: load
     the file by unpickling it freely instead of through the safe loader (see ``load_mace``);
-    compile: run the module compiled by torch.compile (models/mace_compile.py). Under
+    compile: run the module compiled by torch.compile (models/mace_compile.py); 'auto': built
+    eager, compiled by :meth:`compile_now` when the engine finds the run long enough
+    (engine/run/compile_choice.py). Under
     DistributedModel the decomposition context of the call (for the per-layer exchange) comes
     from ``current_scope()``; called directly, it runs alone.
     """
@@ -261,13 +263,16 @@ class MaceModel:
     distribution_spec = SPEC_MACE
 
     def __init__(self, checkpoint: str | Path | None = None, dtype=torch.float64, device="cpu", cueq="auto",
-                 cuda_graph="auto", trust_pickle: bool = False, head: str | None = None, compile: bool = False):
+                 cuda_graph="auto", trust_pickle: bool = False, head: str | None = None, compile=False):
         self.path = resolve_checkpoint(checkpoint)
         if not checkpoint and not self.path.is_file():
             raise ValueError(f"the shipped MACE model {self.path} is missing; give model.checkpoint=PATH")
         self.dtype, self.device = dtype, torch.device(device)
         #: the module runs compiled by torch.compile (models/mace_compile.py)
         self.compiled = compile is True
+        #: 'auto': eager until :meth:`compile_now` (the engine's choice for a long run)
+        self.compile_asked = "auto" if compile == "auto" else self.compiled
+        self._built_with = (trust_pickle, cueq, checkpoint, head, cuda_graph)
         if self.compiled:
             from .mace_compile import compiler_problem
 
@@ -287,6 +292,31 @@ class MaceModel:
             from .mace_compile import compiled
 
             self.model = compiled(self.model)
+
+    def compile_now(self) -> str | None:
+        """Compile the module now (``compile='auto'`` chosen on): it is loaded again with e3nn's
+        code generation off (dynamo cannot trace the scripted code of the eager load), then
+        compiled as ``compile=True`` builds it. Returns why it cannot (no compiler), else None.
+        Call it before the first call: a captured CUDA graph would keep the eager module."""
+        if self.compiled:
+            return None
+        from .mace_compile import compiled, compiler_problem
+
+        problem = compiler_problem(self.device)
+        if problem:
+            return problem
+        trust_pickle, cueq, checkpoint, head, cuda_graph = self._built_with
+        kept = self._recompute
+        self.compiled = True
+        with _building(True):
+            self._load(trust_pickle, cueq)
+        for p in self.model.parameters():
+            p.requires_grad_(False)
+        self._recompute = _install_recompute(self.model)
+        self._recompute.on, self._recompute.auto = kept.on, kept.auto
+        self._finish(checkpoint, head, cuda_graph)
+        self.model = compiled(self.model)
+        return None
 
     def _load(self, trust_pickle: bool, cueq) -> None:
         self.model = load_mace(self.path, self.device, self.dtype, trust_pickle=trust_pickle)

@@ -93,13 +93,14 @@ def model_sum(*, terms, precision: torch.dtype = torch.float64, device="cpu"):
 
 def mace(*, checkpoint: str | None = None, dtype: str | None = None, cueq="auto", cuda_graph="auto",
          trust_pickle: bool = False, precision: torch.dtype = torch.float64, device="cpu", head: str | None = None,
-         compile: bool = False):
+         compile=False):
     """MACE via mace-torch (the shipped Cu model without ``checkpoint``); ``compile``: the module
-    compiled by torch.compile (its first call and its first new shape take ~10-60 s)."""
+    compiled by torch.compile (its first call and its first new shape take ~10-60 s); 'auto':
+    eager, compiled where the engine finds the run long enough (engine/run/compile_choice.py)."""
     from .mace import MaceModel
 
-    if compile not in (True, False):
-        raise ValueError(f"model.compile={compile!r}: give true or false")
+    if compile not in (True, False, "auto"):
+        raise ValueError(f"model.compile={compile!r}: give auto, true or false")
     dt = {"float32": torch.float32, "float64": torch.float64}[dtype] if dtype else precision
     return MaceModel(checkpoint, dtype=dt, device=device, cueq=cueq, cuda_graph=cuda_graph,
                      trust_pickle=trust_pickle is True, head=head, compile=compile)   # only a real true opts in

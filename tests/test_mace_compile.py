@@ -38,7 +38,10 @@ def test_compiled_call_equals_eager_through_a_new_shape(tmp_path, monkeypatch):
     monkeypatch.setenv("HOME", str(tmp_path))
     monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
     eager = MaceModel(dtype=torch.float64)
-    comp = MaceModel(dtype=torch.float64, compile=True)
+    # built as model.compile=auto builds it (eager), then compiled as the engine does for a long run
+    comp = MaceModel(dtype=torch.float64, compile="auto")
+    assert not comp.compiled and not isinstance(comp.model, torch._dynamo.eval_frame.OptimizedModule)
+    assert comp.compile_now() is None
     assert comp.compiled and isinstance(comp.model, torch._dynamo.eval_frame.OptimizedModule)
     for n, seed in ((2, 1), (3, 2), (2, 3)):   # 32, 108, then 32 atoms at other positions
         x, h, z = _system(n, seed)
@@ -108,3 +111,33 @@ def test_without_a_compiler_the_refusal_is_one_line(tmp_path):
                    env={"PATH": str(tmp_path), "CXX": ""})
     assert r.returncode == 2 and "needs a C++ compiler" in r.stderr and "Traceback" not in r.stderr, r.stderr
     assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_auto_compiles_long_one_domain_gpu_runs_only():
+    """model.compile=auto's choice (engine/run/compile_choice.py): a GPU, one domain, one piece, one
+    system, and a run whose eager time is estimated long; the run's last step decides (a restart of
+    the same run decides the same)."""
+    from shardmd.engine.config.compose import compose_config
+    from shardmd.engine.run.compile_choice import SECONDS, estimated_seconds, reason_not
+
+    gpu, cpu = torch.device("cuda"), torch.device("cpu")
+
+    def why(*over, atoms=100_000, ranks=1, device=gpu):
+        return reason_not(compose_config(["model=mace", *over]), None, atoms, ranks, device)
+
+    assert why("steps=100000") is None                       # 100k atoms: ~8,000 s eager
+    assert "short" in why("steps=1000")                      # ~80 s
+    assert why("steps=1000000", atoms=864) is None           # small: the host-bound floor counts
+    assert "short" in why("steps=100000", atoms=864)         # ~170 s
+    assert why("steps=100000", device=cpu) == "not on a GPU"
+    assert why("steps=100000", ranks=4) == "4 domains"
+    assert why("steps=100000", "subdomains=8") == "called in parts"
+    assert estimated_seconds(10**6, 864) >= SECONDS > estimated_seconds(10**5, 864)
+
+
+def test_auto_keeps_the_cpu_eager(tmp_path):
+    """On the CPU model.compile=auto (the default) never compiles: the header says nothing of it."""
+    r = run_engine(["run", "model=mace", "system.repeat=[2,2,2]", "steps=2", "output=x.h5"], cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    log = (tmp_path / "x.log").read_text()
+    assert "ShardMD:" in log and "compiled" not in log

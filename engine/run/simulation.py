@@ -26,7 +26,7 @@ from shardmd.engine.config.expressions import stored_config
 from shardmd.engine.errors import OutputError, UserError
 from shardmd.engine.io.checkpoint import checkpoint_dir, model_identity_of, write_checkpoint
 from shardmd.engine.launch.stop import EXIT_STOPPED, StopRequest
-from shardmd.engine.run import health, measure, model_inputs, output, stages
+from shardmd.engine.run import compile_choice, health, measure, model_inputs, output, stages
 from shardmd.engine.run import restart as restart_mod
 from shardmd.engine.run.constraints import constrain
 from shardmd.engine.run.integrator_setup import make_integrator
@@ -62,6 +62,7 @@ class Simulation:
         self.device = stages.device_of(cfg, comm)
         self.integrator = make_integrator(cfg, comm=comm)
         self.observable_modules = measure.load_config(cfg)   # observables.modules (allow_code=true)
+        built_here = model is None
         self.dmodel, self.model_origin = stages.the_model(cfg, model, self.dtype, self.device)
         self.model = model = self.dmodel.model
         self.run_record = RunRecord(cfg, self.model_origin)   # expressions never resolved in what is stored
@@ -93,6 +94,9 @@ class Simulation:
             except ValueError as exc:
                 raise UserError(str(exc)) from None
         self.n_global = self.domain.n_global
+        # model.compile=auto: compiled before its first call where the run is long (a built model only)
+        self._compile_words = ("" if built_here is False else
+                               compile_choice.apply(cfg, self.dmodel, self.n_global, comm.size, self.device))
         self.reporter = reporter or Reporter(self.log_path if comm.is_root else None, quiet=cfg.quiet,
                                              progress=cfg.thermo.progress, enabled=comm.is_root,
                                              log_mode="a" if self.checkpoint_in else "w",
@@ -331,7 +335,7 @@ class Simulation:
                f"integrator {self.integrator.name}, "
                f"dt {shown('dt', self.integrator.dt)} fs, {shown('precision', self.cfg.precision)} on {self.device}, "
                f"domains {self.comm.size} (grid {'x'.join(map(str, self.domain.grid.shape))})"
-               f"{stages.parts_line(self.dmodel, self.state)}"
+               f"{stages.parts_line(self.dmodel, self.state)}{self._compile_words}"
                f"{stages.threads_line(self.cfg, self.comm, self.device)}")
         if restored:
             r.line(f"Restart from {self.checkpoint_in['shown']} at step {self.state.step}")
