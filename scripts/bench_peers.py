@@ -109,19 +109,21 @@ def run_shardmd(atoms, a, graph: str, compiled: bool = False) -> dict:
           f"output={tempfile.gettempdir()}/bench_peers_{os.getpid()}.h5", "overwrite=true",
           f"model.compile={str(compiled).lower()}"]
     state = State.from_atoms(atoms, dtype=getattr(torch, a.dtype), device=dev)
+    t = time.perf_counter()
     sim = Simulation(compose_config(ov), state=state)
     sim.setup()
     sim.started = True
     for _ in range(a.warmup):
         sim.step()
     _sync(dev)
+    start = time.perf_counter() - t   # set-up and warm-up: what compiling adds to a run, once
     t = time.perf_counter()
     for _ in range(a.steps):
         sim.step()
     _sync(dev)
     wall = time.perf_counter() - t
     g = getattr(sim.model, "_graphed", None)
-    note = f"{sim.nl.n_builds} list builds" + (f", {g.replays} graph replays" if g is not None and g.replays else "")
+    note = f"start {start:.1f} s, {sim.nl.n_builds} list builds" + (f", {g.replays} graph replays" if g is not None and g.replays else "")
     sim.close()
     return {"rate": len(atoms) * a.steps / wall, "peak": _peak_gib(dev), "e0": e0, "f0": f0, "note": note}
 
