@@ -294,29 +294,11 @@ class MaceModel:
             self.model = compiled(self.model)
 
     def compile_now(self) -> str | None:
-        """Compile the module now (``compile='auto'`` chosen on): it is loaded again with e3nn's
-        code generation off (dynamo cannot trace the scripted code of the eager load), then
-        compiled as ``compile=True`` builds it. Returns why it cannot (no compiler), else None.
-        Call it before the first call: a captured CUDA graph would keep the eager module."""
-        if self.compiled:
-            return None
-        from .mace_compile import compiled, compiler_problem
+        """Compile the module now (``compile='auto'`` chosen on; models/mace_compile.py
+        :func:`compile_built`). Returns why it cannot (no compiler), else None."""
+        from .mace_compile import compile_built
 
-        problem = compiler_problem(self.device)
-        if problem:
-            return problem
-        trust_pickle, cueq, checkpoint, head, cuda_graph = self._built_with
-        kept = self._recompute
-        self.compiled = True
-        with _building(True):
-            self._load(trust_pickle, cueq)
-        for p in self.model.parameters():
-            p.requires_grad_(False)
-        self._recompute = _install_recompute(self.model)
-        self._recompute.on, self._recompute.auto = kept.on, kept.auto
-        self._finish(checkpoint, head, cuda_graph)
-        self.model = compiled(self.model)
-        return None
+        return compile_built(self, _install_recompute)
 
     def _load(self, trust_pickle: bool, cueq) -> None:
         self.model = load_mace(self.path, self.device, self.dtype, trust_pickle=trust_pickle)

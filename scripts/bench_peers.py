@@ -123,7 +123,8 @@ def run_shardmd(atoms, a, graph: str, compiled: bool = False) -> dict:
     _sync(dev)
     wall = time.perf_counter() - t
     g = getattr(sim.model, "_graphed", None)
-    note = f"start {start:.1f} s, {sim.nl.n_builds} list builds" + (f", {g.replays} graph replays" if g is not None and g.replays else "")
+    note = (f"start {start:.1f} s, {sim.nl.n_builds} list builds"
+            + (f", {g.replays} graph replays" if g is not None and g.replays else ""))
     sim.close()
     return {"rate": len(atoms) * a.steps / wall, "peak": _peak_gib(dev), "e0": e0, "f0": f0, "note": note}
 
