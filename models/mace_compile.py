@@ -88,6 +88,11 @@ def compile_built(mm, install_recompute) -> str | None:
     mm._recompute.on, mm._recompute.auto = kept.on, kept.auto
     mm._finish(checkpoint, head, cuda_graph)
     mm.model = compiled(mm.model)
+    # auto chose this, the user did not: a graph dynamo or inductor fails on runs eagerly
+    # instead of ending the run (``true`` keeps torch's errors)
+    import torch._dynamo
+
+    torch._dynamo.config.suppress_errors = True
     return None
 
 
