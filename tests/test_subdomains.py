@@ -240,14 +240,14 @@ def test_a_memory_budget_chooses_the_parts(model_file, big, tmp_path, capfd, mon
     r = engine_run(model_file, big, ["limits.memory_gb=0.13", "subdomains=0", "parts_by_layer=false", "output=w.h5"],
                    tmp_path, capfd, monkeypatch)
     assert r.returncode == 0, r.stderr
-    assert "subdomains 8 (grid 2x2x2, reach 8 Å)" in r.stdout + r.stderr
+    assert "subdomains 12 (grid 3x2x2, reach 8 Å)" in r.stdout + r.stderr
     r = engine_run(model_file, big, ["limits.memory_gb=50", "subdomains=0", "output=b.h5"], tmp_path, capfd,
                    monkeypatch)
     assert r.returncode == 0 and "subdomains" not in r.stdout + r.stderr, r.stderr
 
 
 @pytest.mark.parametrize("args, needle", [
-    (["limits.memory_gb=0.01", "subdomains=0"], "give limits.memory_gb >= 0.0117"),   # by layer
+    (["limits.memory_gb=0.01", "subdomains=0"], "give limits.memory_gb >= 0.0128"),   # by layer
     (["limits.memory_gb=0.01", "subdomains=0", "parts_by_layer=false"], "give limits.memory_gb >= 0.05"),
     (["limits.memory_gb=0.01", "subdomains=2"], "no count fits"),
 ])

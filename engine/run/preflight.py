@@ -389,6 +389,9 @@ def size_problem(cfg, n: int, cell, pbc, positions, cutoff: float, ranks: int, d
 
 #: bytes per list edge a call in parts keeps for the whole system (indices and shifts, packed)
 LIST_EDGE_BYTES = 24
+#: the measured peaks of calls in parts over this sum (one H200, the shipped model layer by layer in
+#: 27 parts: 62.0 GiB against 57.7 at 10.1 M atoms, 100.8 against 92.6 at 16.4 M; docs/benchmarks.md)
+PARTS_MARGIN = 1.10
 
 
 def _parts_problem(parts: dict, n: int, cell, pbc, neighbours: float, per_edge: float, budget) -> str | None:
@@ -412,7 +415,7 @@ def _parts_problem(parts: dict, n: int, cell, pbc, neighbours: float, per_edge: 
         for k in range(3):
             if g[k] > 1 or pbc[k]:
                 grow *= (widths[k] / g[k] + 2 * reach) / (widths[k] / g[k])
-        return whole + min(n, n / count * grow) * neighbours * per_edge * alive
+        return PARTS_MARGIN * (whole + min(n, n / count * grow) * neighbours * per_edge * alive)
 
     most = max_domains_of(widths, reach, 4096)
     fits = [c for c in range(1, most + 1) if need(c) is not None and (budget is None or need(c) <= budget[0])]
