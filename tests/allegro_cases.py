@@ -7,6 +7,7 @@ Usage (also as a script): ``python tests/allegro_cases.py DIR`` writes DIR/alleg
 """
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -70,6 +71,14 @@ global_options: {allow_tf32: false}
 """
 
 
+def _tool(name: str) -> Path:
+    """nequip's console script: beside this Python (a venv), else the first on PATH (a
+    ``pip install --target`` puts it in the target's bin)."""
+    here = Path(sys.executable).parent / name
+    found = shutil.which(name)
+    return here if here.exists() or found is None else Path(found)
+
+
 def cuag(n: int = 3, seed: int = 1, a: float = 3.7, rattle: float = 0.08):
     """fcc Cu with ~40 % Ag on random sites, n x n x n cubic cells (4 n^3 atoms), rattled (Å)."""
     from ase.build import bulk
@@ -103,7 +112,7 @@ def make_checkpoint(folder: Path) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     training_data(folder / "cuag.xyz")
     (folder / "config.yaml").write_text(CONFIG)
-    train = Path(sys.executable).parent / "nequip-train"
+    train = _tool("nequip-train")
     r = subprocess.run([str(train), "-cp", str(folder), "-cn", "config", f"hydra.run.dir={folder / 'train'}"],
                        cwd=folder, capture_output=True, text=True, timeout=600)
     if r.returncode != 0:
@@ -114,7 +123,7 @@ def make_checkpoint(folder: Path) -> Path:
 
 def make_package(checkpoint: Path, out: Path) -> Path:
     """``nequip-package build`` of a checkpoint (a ``.nequip.zip``, as pretrained models come)."""
-    tool = Path(sys.executable).parent / "nequip-package"
+    tool = _tool("nequip-package")
     # the checkpoint names its training data relative to where nequip-train ran (packaging reads a frame)
     r = subprocess.run([str(tool), "build", str(checkpoint), str(out)], cwd=checkpoint.parent, capture_output=True,
                        text=True, timeout=600)
