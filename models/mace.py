@@ -270,19 +270,21 @@ class MaceModel:
         self.dtype, self.device = dtype, torch.device(device)
         #: the module runs compiled by torch.compile (models/mace_compile.py)
         self.compiled = compile is True
-        #: 'auto': eager until :meth:`compile_now` (the engine's choice for a long run)
-        self.compile_asked = "auto" if compile == "auto" else self.compiled
+        self.compile_asked = "auto" if compile == "auto" else self.compiled   # auto: eager until compile_now
         self._built_with = (trust_pickle, cueq, checkpoint, head, cuda_graph)
         if self.compiled:
             from .mace_compile import compiler_problem
 
-            problem = compiler_problem(self.device)
-            if problem:
+            if problem := compiler_problem(self.device):
                 raise ValueError(problem)
+        self._build()
+
+    def _build(self) -> None:
+        """Load (compiled: e3nn's codegen off), freeze, recompute switch, heads; compile if ``compiled``."""
+        trust_pickle, cueq, checkpoint, head, cuda_graph = self._built_with
         with _building(self.compiled):
             self._load(trust_pickle, cueq)
-        for p in self.model.parameters():
-            p.requires_grad_(False)
+        self.model.requires_grad_(False)   # every parameter
         #: the radial MLPs' activations: kept for the backward pass, or recomputed there
         #: (:class:`_Recompute`); ``recompute_radial``: True, False, or 'auto' (the default:
         #: kept until a one-domain CUDA call runs out of memory, recomputed from then on)
@@ -294,11 +296,10 @@ class MaceModel:
             self.model = compiled(self.model)
 
     def compile_now(self) -> str | None:
-        """Compile the module now (``compile='auto'`` chosen on; models/mace_compile.py
-        :func:`compile_built`). Returns why it cannot (no compiler), else None."""
+        """models/mace_compile.py :func:`compile_built` (``compile='auto'`` chosen on): why not, or None."""
         from .mace_compile import compile_built
 
-        return compile_built(self, _install_recompute)
+        return compile_built(self)
 
     def _load(self, trust_pickle: bool, cueq) -> None:
         self.model = load_mace(self.path, self.device, self.dtype, trust_pickle=trust_pickle)

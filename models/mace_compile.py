@@ -65,29 +65,20 @@ def compiled(module: torch.nn.Module) -> torch.nn.Module:
     return torch.compile(simplify(module), dynamic=None)
 
 
-def compile_built(mm, install_recompute) -> str | None:
-    """Compile a built ``MaceModel`` in place (``compile='auto'``, chosen on by the engine):
-    its module is loaded again under :func:`building` (dynamo cannot trace the scripted code of
-    the eager load), set up as at construction (the recompute switches kept) and compiled as
-    ``compile=True`` builds it (``install_recompute``: models/mace.py's, handed in so this
-    helper imports nothing of it). Returns why it cannot (no compiler: it stays eager), else None.
-    Before the first call: a captured CUDA graph would keep the eager module."""
+def compile_built(mm) -> str | None:
+    """Compile a built ``MaceModel`` in place (``compile='auto'``, chosen on by the engine): built
+    again as ``compile=True`` builds it (its ``_build``: dynamo cannot trace the scripted code of
+    the eager load), the recompute switches kept. Returns why it cannot (no compiler: it stays
+    eager), else None. Before the first call: a captured CUDA graph would keep the eager module."""
     if mm.compiled:
         return None
     problem = compiler_problem(mm.device)
     if problem:
         return problem
-    trust_pickle, cueq, checkpoint, head, cuda_graph = mm._built_with
     kept = mm._recompute
     mm.compiled = True
-    with building():
-        mm._load(trust_pickle, cueq)
-    for p in mm.model.parameters():
-        p.requires_grad_(False)
-    mm._recompute = install_recompute(mm.model)
+    mm._build()
     mm._recompute.on, mm._recompute.auto = kept.on, kept.auto
-    mm._finish(checkpoint, head, cuda_graph)
-    mm.model = compiled(mm.model)
     # auto chose this, the user did not: a graph dynamo or inductor fails on runs eagerly
     # instead of ending the run (``true`` keeps torch's errors)
     import torch._dynamo

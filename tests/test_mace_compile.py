@@ -123,7 +123,7 @@ def test_auto_compiles_long_one_domain_gpu_runs_only():
     gpu, cpu = torch.device("cuda"), torch.device("cpu")
 
     def why(*over, atoms=100_000, ranks=1, device=gpu):
-        return reason_not(compose_config(["model=mace", *over]), None, atoms, ranks, device)
+        return reason_not(compose_config(["model=mace", *over]), atoms, ranks, device)
 
     assert why("steps=100000") is None                       # 100k atoms: ~8,000 s eager
     assert "short" in why("steps=1000")                      # ~80 s

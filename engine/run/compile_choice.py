@@ -33,7 +33,7 @@ def estimated_seconds(steps: int, atoms: int) -> float:
     return max(int(steps), 0) * max(atoms / RATE, FLOOR)
 
 
-def reason_not(cfg, model, atoms: int, ranks: int, device) -> str | None:
+def reason_not(cfg, atoms: int, ranks: int, device) -> str | None:
     """Why auto does not compile this run (a few words), or None when it should."""
     if device.type != "cuda":
         return "not on a GPU"
@@ -55,7 +55,7 @@ def apply(cfg, dmodel, atoms: int, ranks: int, device) -> str:
     model = getattr(dmodel, "model", None)
     if getattr(model, "compile_asked", None) != "auto" or not hasattr(model, "compile_now"):
         return ", compiled" if getattr(model, "compiled", False) else ""
-    if reason_not(cfg, model, atoms, ranks, device) is not None:
+    if reason_not(cfg, atoms, ranks, device) is not None:
         return ""
     problem = model.compile_now()
     if problem:

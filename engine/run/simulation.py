@@ -95,8 +95,8 @@ class Simulation:
                 raise UserError(str(exc)) from None
         self.n_global = self.domain.n_global
         # model.compile=auto: compiled before its first call where the run is long (a built model only)
-        self._compile_words = ("" if built_here is False else
-                               compile_choice.apply(cfg, self.dmodel, self.n_global, comm.size, self.device))
+        self._compile_words = (compile_choice.apply(cfg, self.dmodel, self.n_global, comm.size, self.device)
+                               if built_here else "")
         self.reporter = reporter or Reporter(self.log_path if comm.is_root else None, quiet=cfg.quiet,
                                              progress=cfg.thermo.progress, enabled=comm.is_root,
                                              log_mode="a" if self.checkpoint_in else "w",
