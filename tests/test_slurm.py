@@ -112,10 +112,31 @@ def submit(env, cwd, *args) -> str:
     return jobid
 
 
+def ask(env, args, limit_s=60.0) -> str:
+    """The output of a SLURM query (``scontrol show``, ``squeue``: never an action). A query that
+    fails is asked again until ``limit_s``: on a loaded machine slurmctld, busy with a requeue,
+    has closed scontrol's connection mid-request (scontrol died of SIGPIPE, printing nothing)."""
+    deadline = time.monotonic() + limit_s
+    while True:
+        try:
+            r = subprocess.run(args, env=env, capture_output=True, text=True, timeout=30)
+            if r.returncode == 0:
+                return r.stdout
+            got = (r.returncode, r.stdout[-2000:], r.stderr[-3000:])
+        except subprocess.TimeoutExpired:
+            got = "no answer within 30 s"
+        assert time.monotonic() < deadline, (args, got)
+        time.sleep(1.0)
+
+
+def show_job(env, jobid) -> str:
+    """``scontrol show job -o``'s lines for ``jobid`` (one per array task)."""
+    return ask(env, ["scontrol", "show", "job", "-o", jobid])
+
+
 def job(env, jobid) -> dict[str, str]:
     """scontrol's view of a job (kept MinJobAge = 300 s after it ends): {key: value}."""
-    out = sh(["scontrol", "show", "job", "-o", jobid], env, None, timeout=30).stdout
-    return dict(kv.split("=", 1) for kv in out.splitlines()[0].split() if "=" in kv)
+    return dict(kv.split("=", 1) for kv in show_job(env, jobid).splitlines()[0].split() if "=" in kv)
 
 
 def wait_until(what, pred, timeout_s, poll_s=0.2, why=lambda: ""):
@@ -393,8 +414,8 @@ def test_array_sweep_runs_each_job_in_its_folder(slurm, tmp_path):
                    "system.repeat=[3,3,3]", "steps=20", "threads=1", "quiet=true",
                    f"temperature={','.join(map(str, temps))}")
     wait_until("every array task to end",
-               lambda: not sh(["squeue", "-h", "-j", jobid], slurm, tmp_path).stdout.strip(), 180, poll_s=1)
-    states = sh(["scontrol", "show", "job", "-o", jobid], slurm, tmp_path).stdout
+               lambda: not ask(slurm, ["squeue", "-h", "-j", jobid]).strip(), 180, poll_s=1)
+    states = show_job(slurm, jobid)
     assert states.count("JobState=COMPLETED") == len(temps), states
     for k, t in enumerate(temps):
         folder = tmp_path / "multirun" / jobid / str(k)
