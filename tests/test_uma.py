@@ -17,7 +17,7 @@ import pytest
 import torch
 from ase import Atoms
 from ase.io import write
-from conftest import run_engine
+from conftest import cli_in_process, run_engine
 from family_checks import assert_install_line, assert_restart_bit_exact, save_hostile
 from uma_cases import crystal, make_checkpoint
 
@@ -214,9 +214,10 @@ def test_file_refusals_are_one_line(files):
 
 
 @needs_fairchem
-def test_engine_refusals_are_one_line(files, tmp_path):
+def test_engine_refusals_are_one_line(files, tmp_path, capfd, monkeypatch):
     """Through the CLI: a hostile file, an unknown element, a wrong task, a missing file: exit 2,
-    one line, no traceback, no output file."""
+    one line, no traceback, no output file. (In this process, conftest.cli_in_process: each fresh
+    interpreter would spend ~18 s of CPU importing fairchem before refusing.)"""
     marker = tmp_path / "MARKER"
     save_hostile(tmp_path / "evil.pt", marker)
     write(tmp_path / "fm.extxyz", Atoms("Fm2", positions=[[0, 0, 0], [1.6, 1.6, 1.6]], cell=[6, 6, 6], pbc=True))
@@ -226,7 +227,8 @@ def test_engine_refusals_are_one_line(files, tmp_path):
                         ([ck, "model.task=omx"], ["model.task=omx", "oc20, omat, omol"]),
                         ([f"model.checkpoint={tmp_path / 'none.pt'}"], ["no such file"])):
         system = [] if any(a.startswith("system.file") for a in args) else [f"system.file={files['xyz']}"]
-        r = run_engine(["run", f"model={ROUTE}", *args, *system, "steps=1", "output=r.h5"], cwd=tmp_path)
+        r = cli_in_process(["run", f"model={ROUTE}", *args, *system, "steps=1", "output=r.h5"], tmp_path, capfd,
+                           monkeypatch)
         lines = r.stderr.strip().splitlines()
         assert r.returncode == 2 and len(lines) == 1 and all(w in lines[0] for w in words), r.stderr[-2000:]
         assert "Traceback" not in r.stderr and not (tmp_path / "r.h5").exists()
