@@ -82,6 +82,12 @@ def cli_in_process(args, cwd, capfd, monkeypatch) -> subprocess.CompletedProcess
 #: on the workers instead of one after another on one, late (longest first; :func:`_first`)
 LONG_UNITS = ("test_extras.py",)
 
+#: the longest of the other units (wall minutes on a loaded 2-core machine: compiled MACE ~12,
+#: the SLURM tier ~8, mostly waiting; SHARDMD_CPU_LOG gives each test's): started after the
+#: shared MPI worlds, so that none of them is taken last and runs alone at the end
+HEAVY_UNITS = ("test_mace_compile.py", "test_slurm.py", "test_subdomains.py", "test_batch_queue.py",
+               "test_readme.py", "test_coulomb.py", "test_decomposed.py")
+
 
 def _scope(nodeid: str) -> str:
     """The work unit of a test (:class:`_ModuleScheduling`): its own for LONG_UNITS, the shared
@@ -95,16 +101,21 @@ def _scope(nodeid: str) -> str:
 
 def _scheduled(items) -> list:
     """The order the workers take the units in (xdist's own reordering is off, see below):
-    LONG_UNITS' tests, then the shared MPI worlds (the longest chain), then the other units
-    largest first (xdist's own rule: the big ones started early), each unit's tests in order."""
+    LONG_UNITS' tests, then the shared MPI worlds (the longest chain), then HEAVY_UNITS in their
+    order, then the other units largest first (xdist's own rule: the big ones started early),
+    each unit's tests in order."""
     units: dict[str, list] = {}
     for item in items:
         units.setdefault(_scope(item.nodeid), []).append(item)
 
     def rank(scope_unit):
         scope, unit = scope_unit
-        first = 0 if Path(scope.partition("::")[0]).name in LONG_UNITS else 1 if scope == "mpi-worlds" else 2
-        return first, -len(unit)
+        name = Path(scope.partition("::")[0]).name
+        if name in LONG_UNITS:
+            return 0, 0, -len(unit)
+        if scope == "mpi-worlds":
+            return 1, 0, -len(unit)
+        return (2, HEAVY_UNITS.index(name), 0) if name in HEAVY_UNITS else (3, 0, -len(unit))
 
     return [item for _, unit in sorted(units.items(), key=rank) for item in unit]
 
