@@ -84,9 +84,10 @@ LONG_UNITS = ("test_extras.py",)
 
 #: the longest of the other units (wall minutes on a loaded 2-core machine: compiled MACE ~12,
 #: the SLURM tier ~8, mostly waiting; SHARDMD_CPU_LOG gives each test's): started after the
-#: shared MPI worlds, so that none of them is taken last and runs alone at the end
+#: shared MPI worlds, so that none of them is taken last and runs alone at the end (Coulomb:
+#: its tests outside the worlds)
 HEAVY_UNITS = ("test_mace_compile.py", "test_slurm.py", "test_subdomains.py", "test_batch_queue.py",
-               "test_readme.py", "test_coulomb.py", "test_decomposed.py")
+               "test_readme.py", "test_coulomb.py")
 
 
 def _scope(nodeid: str) -> str:

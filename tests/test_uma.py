@@ -17,7 +17,7 @@ import pytest
 import torch
 from ase import Atoms
 from ase.io import write
-from conftest import cli_in_process, run_engine
+from conftest import run_engine, run_in_process
 from family_checks import assert_install_line, assert_restart_bit_exact, save_hostile
 from uma_cases import crystal, make_checkpoint
 
@@ -216,7 +216,7 @@ def test_file_refusals_are_one_line(files):
 @needs_fairchem
 def test_engine_refusals_are_one_line(files, tmp_path, capfd, monkeypatch):
     """Through the CLI: a hostile file, an unknown element, a wrong task, a missing file: exit 2,
-    one line, no traceback, no output file. (In this process, conftest.cli_in_process: each fresh
+    one line, no traceback, no output file. (In this process, conftest.run_in_process: each fresh
     interpreter would spend ~18 s of CPU importing fairchem before refusing.)"""
     marker = tmp_path / "MARKER"
     save_hostile(tmp_path / "evil.pt", marker)
@@ -227,11 +227,10 @@ def test_engine_refusals_are_one_line(files, tmp_path, capfd, monkeypatch):
                         ([ck, "model.task=omx"], ["model.task=omx", "oc20, omat, omol"]),
                         ([f"model.checkpoint={tmp_path / 'none.pt'}"], ["no such file"])):
         system = [] if any(a.startswith("system.file") for a in args) else [f"system.file={files['xyz']}"]
-        r = cli_in_process(["run", f"model={ROUTE}", *args, *system, "steps=1", "output=r.h5"], tmp_path, capfd,
-                           monkeypatch)
-        lines = r.stderr.strip().splitlines()
-        assert r.returncode == 2 and len(lines) == 1 and all(w in lines[0] for w in words), r.stderr[-2000:]
-        assert "Traceback" not in r.stderr and not (tmp_path / "r.h5").exists()
+        code, lines = run_in_process(["run", f"model={ROUTE}", *args, *system, "steps=1", "output=r.h5"], tmp_path,
+                                     capfd, monkeypatch)
+        assert code == 2 and len(lines) == 1 and all(w in lines[0] for w in words), lines
+        assert not any("Traceback" in ln for ln in lines) and not (tmp_path / "r.h5").exists()
     assert not marker.exists()
 
 
