@@ -84,7 +84,8 @@ def _get() -> dict:
 
         _kernels.update(v_press=k.v_press, remap=k.remap, kinetic_tensor=k.kinetic_tensor, mv2=k.mv2,
                         press_kick=k.press_kick, remap_drift_remap=k.remap_drift_remap,
-                        kick_press_measure=k.kick_press_measure, strain_displacement=k.strain_displacement)
+                        kick_press_measure=k.kick_press_measure, strain_displacement=k.strain_displacement,
+                        check_measure=k.check_measure)
     return _kernels
 
 
@@ -180,3 +181,16 @@ def strain_displacement(x: torch.Tensor, x0: torch.Tensor, t: list[list[float]],
     _run("strain_displacement", part.shape[0], [x, x0, tuple(t[0]), tuple(t[1]), tuple(t[2]), n,
                                                 float("nan"), part])
     return part.amax().sqrt()
+
+
+def check_measure(x: torch.Tensor, x0: torch.Tensor, t: list[list[float]], v: torch.Tensor,
+                  out: torch.Tensor) -> tuple[float, float]:
+    """(max over the rows of |x - x0 T|^2 (Å^2), max of |v|^2 ((Å/fs)^2)), each NaN if any of
+    its terms is: the list's check (:func:`strain_displacement`, T = I for a fixed cell) and the
+    health measure's speed (engine/run/health.py) in one pass and one read; x, x0, v (N, 3), t
+    (3, 3) rows, ``out`` a kept (>= chunks, 3) float64 work array (two columns used)."""
+    n = x.shape[0]
+    part = out.view(-1)[: 2 * _chunks(n)].view(-1, 2)
+    _run("check_measure", part.shape[0], [x, x0, tuple(t[0]), tuple(t[1]), tuple(t[2]), v, n, float("nan"), part])
+    m = (part[0] if part.shape[0] == 1 else part.amax(0)).tolist()
+    return m[0], m[1]

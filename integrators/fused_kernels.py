@@ -229,3 +229,32 @@ def strain_displacement(x: wp.array2d(dtype=f64), x0: wp.array2d(dtype=f64), t0:
             bad = 1
         m = wp.max(m, d2)
     out[t] = wp.where(bad != 0, nan, m)
+
+
+# -- the per-step list and health check in one pass (engine/run/rank_domain.py: RankDomain.check_and_stop) ------
+@wp.kernel(enable_backward=False)
+def check_measure(x: wp.array2d(dtype=f64), x0: wp.array2d(dtype=f64), t0: wp.vec3d, t1: wp.vec3d, t2: wp.vec3d,
+                  v: wp.array2d(dtype=f64), n: int, nan: f64, out: wp.array2d(dtype=f64)):
+    # a chunk's max of |x - x0 T|^2 and of |v|^2 (T's rows t0 t1 t2); each NaN when any of its terms is
+    t = wp.tid()
+    m = f64(0.0)
+    s = f64(0.0)
+    bad_m = int(0)
+    bad_s = int(0)
+    for i in range(t * CHUNK, wp.min(t * CHUNK + CHUNK, n)):
+        a = x0[i, 0]
+        b = x0[i, 1]
+        c = x0[i, 2]
+        dx = x[i, 0] - (a * t0[0] + b * t1[0] + c * t2[0])
+        dy = x[i, 1] - (a * t0[1] + b * t1[1] + c * t2[1])
+        dz = x[i, 2] - (a * t0[2] + b * t1[2] + c * t2[2])
+        d2 = dx * dx + dy * dy + dz * dz
+        if d2 != d2:
+            bad_m = 1
+        m = wp.max(m, d2)
+        v2 = v[i, 0] * v[i, 0] + v[i, 1] * v[i, 1] + v[i, 2] * v[i, 2]
+        if v2 != v2:
+            bad_s = 1
+        s = wp.max(s, v2)
+    out[t, 0] = wp.where(bad_m != 0, nan, m)
+    out[t, 1] = wp.where(bad_s != 0, nan, s)

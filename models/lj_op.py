@@ -130,11 +130,15 @@ class LennardJonesOp:
     name = "lj"
     needs_autograd = False
 
-    def __init__(self, lj: LennardJones, spec=SPEC_LJ):
+    def __init__(self, lj: LennardJones, spec=SPEC_LJ, direct: bool = False):
         self.lj = lj
         self.handle = next(_ids)
         _MODELS[self.handle] = lj
         self.distribution_spec = spec
+        # direct=True (the engine's model=lj): DistributedModel calls the op's body without the
+        # op (shardmd.domain.distributed_model, ``direct``); the op stays for a spec given
+        # elsewhere, the validator and torch.compile
+        self.direct = _Direct(self) if direct and spec is SPEC_LJ else None
         self.model_config = ModelConfig(outputs=("energy", "forces", "virial", "energies"),
                                         neighbors=NeighborConfig(lj.cutoff, full=not lj.newton))
 
@@ -167,17 +171,48 @@ class LennardJonesOp:
         return self.lj.describe() + " via shardmd_lj::lennard_jones"
 
     def compute(self, positions, cell, pbc, numbers, nl) -> dict:
-        packed = getattr(nl, "packed", None)
-        if packed is not None and packed.shape[0]:   # the kernel reads these alone: never unpack
-            neighbors, shifts = nl.offsets.new_zeros(0), nl.offsets.new_zeros(0, 3)
-        else:
-            packed = nl.offsets.new_zeros(0, dtype=torch.int64)
-            neighbors, shifts = nl.neighbors, nl.shifts
         op = (lennard_jones_forces if self.lj.forces_only else lennard_jones_virial if self.lj.virial_only
               else lennard_jones)
-        e, f, w, es = op(positions, cell, numbers, nl.offsets, neighbors, shifts, packed,
-                         float(nl.cutoff), int(nl.n_points), self.handle, bool(getattr(nl, "half", False)),
+        e, f, w, es = op(positions, cell, numbers, *_list_args(nl), self.handle, bool(getattr(nl, "half", False)),
                          getattr(nl, "order", None))
+        return {"energy": e, "forces": f, "virial": w, "energies": es}
+
+
+def _list_args(nl) -> tuple:
+    """The op's list arguments after ``numbers``, in its order up to ``handle`` (which follows)."""
+    packed = getattr(nl, "packed", None)
+    if packed is not None and packed.shape[0]:   # the kernel reads these alone: never unpack
+        neighbors, shifts = nl.offsets.new_zeros(0), nl.offsets.new_zeros(0, 3)
+    else:
+        packed = nl.offsets.new_zeros(0, dtype=torch.int64)
+        neighbors, shifts = nl.neighbors, nl.shifts
+    return nl.offsets, neighbors, shifts, packed, float(nl.cutoff), int(nl.n_points)
+
+
+class _Direct:
+    """:class:`LennardJonesOp`'s call without the op: the op's body (``_call``) on the same
+    arguments, so the same bits, with the op adapters' reductions as output kinds (energy and
+    virial summed over ranks, unless this call skipped them; forces and per-atom energies the
+    owned rows the kernel completes)."""
+
+    output_kinds = {"energy": "per_system", "virial": "per_system", "forces": "per_point", "energies": "per_point"}
+
+    def __init__(self, op: LennardJonesOp):
+        self._op = weakref.ref(op)   # no cycle: the op model owns this
+
+    @property
+    def skipped_outputs(self) -> frozenset:
+        lj = self._op().lj
+        if lj.forces_only:
+            return frozenset(("energy", "virial", "energies"))
+        return frozenset(("energy", "energies")) if lj.virial_only else frozenset()
+
+    def compute(self, positions, cell, pbc, numbers, nl) -> dict:
+        op = self._op()
+        offsets, neighbors, shifts, packed, cutoff, n_points = _list_args(nl)
+        sums = "none" if op.lj.forces_only else "virial" if op.lj.virial_only else "all"
+        e, f, w, es = _call(positions, cell, numbers, offsets, neighbors, shifts, packed, cutoff, n_points,
+                            op.handle, bool(getattr(nl, "half", False)), getattr(nl, "order", None), sums)
         return {"energy": e, "forces": f, "virial": w, "energies": es}
 
 

@@ -39,7 +39,7 @@ def lj(*, epsilon: Mapping, sigma: Mapping, cutoff: float, shift: bool = True,
     from .lj_op import LennardJonesOp
 
     return LennardJonesOp(LennardJones(epsilon=epsilon, sigma=sigma, cutoff=cutoff, shift=shift, mixing=mixing,
-                                       pairs=pairs or {}))
+                                       pairs=pairs or {}), direct=True)
 
 
 def morse(*, D: float, a: float, r0: float, cutoff: float, shift: bool = True):

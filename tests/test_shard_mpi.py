@@ -34,6 +34,9 @@ def test_handlers_transforms_adapters_on_k_ranks(k, mpi_world):
     res = json.loads((mpi_world(k, f"shard_cases{k}") / "res.json").read_text())
     bad = {n: v for n, v in res.items() if not v["ok"]}
     assert len(res) > 100 and not bad, bad
+    # the engine's direct LJ call was compared with the op for each sum it asks for
+    sums = ((False, False), (True, False), (False, True))
+    assert {f"lj_direct_equals_op_bitwise_{a}_{b}" for a, b in sums} <= set(res)
     # without ScatterOutputs the halo partial sums are visibly missing
     assert res["transform_missing_ScatterOutputs_err"]["err"] > 1e-3
 

@@ -200,6 +200,16 @@ class RankDomain:
         largest measure on any rank, a stop requested on any rank). stop=None: nothing
         carried (the third value is False)."""
         t = time.perf_counter()
+        fast = self._fused_check(s, dt)
+        if fast is not None:   # floats: the one all-reduce only where there are ranks to agree
+            if self.comm.size == 1:
+                self.timers["neighbor"] += time.perf_counter() - t
+                return fast[0], fast[1], bool(stop)
+            parts = [float(fast[0]), fast[1]] + ([] if stop is None else [float(bool(stop))])
+            out = self.comm.all_reduce(torch.tensor(parts, dtype=torch.float64, device=s.positions.device),
+                                       "max").tolist()
+            self.timers["neighbor"] += time.perf_counter() - t
+            return bool(out[0]), out[1], stop is not None and bool(out[2])
         d, trigger = self.displacement(s) if s.n_atoms else (None, 0.0)
         h = step_measure(s.velocities, dt, d)   # 0-d float64 on the atoms' device
         need = torch.full_like(h, float(bool(s.n_atoms))) if d is None else (d > trigger).to(h.dtype)
@@ -207,6 +217,34 @@ class RankDomain:
         out = self.comm.all_reduce(torch.stack(parts), "max").tolist()   # the one host read
         self.timers["neighbor"] += time.perf_counter() - t
         return bool(out[0]), out[1], stop is not None and bool(out[2])
+
+    def _fused_check(self, s: State, dt: float) -> tuple[bool, float] | None:
+        """(a rebuild is due here, the step measure max |v| dt in Å) from one CPU pass over the
+        rows (integrators/fused.py ``check_measure``) where it serves (CPU, float64, a list
+        that serves these atoms), else None (:meth:`displacement` and health.step_measure then).
+        Same rule as theirs: displacement (less the cell's deformation) > trigger; the measure
+        +inf when a velocity or the displacement is not finite."""
+        nl, x, v = self.nl, s.positions, s.velocities
+        if not s.n_atoms or not nl.serves(x) or not fused.usable(x, nl.reference, v):
+            return None
+        trigger = 0.5 * nl.skin
+        if not nl.box_check or not nl.cell_changed(s.cell):
+            if nl.stale(x, s.cell):
+                return None
+            t = IDENTITY
+        else:
+            try:
+                t = matmul3(inv3(nl.build_cell.double().cpu().tolist()), s.cell.double().cpu().tolist())
+            except ZeroDivisionError:
+                return None
+            trigger = 0.5 * (nl.skin - strain_norm(t) * nl.radius)
+            if not math.isfinite(trigger):
+                return None
+        d2, v2 = fused.check_measure(x, nl.reference, t, v, self._work_rows(x))
+        d, h = math.sqrt(d2), math.sqrt(v2) * dt
+        if not (math.isfinite(d) and math.isfinite(h)):
+            h = math.inf
+        return d > trigger, h
 
     def displacement(self, s: State) -> tuple[torch.Tensor | None, float]:
         """(this rank's largest displacement since the last build, 0-d Å; the largest one the
@@ -282,6 +320,9 @@ class RankDomain:
         ``s``'s memory order, e.g. the reference positions or per-atom energies)."""
         parts = self.comm.gather_object(_local_arrays(s, fields, extra))
         return None if parts is None else _assemble(parts)
+
+
+IDENTITY = [[1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, 1.0]]
 
 
 def strain_norm(t: list[list[float]]) -> float:

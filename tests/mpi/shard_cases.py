@@ -341,7 +341,32 @@ def run_checks(comm) -> dict:
     err = max(float((a[k] - b[k]).abs().max()) for k in ("energy", "forces", "virial", "energies"))
     C.close("lj_op_equals_direct_bitwise", err, 0.0)
     C.close("lj_op_keys", 0.0 if set(a) == set(b) else 1.0, 0.0)
+    # the engine's direct call (LennardJonesOp(direct=True): the op's body without the op) == the op,
+    # bit for bit, for each sum the engine asks for (all; forces alone; forces and virial)
+    for flags in ((False, False), (True, False), (False, True)):
+        outs = []
+        for direct in (False, True):
+            m = LennardJonesOp(lj, direct=direct)
+            dm = DistributedModel(m)
+            C.close(f"lj_direct_taken_{direct}", 0.0 if (dm.direct is not None) == direct else 1.0, 0.0)
+            m.forces_only, m.virial_only = flags
+            try:
+                outs.append(dm.compute(ctx, padded, d["numbers"], nl))
+            finally:
+                m.forces_only = m.virial_only = False
+        p_, q_ = outs
+        err = max(_nan_same(p_[k], q_[k]) for k in ("energy", "forces", "virial", "energies"))
+        C.close(f"lj_direct_equals_op_bitwise_{flags[0]}_{flags[1]}", err + (0.0 if set(p_) == set(q_) else 1.0), 0.0)
     return C.res
+
+
+def _nan_same(x: torch.Tensor, y: torch.Tensor) -> float:
+    """0 when ``x`` and ``y`` are equal bit for bit with NaN in the same places, else the largest
+    difference (inf for NaN in different places)."""
+    if x.shape != y.shape or not torch.equal(x.isnan(), y.isnan()):
+        return float("inf")
+    keep = ~x.isnan()
+    return float((x[keep] - y[keep]).abs().max()) if bool(keep.any()) else 0.0
 
 
 def run(comm, argv):
