@@ -54,7 +54,7 @@ from .spec import (
     SpecImportRefused,
     SpecLoadError,
 )
-from .warp_setup import as_array, as_mat33, as_vec3, as_vec3i, init_warp, scalar_type, wp_device
+from .warp_setup import as_array, as_mat33, as_vec3, as_vec3i, init_warp, retarget, scalar_type, wp_device
 
 # Model-vocabulary names of the intent helpers (the mechanism keeps neutral names in
 # runtime.py; see docs/distributed.md, "Intent helpers").
@@ -89,5 +89,5 @@ __all__ = [
     # neighbour list; the LJ model is written this way), re-exported so that models never import
     # domain internals (tests/test_contracts.py enforces it).
     "NeighborList", "ZERO_SHIFT", "as_array", "as_mat33", "as_vec3", "as_vec3i", "init_warp", "packed_neighbor",
-    "packed_shift_code", "scalar_type", "shift_of_code", "wp_device",
+    "packed_shift_code", "retarget", "scalar_type", "shift_of_code", "wp_device",
 ]

@@ -109,3 +109,27 @@ def as_array(t: torch.Tensor):
     """View a contiguous 1-d tensor as a Warp array of its own scalar type (shared memory)."""
     wp = init_warp()
     return wp.from_torch(t.contiguous())
+
+
+def retarget(cmd, index: int, t: torch.Tensor, like: torch.Tensor) -> None:
+    """Point array argument ``index`` of a recorded launch (``wp.launch(..., record_cmd=True)``)
+    at tensor ``t``, where it pointed at ``like``: the packed array struct copied with ``t``'s
+    address (~1 us), instead of wrapping ``t`` and packing it again (``from_torch`` and Warp's
+    pack, ~10-20 us; a small CPU step re-points a few arrays a step). ``t`` must have ``like``'s
+    shape, dtype and strides (then the struct's other fields are ``t``'s), else it is wrapped;
+    the caller keeps ``t`` alive while the launch may run, as it did ``like``."""
+    set_ctype = getattr(cmd, "set_param_at_index_from_ctype", None)
+    if set_ctype is None or t.shape != like.shape or t.dtype != like.dtype or t.stride() != like.stride():
+        cmd.set_param_at_index(index, _wrap_like(cmd, index, t))
+        return
+    packed = cmd.params[index + 1]
+    c = type(packed).from_buffer_copy(packed)
+    c.data = t.data_ptr()
+    set_ctype(index, c)
+
+
+def _wrap_like(cmd, index: int, t: torch.Tensor):
+    """``t`` wrapped as the Warp array type of the launch's argument ``index``."""
+    wp = init_warp()
+    return wp.from_torch(t, dtype=cmd.kernel.adj.args[index].type.dtype)   # strided as it is: an output stays t
+

@@ -26,7 +26,7 @@ import math
 
 import torch
 
-from .fused_common import CHUNK
+from .fused_common import CHUNK, retarget
 from .fused_common import warp as _warp
 
 ENABLED = True  # False: always the torch code (tests compare the two)
@@ -69,7 +69,7 @@ def _run(name: str, dim: int, args: list) -> None:
         h = held[i]
         if isinstance(a, torch.Tensor):
             if a.data_ptr() != h.data_ptr():
-                cmd.set_param_at_index(i, wp.from_torch(a))
+                retarget(cmd, i, a, h)
                 held[i] = a
         elif type(a) is not type(h) or a != h:   # NaN != NaN: packed every time, as it should be
             cmd.set_param_at_index(i, wp.vec3d(*a) if isinstance(a, tuple) else a)

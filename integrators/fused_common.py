@@ -24,3 +24,19 @@ def warp():
         wp.init()
         _wp = wp
     return _wp or None
+
+
+def retarget(cmd, index: int, t, like) -> None:
+    """Point array argument ``index`` of a recorded launch at tensor ``t`` where it pointed at
+    ``like`` (same shape, dtype and strides): the packed struct copied with ``t``'s address,
+    not ``t`` wrapped and packed again. The same as shardmd.domain.warp_setup.retarget (its
+    docstring says why), which this layer may not import."""
+    set_ctype = getattr(cmd, "set_param_at_index_from_ctype", None)
+    if set_ctype is None or t.shape != like.shape or t.dtype != like.dtype or t.stride() != like.stride():
+        cmd.set_param_at_index(index, warp().from_torch(t, dtype=cmd.kernel.adj.args[index].type.dtype))
+        return
+    packed = cmd.params[index + 1]
+    c = type(packed).from_buffer_copy(packed)
+    c.data = t.data_ptr()
+    set_ctype(index, c)
+

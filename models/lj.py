@@ -14,7 +14,17 @@ from collections.abc import Mapping
 import torch
 from ase.data import atomic_numbers, chemical_symbols
 
-from shardmd.domain.api import NeighborList, as_array, as_mat33, as_vec3, as_vec3i, init_warp, scalar_type, wp_device
+from shardmd.domain.api import (
+    NeighborList,
+    as_array,
+    as_mat33,
+    as_vec3,
+    as_vec3i,
+    init_warp,
+    retarget,
+    scalar_type,
+    wp_device,
+)
 
 from . import lj_kernels as lk
 
@@ -370,13 +380,15 @@ class LennardJones:
                                     as_array(visit), wp.from_torch(acc, dtype=_VEC4[x.dtype]), as_mat33(virials),
                                     int(final), as_vec3(forces), as_array(energies), as_array(tot_e),
                                     as_mat33(tot_w)])
-            kept = self._recorded = (key, cmd, held)   # held: the addresses stay these tensors'
+            kept = self._recorded = (key, cmd, held, [forces, energies])   # held: the addresses stay these tensors'
         else:
+            cmd, last = kept[1], kept[3]
             if kept[2][0].data_ptr() != x.data_ptr():
-                kept[1].set_param_at_index(0, as_vec3(x))
-                kept = self._recorded = (key, kept[1], held)
-            kept[1].set_param_at_index(15, as_vec3(forces))
-            kept[1].set_param_at_index(16, as_array(energies))
+                retarget(cmd, 0, x, kept[2][0])
+                kept = self._recorded = (key, cmd, held, last)
+            retarget(cmd, 15, forces, last[0])   # fresh outputs each call: re-pointed, not wrapped
+            retarget(cmd, 16, energies, last[1])
+            last[:] = [forces, energies]
         kept[1].launch()
 
     def _kept_cell(self, cell: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -72,3 +72,37 @@ def test_fused_check_agrees_with_the_torch_check(case, tmp_path):
     assert {g[0] for g, _ in seen} == {True, False}   # both decisions were met
     sim.state.velocities[5, 0] = float("nan")
     assert fast(sim.state, dt)[1] == math.inf
+
+
+def test_retarget_points_a_recorded_launch_at_new_tensors():
+    """domain's ``retarget`` (and integrators' copy of it): a recorded Warp launch re-pointed at new
+    tensors reads and writes those (an output is the new tensor itself, also a strided one, which
+    takes the wrapping path), as a launch recorded for them would."""
+    import warp as wp
+
+    from shardmd.domain.api import init_warp, retarget
+    from shardmd.integrators.fused_common import retarget as retarget_integrators
+
+    init_warp()
+
+    @wp.kernel
+    def axpy(x: wp.array2d(dtype=wp.float64), y: wp.array2d(dtype=wp.float64), out: wp.array2d(dtype=wp.float64)):
+        i, j = wp.tid()
+        out[i, j] = wp.float64(2.0) * x[i, j] + y[i, j]
+
+    g = torch.Generator().manual_seed(3)
+    for fn in (retarget, retarget_integrators):
+        x, y, out = (torch.rand(5, 3, dtype=torch.float64, generator=g) for _ in range(3))
+        cmd = wp.launch(axpy, dim=(5, 3), device="cpu", record_cmd=True,
+                        inputs=[wp.from_torch(x), wp.from_torch(y), wp.from_torch(out)])
+        cmd.launch()
+        assert torch.equal(out, 2.0 * x + y)
+        x2, out2 = torch.rand(5, 3, dtype=torch.float64, generator=g), torch.zeros(5, 3, dtype=torch.float64)
+        fn(cmd, 0, x2, x)
+        fn(cmd, 2, out2, out)
+        cmd.launch()
+        assert torch.equal(out2, 2.0 * x2 + y)
+        strided = torch.zeros(3, 5, dtype=torch.float64).T   # (5, 3), strides (1, 5)
+        fn(cmd, 2, strided, out2)
+        cmd.launch()
+        assert torch.equal(strided, 2.0 * x2 + y)
