@@ -5,6 +5,8 @@ ASE.  Fractional coordinates ``f`` satisfy ``x = f @ cell``.
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
 
@@ -19,6 +21,8 @@ def perpendicular_widths(cell: torch.Tensor) -> torch.Tensor:
     ``w_k = V / |a_i x a_j|``.  A slab of fractional thickness ``t`` along axis ``k`` is
     ``t * w_k`` thick.
     """
+    if cell.device.type == "cpu":   # nine floats: Python's arithmetic, not ~10 torch calls (a small step's builds)
+        return torch.tensor(_widths(cell.detach().to(torch.float64).tolist()), dtype=torch.float64)
     c = cell.to(torch.float64)
     v = volume(c)
     cross = torch.stack([
@@ -27,6 +31,17 @@ def perpendicular_widths(cell: torch.Tensor) -> torch.Tensor:
         torch.linalg.cross(c[0], c[1]),
     ])
     return v / cross.norm(dim=1)
+
+
+def _widths(h: list[list[float]]) -> list[float]:
+    """:func:`perpendicular_widths` of rows ``h`` (3 x 3 floats): |det h| / |a_i x a_j|."""
+    def cross(a, b):
+        return (a[1] * b[2] - a[2] * b[1], a[2] * b[0] - a[0] * b[2], a[0] * b[1] - a[1] * b[0])
+
+    c = (cross(h[1], h[2]), cross(h[2], h[0]), cross(h[0], h[1]))
+    v = abs(h[0][0] * c[0][0] + h[0][1] * c[0][1] + h[0][2] * c[0][2])   # a_0 . (a_1 x a_2)
+    norms = [math.sqrt(x * x + y * y + z * z) for x, y, z in c]
+    return [v / n if n > 0 else math.nan for n in norms]   # a flat cell: 0 / 0, NaN as torch gives
 
 
 def to_fractional(positions: torch.Tensor, cell: torch.Tensor) -> torch.Tensor:

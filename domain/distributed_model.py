@@ -163,9 +163,10 @@ class DistributedModel:
         self._warned: set = set()
         policy = spec.distribution.compile_policy if spec is not None else None
         self.compiled = CompiledForward(policy) if policy is not None and policy.enabled else None
-        # the model's direct call (see compute): with its own spec only, never a compiled one
-        self.direct = getattr(model, "direct", None) if own_spec and spec is not None and self.compiled is None \
-            else None
+        # the model's direct call (see compute): with its own spec only, never a compiled one, and only the
+        # model's own attribute: a wrapper that forwards attributes (__getattr__) has its compute called
+        own = vars(model).get("direct") if hasattr(model, "__dict__") else None
+        self.direct = own if own_spec and spec is not None and self.compiled is None else None
         if self.direct is not None and not set(self.direct.output_kinds.values()) <= set(KINDS):
             raise ValueError(f"unknown output kinds in {type(model).__name__}.direct: use {KINDS}")
 
@@ -186,7 +187,9 @@ class DistributedModel:
         ``compute`` that gives, bit for bit, what its spec's call gives (an engine-owned kernel
         whose custom op only forwards to it). It is called instead, without the per-call
         promotion, adapters and op dispatch (~0.1-0.3 ms a call on a CPU: what a small system's
-        step is made of); with a spec given here, or a compiled one, the spec path runs.
+        step is made of); with a spec given here, or a compiled one, the spec path runs. It must be
+        the model's own instance attribute: a wrapper forwarding attributes to such a model does
+        not pass it on (the wrapper's ``compute`` is what it offers).
         ``skipped_outputs`` (on ``direct`` or a kinds model, optional): the outputs this call
         did not compute (NaN), which are not summed over ranks."""
         if self.direct is not None:
