@@ -115,8 +115,8 @@ def test_without_a_compiler_the_refusal_is_one_line(tmp_path):
 
 def test_auto_compiles_long_one_domain_gpu_runs_only():
     """model.compile=auto's choice (engine/run/compile_choice.py): a GPU, one domain, one piece, one
-    system, and a run whose eager time is estimated long; the run's last step decides (a restart of
-    the same run decides the same)."""
+    system, more than the CUDA graph's 50,000 atoms, and a run whose eager time is estimated long;
+    the run's last step decides (a restart of the same run decides the same)."""
     from shardmd.engine.config.compose import compose_config
     from shardmd.engine.run.compile_choice import SECONDS, estimated_seconds, reason_not
 
@@ -127,12 +127,17 @@ def test_auto_compiles_long_one_domain_gpu_runs_only():
 
     assert why("steps=100000") is None                       # 100k atoms: ~8,000 s eager
     assert "short" in why("steps=1000")                      # ~80 s
-    assert why("steps=1000000", atoms=864) is None           # small: the host-bound floor counts
-    assert "short" in why("steps=100000", atoms=864)         # ~170 s
+    assert "864 atoms" in why("steps=10000000", atoms=864)   # small: the eager CUDA graph, not auto's compile
+    assert "50000 atoms" in why("steps=10000000", atoms=50_000)
+    assert why("steps=10000", atoms=50_001) is None          # ~400 s
     assert why("steps=100000", device=cpu) == "not on a GPU"
     assert why("steps=100000", ranks=4) == "4 domains"
     assert why("steps=100000", "subdomains=8") == "called in parts"
-    assert estimated_seconds(10**6, 864) >= SECONDS > estimated_seconds(10**5, 864)
+    assert estimated_seconds(10**4, 10**5) >= SECONDS > estimated_seconds(10**3, 10**5)
+    from shardmd.engine.run.compile_choice import SMALL
+    from shardmd.models.mace import GRAPH_MAX_POINTS
+
+    assert SMALL == GRAPH_MAX_POINTS   # the same limit: auto compiles where the graph stops
 
 
 def test_auto_keeps_the_cpu_eager(tmp_path):

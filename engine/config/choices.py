@@ -126,8 +126,9 @@ class Mace:
     head: Optional[str] = key(None, "the readout head of a multi-head model (mace-torch's heads); null: its only "
                               "head, else the one named default", _text("give a head name", null=True))
     compile: Any = key("auto", "run the model compiled by torch.compile (inductor); its first call and its first "
-                       "new shape compile for ~10-60 s; auto: on a GPU, one domain, when the run is long enough to "
-                       "earn it back (docs/models.md)", one_of("auto", True, False, fix="use auto, true or false"))
+                       "new shape compile for ~10-60 s; auto: on a GPU, one domain, over 50,000 atoms, when the run "
+                       "is long enough to earn it back (docs/models.md)",
+                       one_of("auto", True, False, fix="use auto, true or false"))
 
 
 def _terms(v) -> bool | str:

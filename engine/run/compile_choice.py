@@ -10,11 +10,16 @@ time, and where compiling has been checked:
 - a GPU (on the CPU the gain is 1.03-1.4x for 30-170 s of compiling per shape);
 - one domain and one piece (several GPUs under a compiled module are unchecked; parts are
   called layer by layer, which a compiled module is not);
-- ``steps x max(atoms / RATE, FLOOR) >= SECONDS`` with the step count being the run's last
-  step (``steps``, the same number when a run is continued, so a restart makes the same choice
-  and its trajectory stays the uninterrupted run's) and RATE, FLOOR the eager rates measured
-  for the shipped model (a larger model is slower: it is estimated short and compiled later
-  than it could be, never earlier).
+- more than ``SMALL`` atoms (the CUDA graph's limit, models/mace.py ``GRAPH_MAX_POINTS``):
+  below it the eager call replays as a CUDA graph, and through the CLI on one H100 at 864
+  atoms auto's compiled run made 2.77e5 atom-steps/s against the eager graph's 3.16e5
+  (``model.compile=true model.cuda_graph=true``: 3.84e5; docs/benchmarks.md), so a small
+  system compiles only when asked;
+- ``steps x atoms / RATE >= SECONDS`` with the step count being the run's last step
+  (``steps``, the same number when a run is continued, so a restart makes the same choice and
+  its trajectory stays the uninterrupted run's) and RATE the eager rate measured for the
+  shipped model (a larger model is slower: it is estimated short and compiled later than it
+  could be, never earlier).
 
 A machine without a C compiler keeps the eager module (``true`` would refuse in one line).
 """
@@ -22,15 +27,15 @@ from __future__ import annotations
 
 #: eager atom-steps per second of the shipped model on one H100 / H200 from 16k atoms up
 RATE = 1.25e6
-#: seconds per step below which a small system's eager step does not go (host-bound: 864 atoms)
-FLOOR = 1.7e-3
+#: up to this many atoms auto stays eager (models/mace.py GRAPH_MAX_POINTS: the eager CUDA graph)
+SMALL = 50_000
 #: compile where the estimated eager run takes at least this long (s): ~5x the compile time seen
 SECONDS = 300.0
 
 
 def estimated_seconds(steps: int, atoms: int) -> float:
     """The eager run's estimated length (s) for the shipped model on one GPU."""
-    return max(int(steps), 0) * max(atoms / RATE, FLOOR)
+    return max(int(steps), 0) * atoms / RATE
 
 
 def reason_not(cfg, atoms: int, ranks: int, device) -> str | None:
@@ -43,6 +48,8 @@ def reason_not(cfg, atoms: int, ranks: int, device) -> str | None:
         return "called in parts"
     if cfg.system.get("frames") or cfg.system.get("files"):
         return "many systems"
+    if atoms <= SMALL:
+        return f"{atoms} atoms (up to {SMALL}: the eager call replays as a CUDA graph; model.compile=true compiles)"
     secs = estimated_seconds(int(cfg.steps), atoms)
     if secs < SECONDS:
         return f"a short run (~{secs:.0f} s eager, compiles from ~{SECONDS:.0f} s)"
