@@ -163,12 +163,13 @@ class DistributedModel:
         self._warned: set = set()
         policy = spec.distribution.compile_policy if spec is not None else None
         self.compiled = CompiledForward(policy) if policy is not None and policy.enabled else None
-        # the model's direct call (see compute): with its own spec only, never a compiled one, and only the
+        # the model's direct_call (see compute): with its own spec only, never a compiled one, and only the
         # model's own attribute: a wrapper that forwards attributes (__getattr__) has its compute called
-        own = vars(model).get("direct") if hasattr(model, "__dict__") else None
+        own = vars(model).get("direct_call") if hasattr(model, "__dict__") else None
         self.direct = own if own_spec and spec is not None and self.compiled is None else None
-        if self.direct is not None and not set(self.direct.output_kinds.values()) <= set(KINDS):
-            raise ValueError(f"unknown output kinds in {type(model).__name__}.direct: use {KINDS}")
+        if self.direct is not None and not (callable(getattr(own, "compute", None))
+                                            and set(getattr(own, "output_kinds", {"?": "?"}).values()) <= set(KINDS)):
+            raise TypeError(f"{type(model).__name__}.direct_call must offer compute() and output_kinds of {KINDS}")
 
     @property
     def cutoff(self) -> float:
@@ -183,14 +184,14 @@ class DistributedModel:
         names the model declares in ``ModelConfig.point_inputs``; omitted names are not
         passed (the model's default applies).
 
-        A model with a spec may offer ``direct``: an object with ``output_kinds`` and the plain
+        A model with a spec may offer ``direct_call``: an object with ``output_kinds`` and the plain
         ``compute`` that gives, bit for bit, what its spec's call gives (an engine-owned kernel
         whose custom op only forwards to it). It is called instead, without the per-call
         promotion, adapters and op dispatch (~0.1-0.3 ms a call on a CPU: what a small system's
         step is made of); with a spec given here, or a compiled one, the spec path runs. It must be
         the model's own instance attribute: a wrapper forwarding attributes to such a model does
         not pass it on (the wrapper's ``compute`` is what it offers).
-        ``skipped_outputs`` (on ``direct`` or a kinds model, optional): the outputs this call
+        ``skipped_outputs`` (on ``direct_call`` or a kinds model, optional): the outputs this call
         did not compute (NaN), which are not summed over ranks."""
         if self.direct is not None:
             return self._compute_kinds(self.direct, self.direct.output_kinds, ctx, positions, numbers, nl, extras)

@@ -136,9 +136,9 @@ class LennardJonesOp:
         _MODELS[self.handle] = lj
         self.distribution_spec = spec
         # direct=True (the engine's model=lj): DistributedModel calls the op's body without the
-        # op (shardmd.domain.distributed_model, ``direct``); the op stays for a spec given
+        # op (shardmd.domain.distributed_model, ``direct_call``); the op stays for a spec given
         # elsewhere, the validator and torch.compile
-        self.direct = _Direct(self) if direct and spec is SPEC_LJ else None
+        self.direct_call = _Direct(self) if direct and spec is SPEC_LJ else None
         self.model_config = ModelConfig(outputs=("energy", "forces", "virial", "energies"),
                                         neighbors=NeighborConfig(lj.cutoff, full=not lj.newton))
 
