@@ -198,17 +198,17 @@ class _Direct:
     output_kinds = {"energy": "per_system", "virial": "per_system", "forces": "per_point", "energies": "per_point"}
 
     def __init__(self, op: LennardJonesOp):
-        self._op = weakref.ref(op)   # no cycle: the op model owns this
+        self.op = op   # a cycle, so that a deep copy of the op model points its copy here at the copy
 
     @property
     def skipped_outputs(self) -> frozenset:
-        lj = self._op().lj
+        lj = self.op.lj
         if lj.forces_only:
             return frozenset(("energy", "virial", "energies"))
         return frozenset(("energy", "energies")) if lj.virial_only else frozenset()
 
     def compute(self, positions, cell, pbc, numbers, nl) -> dict:
-        op = self._op()
+        op = self.op
         offsets, neighbors, shifts, packed, cutoff, n_points = _list_args(nl)
         sums = "none" if op.lj.forces_only else "virial" if op.lj.virial_only else "all"
         e, f, w, es = _call(positions, cell, numbers, offsets, neighbors, shifts, packed, cutoff, n_points,

@@ -71,3 +71,12 @@ def test_engine_lj_direct_equals_the_op(tmp_path, skip):
         assert torch.equal(a[k][keep], b[k][keep]), k
     assert bool(a["forces"].abs().sum() > 0)
     assert bool(a["energy"].isnan()) == (skip is not None)   # the flags reached the call
+
+
+def test_a_deep_copy_calls_its_own_model():
+    """copy.deepcopy of the op model: the copy's direct_call serves the copy (its handle, its LJ)."""
+    import copy
+
+    m = LennardJonesOp(_lj(), direct=True)
+    c = copy.deepcopy(m)
+    assert c.direct_call.op is c and m.direct_call.op is m
