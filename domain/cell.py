@@ -5,9 +5,9 @@ ASE.  Fractional coordinates ``f`` satisfy ``x = f @ cell``.
 """
 from __future__ import annotations
 
-import math
-
 import torch
+
+from .grid_shape import perpendicular_widths_of
 
 
 def volume(cell: torch.Tensor) -> torch.Tensor:
@@ -22,7 +22,10 @@ def perpendicular_widths(cell: torch.Tensor) -> torch.Tensor:
     ``t * w_k`` thick.
     """
     if cell.device.type == "cpu":   # nine floats: Python's arithmetic, not ~10 torch calls (a small step's builds)
-        return torch.tensor(_widths(cell.detach().to(torch.float64).tolist()), dtype=torch.float64)
+        try:
+            return torch.tensor(perpendicular_widths_of(cell.detach().to(torch.float64).tolist()), dtype=torch.float64)
+        except ZeroDivisionError:   # a flat cell: torch's 0 / 0 below gives its NaN
+            pass
     c = cell.to(torch.float64)
     v = volume(c)
     cross = torch.stack([
@@ -31,17 +34,6 @@ def perpendicular_widths(cell: torch.Tensor) -> torch.Tensor:
         torch.linalg.cross(c[0], c[1]),
     ])
     return v / cross.norm(dim=1)
-
-
-def _widths(h: list[list[float]]) -> list[float]:
-    """:func:`perpendicular_widths` of rows ``h`` (3 x 3 floats): |det h| / |a_i x a_j|."""
-    def cross(a, b):
-        return (a[1] * b[2] - a[2] * b[1], a[2] * b[0] - a[0] * b[2], a[0] * b[1] - a[1] * b[0])
-
-    c = (cross(h[1], h[2]), cross(h[2], h[0]), cross(h[0], h[1]))
-    v = abs(h[0][0] * c[0][0] + h[0][1] * c[0][1] + h[0][2] * c[0][2])   # a_0 . (a_1 x a_2)
-    norms = [math.sqrt(x * x + y * y + z * z) for x, y, z in c]
-    return [v / n if n > 0 else math.nan for n in norms]   # a flat cell: 0 / 0, NaN as torch gives
 
 
 def to_fractional(positions: torch.Tensor, cell: torch.Tensor) -> torch.Tensor:

@@ -210,6 +210,19 @@ def kick_press_measure(v: wp.array2d(dtype=f64), f: wp.array2d(dtype=f64), m: wp
 
 
 # -- the barostat's box check (engine/run/rank_domain.py: RankDomain.displacement) -----------------------
+@wp.func
+def strain_d2(x: wp.array2d(dtype=f64), x0: wp.array2d(dtype=f64), i: int, t0: wp.vec3d, t1: wp.vec3d,
+              t2: wp.vec3d):
+    # |x_i - x0_i T|^2 (T's rows t0 t1 t2)
+    a = x0[i, 0]
+    b = x0[i, 1]
+    c = x0[i, 2]
+    dx = x[i, 0] - (a * t0[0] + b * t1[0] + c * t2[0])
+    dy = x[i, 1] - (a * t0[1] + b * t1[1] + c * t2[1])
+    dz = x[i, 2] - (a * t0[2] + b * t1[2] + c * t2[2])
+    return dx * dx + dy * dy + dz * dz
+
+
 @wp.kernel(enable_backward=False)
 def strain_displacement(x: wp.array2d(dtype=f64), x0: wp.array2d(dtype=f64), t0: wp.vec3d, t1: wp.vec3d,
                         t2: wp.vec3d, n: int, nan: f64, out: wp.array(dtype=f64)):
@@ -218,13 +231,7 @@ def strain_displacement(x: wp.array2d(dtype=f64), x0: wp.array2d(dtype=f64), t0:
     m = f64(0.0)
     bad = int(0)
     for i in range(t * CHUNK, wp.min(t * CHUNK + CHUNK, n)):
-        a = x0[i, 0]
-        b = x0[i, 1]
-        c = x0[i, 2]
-        dx = x[i, 0] - (a * t0[0] + b * t1[0] + c * t2[0])
-        dy = x[i, 1] - (a * t0[1] + b * t1[1] + c * t2[1])
-        dz = x[i, 2] - (a * t0[2] + b * t1[2] + c * t2[2])
-        d2 = dx * dx + dy * dy + dz * dz
+        d2 = strain_d2(x, x0, i, t0, t1, t2)
         if d2 != d2:
             bad = 1
         m = wp.max(m, d2)
@@ -242,13 +249,7 @@ def check_measure(x: wp.array2d(dtype=f64), x0: wp.array2d(dtype=f64), t0: wp.ve
     bad_m = int(0)
     bad_s = int(0)
     for i in range(t * CHUNK, wp.min(t * CHUNK + CHUNK, n)):
-        a = x0[i, 0]
-        b = x0[i, 1]
-        c = x0[i, 2]
-        dx = x[i, 0] - (a * t0[0] + b * t1[0] + c * t2[0])
-        dy = x[i, 1] - (a * t0[1] + b * t1[1] + c * t2[1])
-        dz = x[i, 2] - (a * t0[2] + b * t1[2] + c * t2[2])
-        d2 = dx * dx + dy * dy + dz * dz
+        d2 = strain_d2(x, x0, i, t0, t1, t2)
         if d2 != d2:
             bad_m = 1
         m = wp.max(m, d2)

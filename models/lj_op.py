@@ -173,20 +173,21 @@ class LennardJonesOp:
     def compute(self, positions, cell, pbc, numbers, nl) -> dict:
         op = (lennard_jones_forces if self.lj.forces_only else lennard_jones_virial if self.lj.virial_only
               else lennard_jones)
-        e, f, w, es = op(positions, cell, numbers, *_list_args(nl), self.handle, bool(getattr(nl, "half", False)),
-                         getattr(nl, "order", None))
+        e, f, w, es = op(positions, cell, numbers, *_list_args(nl, self.handle))
         return {"energy": e, "forces": f, "virial": w, "energies": es}
 
 
-def _list_args(nl) -> tuple:
-    """The op's list arguments after ``numbers``, in its order up to ``handle`` (which follows)."""
+def _list_args(nl, handle: int) -> tuple:
+    """The op's arguments after ``numbers``, in its order: the list's, the model's ``handle``, the
+    list's half flag and order."""
     packed = getattr(nl, "packed", None)
     if packed is not None and packed.shape[0]:   # the kernel reads these alone: never unpack
         neighbors, shifts = nl.offsets.new_zeros(0), nl.offsets.new_zeros(0, 3)
     else:
         packed = nl.offsets.new_zeros(0, dtype=torch.int64)
         neighbors, shifts = nl.neighbors, nl.shifts
-    return nl.offsets, neighbors, shifts, packed, float(nl.cutoff), int(nl.n_points)
+    return (nl.offsets, neighbors, shifts, packed, float(nl.cutoff), int(nl.n_points), handle,
+            bool(getattr(nl, "half", False)), getattr(nl, "order", None))
 
 
 class _Direct:
@@ -208,11 +209,9 @@ class _Direct:
         return frozenset(("energy", "energies")) if lj.virial_only else frozenset()
 
     def compute(self, positions, cell, pbc, numbers, nl) -> dict:
-        op = self.op
-        offsets, neighbors, shifts, packed, cutoff, n_points = _list_args(nl)
-        sums = "none" if op.lj.forces_only else "virial" if op.lj.virial_only else "all"
-        e, f, w, es = _call(positions, cell, numbers, offsets, neighbors, shifts, packed, cutoff, n_points,
-                            op.handle, bool(getattr(nl, "half", False)), getattr(nl, "order", None), sums)
+        lj = self.op.lj
+        sums = "none" if lj.forces_only else "virial" if lj.virial_only else "all"
+        e, f, w, es = _call(positions, cell, numbers, *_list_args(nl, self.op.handle), sums)
         return {"energy": e, "forces": f, "virial": w, "energies": es}
 
 

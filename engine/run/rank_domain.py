@@ -201,18 +201,15 @@ class RankDomain:
         carried (the third value is False)."""
         t = time.perf_counter()
         fast = self._fused_check(s, dt)
-        if fast is not None:   # floats: the one all-reduce only where there are ranks to agree
-            if self.comm.size == 1:
-                self.timers["neighbor"] += time.perf_counter() - t
-                return fast[0], fast[1], bool(stop)
-            parts = [float(fast[0]), fast[1]] + ([] if stop is None else [float(bool(stop))])
-            out = self.comm.all_reduce(torch.tensor(parts, dtype=torch.float64, device=s.positions.device),
-                                       "max").tolist()
+        if fast is not None and self.comm.size == 1:   # floats, nothing to agree on
             self.timers["neighbor"] += time.perf_counter() - t
-            return bool(out[0]), out[1], stop is not None and bool(out[2])
-        d, trigger = self.displacement(s) if s.n_atoms else (None, 0.0)
-        h = step_measure(s.velocities, dt, d)   # 0-d float64 on the atoms' device
-        need = torch.full_like(h, float(bool(s.n_atoms))) if d is None else (d > trigger).to(h.dtype)
+            return fast[0], fast[1], bool(stop)
+        if fast is not None:
+            need, h = torch.tensor([float(fast[0]), fast[1]], dtype=torch.float64, device=s.positions.device)
+        else:
+            d, trigger = self.displacement(s) if s.n_atoms else (None, 0.0)
+            h = step_measure(s.velocities, dt, d)   # 0-d float64 on the atoms' device
+            need = torch.full_like(h, float(bool(s.n_atoms))) if d is None else (d > trigger).to(h.dtype)
         parts = [need, h] if stop is None else [need, h, torch.full_like(h, float(bool(stop)))]
         out = self.comm.all_reduce(torch.stack(parts), "max").tolist()   # the one host read
         self.timers["neighbor"] += time.perf_counter() - t
@@ -222,29 +219,36 @@ class RankDomain:
         """(a rebuild is due here, the step measure max |v| dt in Å) from one CPU pass over the
         rows (integrators/fused.py ``check_measure``) where it serves (CPU, float64, a list
         that serves these atoms), else None (:meth:`displacement` and health.step_measure then).
-        Same rule as theirs: displacement (less the cell's deformation) > trigger; the measure
-        +inf when a velocity or the displacement is not finite."""
+        Same rule as theirs (:meth:`_strain`); the measure +inf when a velocity or the
+        displacement is not finite."""
         nl, x, v = self.nl, s.positions, s.velocities
         if not s.n_atoms or not nl.serves(x) or not fused.usable(x, nl.reference, v):
             return None
-        trigger = 0.5 * nl.skin
-        if not nl.box_check or not nl.cell_changed(s.cell):
-            if nl.stale(x, s.cell):
-                return None
-            t = IDENTITY
-        else:
-            try:
-                t = matmul3(inv3(nl.build_cell.double().cpu().tolist()), s.cell.double().cpu().tolist())
-            except ZeroDivisionError:
-                return None
-            trigger = 0.5 * (nl.skin - strain_norm(t) * nl.radius)
-            if not math.isfinite(trigger):
-                return None
-        d2, v2 = fused.check_measure(x, nl.reference, t, v, self._work_rows(x))
+        strain = self._strain(s)
+        if strain is None:
+            return None
+        t, trigger = strain
+        d2, v2 = fused.check_measure(x, nl.reference, IDENTITY if t is None else t, v, self._work_rows(x))
         d, h = math.sqrt(d2), math.sqrt(v2) * dt
         if not (math.isfinite(d) and math.isfinite(h)):
             h = math.inf
         return d > trigger, h
+
+    def _strain(self, s: State) -> tuple[list[list[float]] | None, float] | None:
+        """(T, trigger) of the list's check: T None for a fixed cell (trigger skin / 2), else the
+        cell's deformation since the build, T = h0^-1 h, with its smaller trigger; None when the
+        list cannot serve these atoms (a rebuild is due). Why: :meth:`displacement`."""
+        nl = self.nl
+        if not nl.box_check or not nl.cell_changed(s.cell):
+            return None if nl.stale(s.positions, s.cell) else (None, 0.5 * nl.skin)
+        if not nl.serves(s.positions):
+            return None
+        try:
+            t = matmul3(inv3(nl.build_cell.double().cpu().tolist()), s.cell.double().cpu().tolist())
+        except ZeroDivisionError:
+            return None
+        trigger = 0.5 * (nl.skin - strain_norm(t) * nl.radius)
+        return (t, trigger) if math.isfinite(trigger) else None
 
     def displacement(self, s: State) -> tuple[torch.Tensor | None, float]:
         """(this rank's largest displacement since the last build, 0-d Å; the largest one the
@@ -257,21 +261,13 @@ class RankDomain:
         T = h0^-1 h (build cell h0, current h), against (skin - ||T - I|| (cutoff + skin)) / 2;
         why this keeps every pair within the cutoff: docs/design.md, "NPT under decomposition"."""
         nl = self.nl
-        half = 0.5 * nl.skin
-        if not nl.box_check or not nl.cell_changed(s.cell):
-            if nl.stale(s.positions, s.cell):
-                return None, half
-            return nl.max_displacement(s.positions), half
+        strain = self._strain(s)
+        if strain is None:
+            return None, 0.5 * nl.skin
+        t, trigger = strain
         x0, x = nl.reference, s.positions
-        if not nl.serves(x):
-            return None, half
-        try:
-            t = matmul3(inv3(nl.build_cell.double().cpu().tolist()), s.cell.double().cpu().tolist())
-        except ZeroDivisionError:
-            return None, half
-        trigger = 0.5 * (nl.skin - strain_norm(t) * nl.radius)
-        if not math.isfinite(trigger):
-            return None, half
+        if t is None:
+            return nl.max_displacement(x), trigger
         if fused.usable(x, x0):   # one pass (integrators/fused.py): 1.5-2 ms less at 256k atoms, tri
             w = self._work_rows(x)
             return fused.strain_displacement(x, x0, t, w.view(-1)), trigger
