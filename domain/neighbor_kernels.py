@@ -115,6 +115,28 @@ def _axis_bin(b: int, n: int, periodic: int):
 
 
 @wp.func
+def _gap(d: int, u: Any, width: Any):
+    """Distance (Å, >= 0) from a point at fraction ``u`` of its bin's width along an axis to
+    the bin ``d`` bins away: the slab between them (bins of perpendicular ``width``)."""
+    g = type(u)(0.0)
+    if d > 0:
+        g = (type(u)(d) - u) * width
+    elif d < 0:
+        g = (u - type(u)(1 + d)) * width   # d = -1: u widths down to the bin below
+    return wp.max(g, type(u)(0.0))
+
+
+@wp.func
+def _trim(lo: int, hi: int, u: Any, width: Any, rem: Any):
+    """The bins [lo, hi] of a row cut to those whose gap along the row's axis, squared, is
+    below ``rem`` (the gap grows away from the point's own bin, offset 0): :func:`_gap` solved
+    for d, ``d < u + s`` above and ``d > u - 1 - s`` below, s = sqrt(rem) / width bins."""
+    s = wp.sqrt(rem) / width
+    first = wp.min(wp.max(lo, int(wp.floor(u - type(u)(1.0) - s)) + 1), 0)
+    return first, wp.max(wp.min(hi, int(wp.ceil(u + s)) - 1), 0)
+
+
+@wp.func
 def _upper_image(s0: int, s1: int, s2: int):
     """True when the shift S is > 0 lexicographically (a half list then keeps i's own image)."""
     return s0 > 0 or (s0 == 0 and (s1 > 0 or (s1 == 0 and s2 > 0)))
@@ -324,6 +346,10 @@ def scan_serial(
     offsets: wp.array(dtype=wp.int32),
     packed: wp.array(dtype=wp.int64),
     slot_words: wp.array(dtype=wp.int64),
+    hinv: wp.array(dtype=Any),
+    bin_width: Any,
+    reach_r: Any,
+    orthogonal: int,
 ):
     """The CPU's search: one thread (``dim=1``) visits the query points in index order and
     writes each hit at a running cursor, so one pass over the candidates gives the list
@@ -334,8 +360,15 @@ def scan_serial(
     runs it again). ``slot_words[p]``: ``_pack(order[p], -img[order[p]])``; the pack is linear
     in the shift's fields, so a candidate's word is that plus the run's shift, one sequential
     load. The candidate loop tests branch-free and stores every candidate, a hit moving the
-    cursor (a branch on the hit, mispredicted, cost as much as the test)."""
+    cursor (a branch on the hit, mispredicted, cost as much as the test).
+
+    Bins no point of which can be within ``reach_r`` (Å: the cutoff and a rounding margin) of
+    point i are not visited (:func:`_gap`; ``bin_width``: the bins' perpendicular widths, Å;
+    ``orthogonal``: the gaps of the three axes add in quadrature, else only the largest
+    counts): about a third of the cube of bins, none of which holds a hit, so the list is
+    the same."""
     h = cell[0]
+    r2 = reach_r * reach_r
     n_cells = nb[0] * nb[1] * nb[2]
     parts = bin_start.shape[0] // (n_cells + 1)
     n_q = offsets.shape[0] - 1
@@ -348,19 +381,27 @@ def scan_serial(
         ci = _bin_coords(bin_of[i], nb)
         shift_i = img[i]
         lo2, hi2 = _row_extent(ci[2], reach[2], nb[2], pbc[2])
+        fi = _frac(xi, hinv[0])
+        u = type(xi)(fi[0] * type(xi[0])(nb[0]) - type(xi[0])(ci[0]), fi[1] * type(xi[0])(nb[1]) - type(xi[0])(ci[1]),
+                     fi[2] * type(xi[0])(nb[2]) - type(xi[0])(ci[2]))
         for d0 in range(-reach[0], reach[0] + 1):
             b0, s0, in0 = _axis_bin(ci[0] + d0, nb[0], pbc[0])
-            if in0 == 0:
+            g0 = _gap(d0, u[0], bin_width[0])
+            if in0 == 0 or g0 * g0 >= r2:
                 continue
             for d1 in range(-reach[1], reach[1] + 1):
                 b1, s1, in1 = _axis_bin(ci[1] + d1, nb[1], pbc[1])
-                if in1 == 0:
+                g1 = _gap(d1, u[1], bin_width[1])
+                base = wp.where(orthogonal != 0, g0 * g0 + g1 * g1, wp.max(g0 * g0, g1 * g1))
+                if in1 == 0 or base >= r2:
                     continue
+                rem = wp.where(orthogonal != 0, r2 - base, r2)   # what the axis-2 gap may still take
+                first2, last2 = _trim(lo2, hi2, u[2], bin_width[2], rem)
                 row = (b0 * nb[1] + b1) * nb[2]
-                d2 = lo2
-                while d2 <= hi2:
+                d2 = first2
+                while d2 <= last2:
                     b2, s2, in2 = _axis_bin(ci[2] + d2, nb[2], pbc[2])
-                    n_bins = wp.min(hi2 - d2 + 1, nb[2] - b2)
+                    n_bins = wp.min(last2 - d2 + 1, nb[2] - b2)
                     d2 += n_bins
                     s_pos = _upper_image(s0, s1, s2)
                     shift = wp.vec3i(s0, s1, s2) + shift_i
@@ -403,7 +444,8 @@ for _vec, _mat, _s in (
         scan_serial,
         [wp.array(dtype=_vec), wp.array(dtype=wp.int32), wp.array(dtype=wp.int32), wp.array(dtype=wp.int32),
          wp.array(dtype=wp.vec3i), wp.array(dtype=_mat), wp.vec3i, wp.vec3i, wp.vec3i, _s, int,
-         wp.array(dtype=wp.int32), wp.array(dtype=wp.int64), wp.array(dtype=wp.int64)],
+         wp.array(dtype=wp.int32), wp.array(dtype=wp.int64), wp.array(dtype=wp.int64),
+         wp.array(dtype=_mat), _vec, _s, int],
     )
     wp.overload(
         scan_neighbors,

@@ -21,6 +21,7 @@ import torch
 
 from . import neighbor_kernels as nk
 from .cell import perpendicular_widths, regularise_open_axes
+from .neighbor_scan import candidate_words, prune_args, scan_serial
 from .warp_setup import as_array, as_mat33, as_vec3, as_vec3i, init_warp, scalar_type, wp_device
 
 wp = init_warp()
@@ -188,25 +189,6 @@ def bin_points(positions: torch.Tensor, cell: torch.Tensor, pbc: tuple[bool, boo
     return xw, img, bin_of
 
 
-def _candidates(b: "_Bins", pbc, nq: int) -> torch.Tensor:
-    """(nq,) the candidates the scan tests for each query point: the points in the ``(2 reach +
-    1)^3`` bins around its own (periodic axes wrap, possibly more than once in small cells; open
-    axes stop at the grid)."""
-    nb, reach = b.nb, b.reach
-    c = b.per_bin.view(nb[0], nb[1], nb[2])
-    for axis in range(3):
-        total = torch.zeros_like(c)
-        for d in range(-reach[axis], reach[axis] + 1):
-            if pbc[axis]:
-                total += torch.roll(c, shifts=-d, dims=axis)  # total[b] += c[(b + d) mod nb]
-            elif d >= 0:
-                total.narrow(axis, 0, nb[axis] - d).add_(c.narrow(axis, d, nb[axis] - d))
-            else:
-                total.narrow(axis, -d, nb[axis] + d).add_(c.narrow(axis, 0, nb[axis] + d))
-        c = total
-    return c.reshape(-1)[b.bin_of[:nq].long()]
-
-
 #: the CPU's one-pass search (``scan_serial``: edges written at a running cursor); False: the
 #: two passes every device runs (tests compare the two lists)
 ONE_PASS_ON_CPU = True
@@ -239,10 +221,10 @@ def build_neighbor_list(
                (a sphere fills ~27 % of the scanned cube of bins)
 
     Two steps: the points binned and sorted by (bin, id) (:class:`_Bins`), then the scan
-    (:func:`_scan`): on the CPU one serial pass that writes packed edges at a running cursor;
-    elsewhere one mask bit per candidate pair (:func:`_candidate_words`), a pass that counts
-    and one that emits packed edges, or neighbour and shift arrays when an image is too far
-    for the packed form.
+    (:func:`_scan`): on the CPU one serial pass that writes packed edges at a running cursor,
+    visiting only the bins within reach of each point; elsewhere one mask bit per candidate
+    pair (:func:`~.neighbor_scan.candidate_words`), a pass that counts and one that emits
+    packed edges, or neighbour and shift arrays when an image is too far for the packed form.
     """
     n = int(positions.shape[0])
     device = positions.device
@@ -313,28 +295,10 @@ class _Bins:
         self.n, self.dtype = n, positions.dtype
 
 
-def _refuse_too_many(candidates: int) -> None:
-    """One line for a search whose candidate pairs the int32 indices cannot count."""
-    if candidates >= 2**36:
-        raise ValueError(f"neighbour search: {candidates} candidate pairs exceed the int32 index range; "
-                         "the cutoff is far too large for this system")
-
-
-def _candidate_words(b: _Bins, pbc_t, nq: int) -> tuple[torch.Tensor, int, int]:
-    """(word_start (nq + 1,) int64, mask words in all, the largest bin image): one mask bit per
-    candidate; point i owns ceil(candidates / 32) words from word_start[i]."""
-    candidates = _candidates(b, pbc_t, nq)
-    word_start = torch.zeros(nq + 1, dtype=torch.int64, device=candidates.device)
-    word_start[1:] = torch.cumsum((candidates + 31) // 32, 0)
-    # one read-back for two sizes: the mask words, and the largest bin image (packed edges)
-    n_words, max_img = torch.stack([word_start[-1], b.img.abs().max().to(torch.int64)]).tolist()
-    _refuse_too_many(32 * n_words)   # the mask's words are indexed in int32
-    return word_start, n_words, max_img
-
-
 def _scan(b: _Bins, cell, pbc_t, cutoff, half, nq, capacity) -> NeighborList:
-    """The search over the binned points and its list: :func:`_scan_serial` on the CPU, else the
-    scan kernel's passes (0: count; 2: emit packed edges; 1: emit neighbour and shift arrays)."""
+    """The search over the binned points and its list: :func:`~.neighbor_scan.scan_serial` on the
+    CPU, else the scan kernel's passes (0: count; 2: emit packed edges; 1: emit neighbour and
+    shift arrays)."""
     n, device = b.n, b.xs.device
     half_mode = (2 if nq == n else 1) if half else 0
     # a shift component is (bin periods folded, at most ceil(reach / nb)) + img_i - img_j
@@ -349,10 +313,11 @@ def _scan(b: _Bins, cell, pbc_t, cutoff, half, nq, capacity) -> NeighborList:
     bins = [as_array(b.rank), as_array(b.start), as_array(b.bin_of), as_vec3i(b.img), as_mat33(cell[None]),
             wp.vec3i(*[int(p) for p in pbc_t]), wp.vec3i(*b.nb), wp.vec3i(*b.reach),
             scalar_type(b.dtype)(float(cutoff) ** 2)]
-    if device.type == "cpu" and ONE_PASS_ON_CPU and packable(int(b.img.abs().max())):
-        offsets, packed = _scan_serial(b, [as_vec3(b.xs), *bins, half_mode], pbc_t, nq, capacity)
+    if device.type == "cpu" and ONE_PASS_ON_CPU and packable(max_img := int(b.img.abs().max())):
+        prune = prune_args(cell, b, cutoff, max_img)
+        offsets, packed = scan_serial(b, [as_vec3(b.xs), *bins, half_mode], prune, pbc_t, nq, capacity)
         return made(offsets, packed=packed)
-    word_start, n_words, max_img = _candidate_words(b, pbc_t, nq)
+    word_start, n_words, max_img = candidate_words(b, pbc_t, nq)
     i32 = dict(dtype=torch.int32, device=device)
     mask, counts, offsets = torch.empty(max(n_words, 1), **i32), torch.zeros(nq, **i32), torch.zeros(nq + 1, **i32)
     common = [as_vec3(b.xs), as_array(b.order), *bins, as_array(word_start.to(torch.int32)), half_mode]
@@ -378,33 +343,6 @@ def _scan(b: _Bins, cell, pbc_t, cutoff, half, nq, capacity) -> NeighborList:
     shifts = torch.empty(max(n_edges, 1), 3, dtype=torch.int32, device=device)
     launch(1, neighbors=neighbors, shifts=shifts)
     return made(offsets, neighbors=neighbors[:n_edges], shifts=shifts[:n_edges])
-
-
-def _scan_serial(b: _Bins, inputs: list, pbc_t, nq: int, capacity) -> tuple[torch.Tensor, torch.Tensor]:
-    """(offsets (nq + 1,), packed edges (E,)) from ``scan_serial``: one pass, or two when the
-    edges outnumber the reserve (the second with exactly their count)."""
-    device = b.xs.device
-    # candidates: counted when no reserve is given, or when a cheap bound (the fullest bin's
-    # points in every bin scanned) does not rule out more than the int32 counts hold
-    bound = nq * int(b.per_bin.max()) * math.prod(2 * r + 1 for r in b.reach)
-    if capacity is None or bound >= 2**36:
-        candidates = int(_candidates(b, pbc_t, nq).sum())
-        _refuse_too_many(candidates)
-        capacity = candidates // 3 if capacity is None else capacity   # a sphere fills ~27 % of the cube
-    # each sorted slot's packed word with the run's shift zero (nk._pack(j, -img_j))
-    ims = 512 - b.img[b.order.long()].to(torch.int64)
-    words = (((((ims[:, 0] << 10) | ims[:, 1]) << 10 | ims[:, 2]) << 31) | b.order.long()).contiguous()
-    offsets = torch.empty(nq + 1, dtype=torch.int32, device=device)
-    cap = max(int(capacity), 1)
-    for _ in range(2):
-        packed = torch.empty(cap, dtype=torch.int64, device=device)
-        wp.launch(nk.scan_serial, dim=1, device="cpu",
-                  inputs=inputs + [as_array(offsets), as_array(packed), as_array(words)])
-        n_edges = int(offsets[-1])
-        if n_edges <= cap:
-            break
-        cap = n_edges
-    return offsets, packed[:n_edges]
 
 
 class SkinNeighborList:
