@@ -84,7 +84,7 @@ def scan_serial(b, inputs: list, prune: list, pbc_t, nq: int, capacity) -> tuple
         _refuse_too_many(candidates)
         capacity = candidates // 3 if capacity is None else capacity   # a sphere fills ~27 % of the cube
     # each sorted slot's packed word with the run's shift zero (nk._pack(j, -img_j))
-    ims = 512 - b.img[b.order.long()].to(torch.int64)
+    ims = 512 - (b.img if b.identity else b.img[b.order.long()]).to(torch.int64)
     words = (((((ims[:, 0] << 10) | ims[:, 1]) << 10 | ims[:, 2]) << 31) | b.order.long()).contiguous()
     offsets = torch.empty(nq + 1, dtype=torch.int32, device=device)
     cap = max(int(capacity), 1)

@@ -203,6 +203,7 @@ def build_neighbor_list(
     n_query: int | None = None,
     half: bool = False,
     capacity: int | None = None,
+    binning=None,
 ) -> NeighborList:
     """Build a full neighbour list.
 
@@ -219,6 +220,9 @@ def build_neighbor_list(
                writes up to that many in its one pass over the candidates; more cost a second
                pass, a larger reserve only untouched memory. None: a third of the candidates
                (a sphere fills ~27 % of the scanned cube of bins)
+    binning:   these points' ``spatial_sort.Binning`` (they are in its order: (bin, id)) on
+               this search's grid: taken instead of binning and sorting them again (ignored
+               for a list with other points than the query points, or another grid)
 
     Two steps: the points binned and sorted by (bin, id) (:class:`_Bins`), then the scan
     (:func:`_scan`): on the CPU one serial pass that writes packed edges at a running cursor,
@@ -243,7 +247,7 @@ def build_neighbor_list(
     cell = cell.to(dtype=positions.dtype, device=device).contiguous()
     # An open axis needs a usable frame vector even if the user gave a zero one.
     cell = regularise_open_axes(cell, pbc_t, positions, cutoff)
-    b = _Bins(positions, cell, pbc_t, cutoff, ids, nq, split=half)
+    b = _Bins(positions, cell, pbc_t, cutoff, ids, nq, split=half, binning=binning)
     return _scan(b, cell, pbc_t, cutoff, half, nq, capacity)
 
 
@@ -262,9 +266,13 @@ class _Bins:
     skips the query points before ``i``'s slot as it does for ``half == 2`` (half the
     candidates) instead of testing every one (the ghosts are all kept)."""
 
-    def __init__(self, positions, cell, pbc_t, cutoff, ids, nq, split=False):
+    def __init__(self, positions, cell, pbc_t, cutoff, ids, nq, split=False, binning=None):
         n, device = int(positions.shape[0]), positions.device
         self.nb, self.reach = _bin_grid(cell, pbc_t, cutoff, n)
+        self.n, self.dtype = n, positions.dtype
+        if binning is not None and nq == n and tuple(binning.nb) == tuple(self.nb) and binning.bin_of.shape[0] == n:
+            self._presorted(binning)
+            return
         xw, self.img, self.bin_of = bin_points(positions, cell, pbc_t, self.nb)
         # points sorted by (bin, id): a stable sort by id, then a stable sort by bin
         if ids is None:
@@ -292,7 +300,18 @@ class _Bins:
         # the query points in sorted order: all, the first part, or those among the others
         self.visit = self.order if nq == n else self.order[:nq] if split else self.order[self.order < nq].contiguous()
         self.xs = xw[order].contiguous()
-        self.n, self.dtype = n, positions.dtype
+        self.identity = False   # slot p holds point order[p]
+
+    def _presorted(self, binning) -> None:
+        """The points are in (bin, id) order already, binned on this grid: slot p is point p."""
+        self.img, self.bin_of, self.xs = binning.img, binning.bin_of, binning.wrapped
+        n_bins = self.nb[0] * self.nb[1] * self.nb[2]
+        self.per_bin = torch.bincount(self.bin_of.long(), minlength=n_bins)
+        self.start = torch.zeros(n_bins + 1, dtype=torch.int32, device=self.xs.device)
+        self.start[1:] = torch.cumsum(self.per_bin, 0)
+        self.order = torch.arange(self.n, dtype=torch.int32, device=self.xs.device)
+        self.rank = self.visit = self.order
+        self.identity = True
 
 
 def _scan(b: _Bins, cell, pbc_t, cutoff, half, nq, capacity) -> NeighborList:
@@ -422,14 +441,14 @@ class SkinNeighborList:
             return True
         return bool(self.max_displacement(positions) > 0.5 * self.skin)
 
-    def build(self, positions, cell, pbc, ids=None, n_query=None) -> NeighborList:
+    def build(self, positions, cell, pbc, ids=None, n_query=None, binning=None) -> NeighborList:
         last = self.current
         nq = int(positions.shape[0] if n_query is None else n_query)
         # the last build's edges per query point, 10 % more: the CPU search's one-pass reserve
         cap = (None if last is None or last.n_query == 0 or last.half != self.half
                else int(1.1 * last.n_edges * nq / last.n_query) + 64)
         self.current = build_neighbor_list(positions, cell, pbc, self.radius, ids=ids, n_query=n_query,
-                                           half=self.half, capacity=cap)
+                                           half=self.half, capacity=cap, binning=binning)
         # displacements are checked on the query (owned) points; ghosts mirror their owners
         self._x0 = positions[: self.current.n_query].detach().clone()
         self._cell0 = cell.detach().clone()

@@ -18,7 +18,7 @@ from shardmd.domain.decomposition import DecompositionError, choose_grid
 from shardmd.domain.halo import build_halo, ghost_positions, local_pbc
 from shardmd.domain.migration import MigrationError, id_checksum, migrate, verify
 from shardmd.domain.neighbors import SkinNeighborList, build_neighbor_list
-from shardmd.domain.spatial_sort import spatial_order
+from shardmd.domain.spatial_sort import spatial_order, spatial_sort
 from shardmd.engine.errors import CollectiveError
 from shardmd.engine.run.health import step_measure
 from shardmd.engine.run.state import State
@@ -109,10 +109,14 @@ class RankDomain:
                 verify(self.comm, s.ids, self.expected)
             except MigrationError as exc:
                 raise CollectiveError(str(exc)) from None
-        order = self._order(s, s.positions)
+        binning = None
+        if self.sort == "spatial" and self.comm.size == 1:   # the points sorted are the points searched
+            order, binning = spatial_sort(s.positions, s.cell, s.pbc, self.nl.radius, ids=s.ids, id_bound=self.id_bound)
+        else:
+            order = self._order(s, s.positions)
         if order is not None:
             s.permute(order)
-        self.padded_positions = self._build_lists(s, s.positions)
+        self.padded_positions = self._build_lists(s, s.positions, binning=binning)
         self.timers["neighbor"] += time.perf_counter() - t
 
     def restore(self, s: State) -> None:
@@ -130,10 +134,12 @@ class RankDomain:
         self.timers["neighbor"] += time.perf_counter() - t
         self.refresh(s)
 
-    def _build_lists(self, s: State, points: torch.Tensor, cell: torch.Tensor | None = None) -> torch.Tensor:
+    def _build_lists(self, s: State, points: torch.Tensor, cell: torch.Tensor | None = None,
+                     binning=None) -> torch.Tensor:
         """Ghosts, domain context and neighbour list from the owned ``points`` (n, 3) Å (the
         atoms' positions, or a restart's positions of the last rebuild, with that rebuild's
-        ``cell``: default the state's); returns the padded points (owned, then ghosts)."""
+        ``cell``: default the state's; ``binning``: their spatial sort's, handed to the
+        build); returns the padded points (owned, then ghosts)."""
         cell = s.cell if cell is None else cell
         labels = torch.stack([s.ids, s.numbers], dim=1)
         pbc = s.pbc.tolist()
@@ -143,7 +149,8 @@ class RankDomain:
         self.padded_numbers = torch.cat([s.numbers, glab[:, 1]])
         lp = local_pbc(self.grid, pbc)
         self.ctx = DomainContext(self.comm, self.grid, self.plan, cell, tuple(pbc), lp)
-        self.nl.build(padded, cell, torch.tensor(lp), ids=self.padded_ids, n_query=s.n_atoms)
+        self.nl.build(padded, cell, torch.tensor(lp), ids=self.padded_ids, n_query=s.n_atoms,
+                      binning=binning if gpos.shape[0] == 0 else None)
         return padded
 
     def _check_grid(self, cell: torch.Tensor) -> None:
