@@ -366,7 +366,8 @@ def scan_serial(
     point i are not visited (:func:`_gap`; ``bin_width``: the bins' perpendicular widths, Å;
     ``orthogonal``: the gaps of the three axes add in quadrature, else only the largest
     counts): about a third of the cube of bins, none of which holds a hit, so the list is
-    the same."""
+    the same. A half list of the query points alone (``half == 2``) also skips the rows of
+    bins whose linear index is below i's bin: their slots are all below i's."""
     h = cell[0]
     r2 = reach_r * reach_r
     n_cells = nb[0] * nb[1] * nb[2]
@@ -387,13 +388,15 @@ def scan_serial(
         for d0 in range(-reach[0], reach[0] + 1):
             b0, s0, in0 = _axis_bin(ci[0] + d0, nb[0], pbc[0])
             g0 = _gap(d0, u[0], bin_width[0])
-            if in0 == 0 or g0 * g0 >= r2:
+            # a half list of the query points alone keeps no slot below i's: a row of bins all
+            # below i's bin holds none it keeps
+            if in0 == 0 or g0 * g0 >= r2 or (half == 2 and b0 < ci[0]):
                 continue
             for d1 in range(-reach[1], reach[1] + 1):
                 b1, s1, in1 = _axis_bin(ci[1] + d1, nb[1], pbc[1])
                 g1 = _gap(d1, u[1], bin_width[1])
                 base = wp.where(orthogonal != 0, g0 * g0 + g1 * g1, wp.max(g0 * g0, g1 * g1))
-                if in1 == 0 or base >= r2:
+                if in1 == 0 or base >= r2 or (half == 2 and b0 == ci[0] and b1 < ci[1]):
                     continue
                 rem = wp.where(orthogonal != 0, r2 - base, r2)   # what the axis-2 gap may still take
                 first2, last2 = _trim(lo2, hi2, u[2], bin_width[2], rem)
