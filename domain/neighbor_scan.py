@@ -12,7 +12,7 @@ import torch
 
 from . import neighbor_kernels as nk
 from .grid_shape import perpendicular_widths_of
-from .warp_setup import as_array, as_mat33, init_warp, scalar_type, vec3_type
+from .warp_setup import as_array, as_mat33, init_warp, launch_generic, scalar_type, vec3_type
 
 wp = init_warp()
 
@@ -90,8 +90,8 @@ def scan_serial(b, inputs: list, prune: list, pbc_t, nq: int, capacity) -> tuple
     cap = max(int(capacity), 1)
     for _ in range(2):
         packed = torch.empty(cap, dtype=torch.int64, device=device)
-        wp.launch(nk.scan_serial, dim=1, device="cpu",
-                  inputs=inputs + [as_array(offsets), as_array(packed), as_array(words)] + prune)
+        launch_generic(nk.scan_serial, b.dtype, 1, "cpu",
+                       inputs + [as_array(offsets), as_array(packed), as_array(words)] + prune)
         n_edges = int(offsets[-1])
         if n_edges <= cap:
             break

@@ -22,7 +22,7 @@ import torch
 from . import neighbor_kernels as nk
 from .cell import perpendicular_widths, regularise_open_axes
 from .neighbor_scan import candidate_words, prune_args, scan_serial
-from .warp_setup import as_array, as_mat33, as_vec3, as_vec3i, init_warp, scalar_type, wp_device
+from .warp_setup import as_array, as_mat33, as_vec3, as_vec3i, init_warp, launch_generic, scalar_type, wp_device
 
 wp = init_warp()
 
@@ -182,10 +182,9 @@ def bin_points(positions: torch.Tensor, cell: torch.Tensor, pbc: tuple[bool, boo
     img = torch.empty(n, 3, dtype=torch.int32, device=device)
     bin_of = torch.empty(n, dtype=torch.int32, device=device)
     if n:
-        wp.launch(nk.bin_points, dim=n, device=wp_device(positions),
-                  inputs=[as_vec3(x), as_mat33(hinv[None]), as_mat33(cell[None]),
-                          wp.vec3i(*[int(p) for p in pbc]), wp.vec3i(*nb), as_vec3(xw), as_vec3i(img),
-                          as_array(bin_of)])
+        launch_generic(nk.bin_points, x.dtype, n, wp_device(positions),
+                       [as_vec3(x), as_mat33(hinv[None]), as_mat33(cell[None]), wp.vec3i(*[int(p) for p in pbc]),
+                        wp.vec3i(*nb), as_vec3(xw), as_vec3i(img), as_array(bin_of)])
     return xw, img, bin_of
 
 
@@ -343,12 +342,12 @@ def _scan(b: _Bins, cell, pbc_t, cutoff, half, nq, capacity) -> NeighborList:
     mask_w = wp.from_torch(mask, dtype=wp.uint32)
 
     def launch(mode, neighbors=None, shifts=None, packed=None):   # None: a dummy of one element
-        wp.launch(nk.scan_neighbors, dim=nq, device=wp_device(b.xs),
-                  inputs=common + [mode, mask_w, as_array(offsets), as_array(counts),
-                                   as_array(torch.zeros(1, **i32) if neighbors is None else neighbors),
-                                   as_vec3i(torch.zeros(1, 3, **i32) if shifts is None else shifts),
-                                   as_array(torch.zeros(1, dtype=torch.int64, device=device) if packed is None
-                                            else packed)])
+        launch_generic(nk.scan_neighbors, b.dtype, nq, wp_device(b.xs),
+                       common + [mode, mask_w, as_array(offsets), as_array(counts),
+                                 as_array(torch.zeros(1, **i32) if neighbors is None else neighbors),
+                                 as_vec3i(torch.zeros(1, 3, **i32) if shifts is None else shifts),
+                                 as_array(torch.zeros(1, dtype=torch.int64, device=device) if packed is None
+                                          else packed)])
 
     launch(0)
     offsets[1:] = torch.cumsum(counts, 0)

@@ -133,3 +133,19 @@ def _wrap_like(cmd, index: int, t: torch.Tensor):
     wp = init_warp()
     return wp.from_torch(t, dtype=cmd.kernel.adj.args[index].type.dtype)   # strided as it is: an output stays t
 
+
+
+_overloads: dict = {}
+
+
+def launch_generic(kernel, dtype: torch.dtype, dim: int, device: str, inputs: list) -> None:
+    """``wp.launch`` of a kernel generic over the float type, with its concrete overload for
+    ``dtype`` resolved once: Warp infers a generic kernel's argument types and looks the
+    overload up at every launch (~50-100 us of Python on the CPU, a sizeable part of a small
+    system's neighbour build). The inputs' types must follow from ``dtype`` alone."""
+    wp = init_warp()
+    key = (kernel, dtype)
+    concrete = _overloads.get(key)
+    if concrete is None:
+        concrete = _overloads[key] = kernel.add_overload(kernel.infer_argument_types(inputs))
+    wp.launch(concrete, dim=dim, device=device, inputs=inputs)
