@@ -56,23 +56,29 @@ def spatial_order(positions: torch.Tensor, cell: torch.Tensor, pbc, radius: floa
     bin 1, and so on.  ``id_bound``: a number above every id (0 <= ids < id_bound), known to
     the caller: one sort of the key ``bin * id_bound + id`` then does the work of two stable
     sorts."""
-    return spatial_sort(positions, cell, pbc, radius, ids, id_bound)[0]
+    if int(positions.shape[0]) == 0:
+        return torch.zeros(0, dtype=torch.int64, device=positions.device)
+    nb, _, _, bin_of = _binned(positions, cell, pbc, radius)
+    return _order(bin_of, nb, ids, id_bound)
 
 
 def spatial_sort(positions: torch.Tensor, cell: torch.Tensor, pbc, radius: float,
                  ids: torch.Tensor | None = None, id_bound: int | None = None) -> tuple[torch.Tensor, Binning | None]:
     """(:func:`spatial_order`'s permutation, the points' :class:`Binning` in that order; None
     for no points)."""
-    n = int(positions.shape[0])
-    if n == 0:
+    if int(positions.shape[0]) == 0:
         return torch.zeros(0, dtype=torch.int64, device=positions.device), None
     nb, wrapped, img, bin_of = _binned(positions, cell, pbc, radius)
+    order = _order(bin_of, nb, ids, id_bound)
+    return order, Binning(nb, wrapped[order].contiguous(), img[order].contiguous(), bin_of[order].contiguous())
+
+
+def _order(bin_of: torch.Tensor, nb, ids: torch.Tensor | None, id_bound: int | None) -> torch.Tensor:
+    """The (bin, id) permutation of points in bins ``bin_of`` on a grid of ``nb`` bins."""
     bins, n_bins = bin_of.long(), nb[0] * nb[1] * nb[2]
     if ids is None:
-        order = torch.argsort(bins, stable=True)
-    elif id_bound is not None and n_bins * int(id_bound) < 2**62:
-        order = torch.argsort(bins * int(id_bound) + ids)   # keys are unique: no stable sort needed
-    else:
-        by_id = torch.argsort(ids, stable=True)
-        order = by_id[torch.argsort(bins[by_id], stable=True)]
-    return order, Binning(nb, wrapped[order].contiguous(), img[order].contiguous(), bin_of[order].contiguous())
+        return torch.argsort(bins, stable=True)
+    if id_bound is not None and n_bins * int(id_bound) < 2**62:
+        return torch.argsort(bins * int(id_bound) + ids)   # keys are unique: no stable sort needed
+    by_id = torch.argsort(ids, stable=True)
+    return by_id[torch.argsort(bins[by_id], stable=True)]

@@ -134,7 +134,6 @@ def _wrap_like(cmd, index: int, t: torch.Tensor):
     return wp.from_torch(t, dtype=cmd.kernel.adj.args[index].type.dtype)   # strided as it is: an output stays t
 
 
-
 _overloads: dict = {}
 
 

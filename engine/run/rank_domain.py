@@ -109,11 +109,8 @@ class RankDomain:
                 verify(self.comm, s.ids, self.expected)
             except MigrationError as exc:
                 raise CollectiveError(str(exc)) from None
-        binning = None
-        if self.sort == "spatial" and self.comm.size == 1:   # the points sorted are the points searched
-            order, binning = spatial_sort(s.positions, s.cell, s.pbc, self.nl.radius, ids=s.ids, id_bound=self.id_bound)
-        else:
-            order = self._order(s, s.positions)
+        # one domain: the points sorted are the points searched, so the sort's binning serves the build
+        order, binning = self._order(s, s.positions, binning=self.comm.size == 1)
         if order is not None:
             s.permute(order)
         self.padded_positions = self._build_lists(s, s.positions, binning=binning)
@@ -126,7 +123,7 @@ class RankDomain:
         t = time.perf_counter()
         reference, self.restart_reference = self.restart_reference, None
         cell, self.restart_cell = self.restart_cell, None
-        order = self._order(s, reference, cell)   # the order that rebuild gave these very positions
+        order, _ = self._order(s, reference, cell)   # the order that rebuild gave these very positions
         if order is not None:
             s.permute(order)
             reference = reference[order].contiguous()
@@ -149,8 +146,7 @@ class RankDomain:
         self.padded_numbers = torch.cat([s.numbers, glab[:, 1]])
         lp = local_pbc(self.grid, pbc)
         self.ctx = DomainContext(self.comm, self.grid, self.plan, cell, tuple(pbc), lp)
-        self.nl.build(padded, cell, torch.tensor(lp), ids=self.padded_ids, n_query=s.n_atoms,
-                      binning=binning if gpos.shape[0] == 0 else None)
+        self.nl.build(padded, cell, torch.tensor(lp), ids=self.padded_ids, n_query=s.n_atoms, binning=binning)
         return padded
 
     def _check_grid(self, cell: torch.Tensor) -> None:
@@ -165,16 +161,20 @@ class RankDomain:
                 f"{self.ghost_width:.2f} Å (cutoff + skin); {self.shrink_fix} "
                 f"(grid {list(shape)} no longer fits this cell)")
 
-    def _order(self, s: State, where: torch.Tensor, cell: torch.Tensor | None = None) -> torch.Tensor | None:
-        """Permutation of ``s``'s atoms for the memory order ``self.sort`` asks, from the
+    def _order(self, s: State, where: torch.Tensor, cell: torch.Tensor | None = None,
+               binning: bool = False) -> tuple[torch.Tensor | None, object]:
+        """(permutation of ``s``'s atoms for the memory order ``self.sort`` asks, from the
         positions ``where`` (n, 3) Å (wrapped, as at a rebuild, in ``cell``: default the
-        state's); None when nothing moves."""
+        state's), None when nothing moves; with ``binning`` and the spatial sort, the sorted
+        points' ``spatial_sort.Binning`` for the build, else None)."""
         if self.sort == "spatial":
-            return spatial_order(where, s.cell if cell is None else cell, s.pbc, self.nl.radius, ids=s.ids,
-                                 id_bound=self.id_bound)
+            args = (where, s.cell if cell is None else cell, s.pbc, self.nl.radius)
+            if binning:
+                return spatial_sort(*args, ids=s.ids, id_bound=self.id_bound)
+            return spatial_order(*args, ids=s.ids, id_bound=self.id_bound), None
         if self.sort == "id" and s.n_atoms and not bool((s.ids[1:] > s.ids[:-1]).all()):
-            return torch.argsort(s.ids)
-        return None
+            return torch.argsort(s.ids), None
+        return None, None
 
     def reference_positions(self) -> torch.Tensor:
         """(n_owned, 3) positions of this rank's atoms at the last rebuild (memory order)."""
