@@ -22,8 +22,6 @@ Units are those of the callers (Å, Å/fs, amu, eV).
 """
 from __future__ import annotations
 
-import math
-
 import torch
 
 from .fused_common import CHUNK, retarget
@@ -42,38 +40,32 @@ def usable(*tensors: torch.Tensor) -> bool:
     return _warp() is not None and bool(_get())
 
 
-#: kernel name -> (key, recorded launch, the tensors it points at): the last launch of each kernel
+#: kernel name -> [recorded launch, the tensors it points at, its scalars' array (numpy view, tensor), chunks]
 _recorded: dict = {}
 
 
-def _run(name: str, dim: int, args: list) -> None:
-    """Launch kernel ``name`` over ``dim`` rows with ``args`` (torch tensors, scalars, and tuples
-    of three floats for ``vec3d`` arguments, in the kernel's order). The launch is recorded
-    (Warp's ``record_cmd``) and replayed while the rows and the tensors' shapes and dtypes are
-    the same: a step then packs again only the scalars and vectors that changed (most, the step
-    sizes and constants, do not; a ``vec3d`` compared as a tuple, ~0.1 us, not as a Warp vector,
-    ~13 us) and wraps only the tensors that are new (the forces, each step), instead of
-    wrapping every tensor (``from_torch``, ~31 a step in NPT) and packing every argument again."""
-    wp = _warp()
-    key = (dim, tuple((i, tuple(a.shape), a.dtype) for i, a in enumerate(args) if isinstance(a, torch.Tensor)))
+def _run(name: str, chunks: int, tensors: list, scalars: tuple) -> None:
+    """Launch kernel ``name`` over ``chunks`` chunks of atoms with ``tensors`` (its array arguments
+    in order, all but the last) and ``scalars`` (its last, the ``p`` array: fused_kernels.py's
+    docstring). The launch is recorded once (Warp's ``record_cmd``) and replayed: a step writes
+    the scalars into the kept array (~1 us) and re-points only the tensors that are new (the
+    forces, each step), instead of wrapping every tensor (``from_torch``) and packing every
+    argument again (a Warp vector alone ~13 us)."""
     kept = _recorded.get(name)
-    if kept is None or kept[0] != key:
-        inputs = [wp.from_torch(a) if isinstance(a, torch.Tensor) else wp.vec3d(*a) if isinstance(a, tuple) else a
-                  for a in args]
-        cmd = wp.launch(_get()[name], dim=dim, device="cpu", inputs=inputs, record_cmd=True)
-        _recorded[name] = (key, cmd, list(args))   # the tensors stay alive: their addresses stay theirs
-        cmd.launch()
-        return
-    _, cmd, held = kept
-    for i, a in enumerate(args):
+    if kept is None or kept[4] != chunks:
+        wp = _warp()
+        kernel = _get()[name]
+        p = torch.empty(len(scalars), dtype=torch.float64)
+        inputs = [wp.from_torch(a, dtype=kernel.adj.args[i].type.dtype) for i, a in enumerate(tensors)]
+        cmd = wp.launch(kernel, dim=chunks, device="cpu", inputs=[*inputs, wp.from_torch(p)], record_cmd=True)
+        kept = _recorded[name] = [cmd, list(tensors), p.numpy(), p, chunks]   # the tensors kept alive: their addresses
+    cmd, held, pn = kept[0], kept[1], kept[2]
+    for i, a in enumerate(tensors):
         h = held[i]
-        if isinstance(a, torch.Tensor):
-            if a.data_ptr() != h.data_ptr():
-                retarget(cmd, i, a, h)
-                held[i] = a
-        elif type(a) is not type(h) or a != h:   # NaN != NaN: packed every time, as it should be
-            cmd.set_param_at_index(i, wp.vec3d(*a) if isinstance(a, tuple) else a)
+        if a.data_ptr() != h.data_ptr() or a.shape != h.shape:
+            retarget(cmd, i, a, h)
             held[i] = a
+    pn[:] = scalars
     cmd.launch()
 
 
@@ -92,36 +84,44 @@ def _get() -> dict:
 def v_press(velocities: torch.Tensor, f: list[float], od: list[float], dthalf: float, tri: bool) -> None:
     """npt.py's ``_v_press`` in one pass, in place: velocities (N, 3) Å/fs, f the three factors,
     od omega_dot (Voigt, 1/fs; tri's tilt terms use od[3:6]), dthalf fs."""
-    _run("v_press", velocities.shape[0], [velocities, f[0], f[1], f[2], od[3], od[4], od[5], -dthalf, int(tri)])
+    n = velocities.shape[0]
+    _run("v_press", _chunks(n), [velocities], (*f[:3], od[3], od[4], od[5], -dthalf, int(tri), n))
 
 
 def remap(positions: torch.Tensor, m: list[list[float]]) -> None:
     """x' = x m for a lower-triangular m (rows), in place on positions (N, 3) Å, as npt.py's remap."""
-    _run("remap", positions.shape[0], [positions, m[0][0], m[1][0], m[2][0], m[1][1], m[2][1], m[2][2]])
+    n = positions.shape[0]
+    _run("remap", _chunks(n), [positions], (m[0][0], m[1][1], m[2][2], m[1][0], m[2][0], m[2][1], n))
 
 
 def _chunks(n: int) -> int:
-    return max(math.ceil(n / CHUNK), 1)
+    return max(-(-n // CHUNK), 1)
+
+
+def _total(part: torch.Tensor) -> torch.Tensor:
+    """The column sums of the chunks' partial sums (a view of the one row where there is one)."""
+    return part[0] if part.shape[0] == 1 else part.sum(0)
 
 
 def kinetic_words(velocities: torch.Tensor, m_scaled: torch.Tensor, lo: float, out: torch.Tensor) -> torch.Tensor:
     """(12,) int64: the local sums of the hi words (xx yy zz xy xz yz) then the lo words of
     (v_a v_b) m_scaled; velocities (N, 3), m_scaled (N,) (m MVV_TO_EV 2^32), ``out`` a kept
-    (>= chunks, 12) int64 work array."""
+    (>= chunks, 12) int64 work array (the result may be a view of it)."""
     n = velocities.shape[0]
     part = out[:_chunks(n)]
-    _run("kinetic_tensor", part.shape[0], [velocities, m_scaled, n, lo, part])
-    return part.sum(0)
+    _run("kinetic_tensor", part.shape[0], [velocities, m_scaled, part], (lo, n))
+    return _total(part)
 
 
 def mv2_words(velocities: torch.Tensor, masses: torch.Tensor, scale: float, hi: float, lo: float,
               out: torch.Tensor) -> torch.Tensor:
     """(2,) int64: the local sums of the hi and lo words of ((m (v.v)) scale) hi, v.v by column
-    adds; velocities (N, 3), masses (N,), ``out`` a kept (>= chunks, 2) int64 work array."""
+    adds; velocities (N, 3), masses (N,), ``out`` a kept (>= chunks, 2) int64 work array (the
+    result may be a view of it)."""
     n = velocities.shape[0]
     part = out[:_chunks(n)]
-    _run("mv2", part.shape[0], [velocities, masses, n, scale, hi, lo, part])
-    return part.sum(0)
+    _run("mv2", part.shape[0], [velocities, masses, part], (scale, hi, lo, n))
+    return _total(part)
 
 
 def chunks(n: int) -> int:
@@ -131,26 +131,29 @@ def chunks(n: int) -> int:
 
 # -- whole half steps of npt.py ------------------------------------------------------------------
 def press_kick(velocities: torch.Tensor, forces: torch.Tensor, masses: torch.Tensor, f: list[float],
-               od: list[float], dthalf: float, tri: bool, alpha: float) -> None:
-    """npt.py's first half on the velocities, in place: ``_v_press`` (factors f, omega_dot od,
-    dthalf fs), then v += alpha F / m (alpha = dt/2 FORCE_TO_ACCEL).  (N, 3) Å/fs, eV/Å; (N,) amu."""
-    _run("press_kick", velocities.shape[0], [velocities, forces, masses, (f[0], f[1], f[2]), (od[3], od[4], od[5]),
-                                             -dthalf, int(tri), alpha])
+               od: list[float], dthalf: float, tri: bool, alpha: float, pre: float = 1.0) -> None:
+    """npt.py's first half on the velocities, in place: the thermostat chain's scaling (v *= pre),
+    ``_v_press`` (factors f, omega_dot od, dthalf fs), then v += alpha F / m (alpha = dt/2
+    FORCE_TO_ACCEL).  (N, 3) Å/fs, eV/Å; (N,) amu."""
+    n = velocities.shape[0]
+    _run("press_kick", _chunks(n), [velocities, forces, masses],
+         (pre, *f[:3], od[3], od[4], od[5], -dthalf, int(tri), alpha, n))
 
 
 def _remap_args(m) -> tuple:
-    """(diagonal, m10 m20 m21, iso) of a remap: a float (iso's scale) or a lower-triangular matrix."""
+    """(diagonal (3), m10 m20 m21 (3)) of a remap, and iso: a float (iso's scale) or a lower-triangular matrix."""
     if isinstance(m, float):
-        return (m, m, m), (0.0, 0.0, 0.0), 1
-    return (m[0][0], m[1][1], m[2][2]), (m[1][0], m[2][0], m[2][1]), 0
+        return (m, m, m, 0.0, 0.0, 0.0), 1
+    return (m[0][0], m[1][1], m[2][2], m[1][0], m[2][0], m[2][1]), 0
 
 
 def remap_drift_remap(positions: torch.Tensor, velocities: torch.Tensor, m1, dt: float, m2) -> None:
     """npt.py's remap (m1), x += dt v, remap (m2) in one pass, in place on positions (N, 3) Å;
     m1, m2: iso's scale factor (float) or the lower-triangular matrix (rows) of x' = x m."""
-    r1, s1, iso = _remap_args(m1)
-    r2, s2, _ = _remap_args(m2)
-    _run("remap_drift_remap", positions.shape[0], [positions, velocities, r1, s1, dt, r2, s2, iso])
+    a1, iso = _remap_args(m1)
+    a2, _ = _remap_args(m2)
+    n = positions.shape[0]
+    _run("remap_drift_remap", _chunks(n), [positions, velocities], (*a1, dt, *a2, iso, n))
 
 
 def kick_press_measure(velocities: torch.Tensor, forces: torch.Tensor, masses: torch.Tensor, alpha: float,
@@ -160,14 +163,12 @@ def kick_press_measure(velocities: torch.Tensor, forces: torch.Tensor, masses: t
     local fixed-point sums of what it measures next: (12,) int64, the kinetic tensor's hi then lo
     words (``tensor``, as :func:`kinetic_words`), else m v^2's hi and lo words first (as
     :func:`mv2_words`).  consts: (MVV_TO_EV 2^32, MVV_TO_EV, 2^32, 2^31); ``out`` a kept
-    (>= chunks, 12) int64 work array."""
+    (>= chunks, 12) int64 work array (the result may be a view of it)."""
     n = velocities.shape[0]
     part = out[:_chunks(n)]
-    mscale, scale, hi, lo = consts
-    _run("kick_press_measure", part.shape[0], [velocities, forces, masses, n, alpha, (f[0], f[1], f[2]),
-                                               (od[3], od[4], od[5]), -dthalf, int(tri), int(tensor), mscale,
-                                               scale, hi, lo, part])
-    return part.sum(0)
+    _run("kick_press_measure", part.shape[0], [velocities, forces, masses, part],
+         (alpha, *f[:3], od[3], od[4], od[5], -dthalf, int(tri), int(tensor), *consts, n))
+    return _total(part)
 
 
 def strain_displacement(x: torch.Tensor, x0: torch.Tensor, t: list[list[float]], out: torch.Tensor) -> torch.Tensor:
@@ -178,8 +179,7 @@ def strain_displacement(x: torch.Tensor, x0: torch.Tensor, t: list[list[float]],
     a list is rebuilt (its trigger is (skin - ||T - I|| R) / 2, not a bound to the ulp)."""
     n = x.shape[0]
     part = out[:_chunks(n)]
-    _run("strain_displacement", part.shape[0], [x, x0, tuple(t[0]), tuple(t[1]), tuple(t[2]), n,
-                                                float("nan"), part])
+    _run("strain_displacement", part.shape[0], [x, x0, part], (*t[0], *t[1], *t[2], float("nan"), n))
     return part.amax().sqrt()
 
 
@@ -191,6 +191,6 @@ def check_measure(x: torch.Tensor, x0: torch.Tensor, t: list[list[float]], v: to
     (3, 3) rows, ``out`` a kept (>= chunks, 3) float64 work array (two columns used)."""
     n = x.shape[0]
     part = out.view(-1)[: 2 * _chunks(n)].view(-1, 2)
-    _run("check_measure", part.shape[0], [x, x0, tuple(t[0]), tuple(t[1]), tuple(t[2]), v, n, float("nan"), part])
+    _run("check_measure", part.shape[0], [x, x0, v, part], (*t[0], *t[1], *t[2], float("nan"), n))
     m = (part[0] if part.shape[0] == 1 else part.amax(0)).tolist()
     return m[0], m[1]

@@ -75,8 +75,9 @@ import torch
 
 from . import fused
 from .kinetic_tensor import exact_kinetic_tensor
-from .mat3 import det3, inv3, matmul3
+from .mat3 import det3
 from .nose_hoover import _HI, _LO, NoseHoover, Scratch, _identity, chain_inward, chain_outward
+from .npt_box import remap_rows
 from .units import FORCE_TO_ACCEL, KB, MVV_TO_EV
 
 #: couple -> the barostatted components (Voigt xx yy zz yz xz xy); x, y, z and xy hold the other
@@ -133,13 +134,22 @@ class NPT:
         self.virial: torch.Tensor | None = None   # (3, 3) eV global, set by the engine
         self._mvv: list[float] | None = None      # aniso, tri: the kinetic tensor carried (eV)
         self._scratch = Scratch()                 # per-atom work arrays, kept between steps
+        self._cell_seen = self._cell_rows = self._vol = None   # _rows()'s cache of self.cell
 
     def degrees_of_freedom(self, n_atoms: int) -> int:
         return max(3 * n_atoms - 3, 1)
 
     # -- pressure -----------------------------------------------------------------------
+    def _rows(self) -> list[list[float]]:
+        """``self.cell`` as Python floats (float64), read from the tensor once per new cell."""
+        if self.cell is not self._cell_seen:
+            self._cell_rows = self.cell.double().cpu().tolist()
+            self._cell_seen, self._vol = self.cell, abs(det3(self._cell_rows))
+        return self._cell_rows
+
     def _volume(self) -> float:
-        return abs(det3(self.cell.double().cpu().tolist()))
+        self._rows()
+        return self._vol
 
     def _pressure(self, mvv: list[float] | float) -> None:
         """fix_nh's compute pressure (scalar for iso, vector otherwise) and couple(), from the
@@ -164,14 +174,19 @@ class NPT:
             raise ValueError("non-numeric pressure: the run is unstable (reduce dt or raise pdamp)")
 
     def _chain(self, velocities) -> None:
-        """The thermostat chain's half step (nose_hoover.py's nhc_temp_integrate); the carried
-        kinetic tensor (aniso, tri) is scaled with the velocities, by the factor squared."""
+        """The thermostat chain's half step (nose_hoover.py's nhc_temp_integrate), in place."""
+        velocities.mul_(self._chain_factor())
+
+    def _chain_factor(self) -> float:
+        """The chain's half step but the scaling of the velocities: the factor they are to be
+        scaled by; the carried kinetic tensor (aniso, tri) is scaled by the factor squared."""
         th = self.thermostat
         t0 = th.t_current
-        th._nhc(velocities)
+        factor = th.nhc_factor()
         if self._mvv is not None and t0:
             scale = th.t_current / t0
             self._mvv = [k * scale for k in self._mvv]
+        return factor
 
     def _measure(self, velocities, masses) -> None:
         """The kinetic energy after the half kick and nh_v_press, in one global sum: the chain's
@@ -308,55 +323,31 @@ class NPT:
         """remap(): the cell by half a step (dto = dt/2), the atoms with it (fractions kept)."""
         self._apply_remap(positions, self._remap_cell())
 
-    def _remap_cell(self) -> float | list[list[float]]:
+    def _remap_cell(self, publish: bool = True) -> float | list[list[float]]:
         """remap()'s cell half: omega and ``self.cell`` advanced by half a step; returns the map
         of the positions, x' = x c^-1 new: iso's scale factor, else the lower-triangular matrix.
         The 3 x 3 algebra is done in Python floats and applied to the atoms by broadcasting:
-        no LAPACK/BLAS call on tiny matrices (with several threads those wait on their workers)."""
+        no LAPACK/BLAS call on tiny matrices (with several threads those wait on their workers).
+        publish=False (a float64 cell): the new rows only in :meth:`_rows`'s cache, the tensor
+        made by :meth:`_publish` (a step's two remaps make one tensor)."""
         dto = 0.5 * self.dt
         for i in range(6):
             self.omega[i] += dto * self.omega_dot[i]
         old = self.cell
-        c = old.double().cpu().tolist()
-        od = self.omega_dot
-        if self.pstyle == "iso":
-            e = math.exp(dto * od[0])
-            new = [[x * e for x in row] for row in c]
-        else:
-            # LAMMPS's h: 0 xprd, 1 yprd, 2 zprd, 3 yz, 4 xz, 5 xy (our rows: c[1][0] = xy ...)
-            h = [c[0][0], c[1][1], c[2][2], c[2][1], c[2][0], c[1][0]]
-            dto2, dto4, dto8 = dto / 2.0, dto / 4.0, dto / 8.0
-            tri = self.pstyle == "tri"
+        c = self._rows()
+        new, m = remap_rows(c, self.omega_dot, dto, self.pstyle)
+        if old.dtype == torch.float64:   # the tensor holds these bits: kept as _rows()'s
+            self._cell_rows, self._vol = new, abs(det3(new))
+        if publish or old.dtype != torch.float64:
+            self._publish(new)
+        return m
 
-            def tilts():
-                if not tri:
-                    return
-                e = math.exp(dto8 * od[0])
-                h[4] = (h[4] * e + dto4 * (od[5] * h[3] + od[4] * h[2])) * e
-                e = math.exp(dto4 * od[1])
-                h[3] = (h[3] * e + dto2 * (od[3] * h[2])) * e
-                e = math.exp(dto4 * od[0])
-                h[5] = (h[5] * e + dto2 * (od[5] * h[1])) * e
-                e = math.exp(dto8 * od[0])
-                h[4] = (h[4] * e + dto4 * (od[5] * h[3] + od[4] * h[2])) * e
-
-            # both tilt passes see the old diagonal: fix_nh scales boxlo/boxhi, and h[0..2] follow
-            # only at set_global_box(), after the second pass
-            tilts()
-            e0, e1, e2 = (math.exp(dto * od[i]) for i in range(3))
-            if not tri:   # fix_nh's default tilt scaling (scalexy, scalexz, scaleyz) for aniso
-                h[5] *= e1
-                h[4] *= e2
-                h[3] *= e2
-            tilts()
-            h[0] *= e0
-            h[1] *= e1
-            h[2] *= e2
-            new = [[h[0], 0.0, 0.0], [h[5], h[1], 0.0], [h[4], h[3], h[2]]]
-        self.cell = torch.tensor(new, dtype=old.dtype, device=old.device)
-        if self.pstyle == "iso":
-            return e                      # x' = x c^-1 (e c): fractions kept
-        return matmul3(inv3(c), new)      # lower-triangular for LAMMPS's form
+    def _publish(self, rows: list[list[float]]) -> None:
+        """``self.cell`` made from ``rows`` (the cached ones stay _rows()'s where float64)."""
+        old = self.cell
+        self.cell = torch.tensor(rows, dtype=old.dtype, device=old.device)
+        if old.dtype == torch.float64:
+            self._cell_seen = self.cell
 
     @staticmethod
     def _apply_remap(positions: torch.Tensor, m: float | list[list[float]]) -> None:
@@ -381,17 +372,21 @@ class NPT:
         if th.t_current is None or self.n_atoms is None:
             self._setup(velocities, masses)
         self._nhc_press()
-        self._chain(velocities)
+        fast = fused.usable(positions, velocities, forces, masses)   # two passes, the same bits (fused.py)
+        chain = self._chain_factor()   # the velocities scaled by it below (in press_kick where fast)
         # fix_nh measures the kinetic energy again here; the chain scaled every velocity by one
         # factor, so it is the carried one scaled by factor^2 (the same to round-off, no reduction)
         self._pressure(th.dof * KB * th.t_current if self.pstyle == "iso" else self._mvv)
         self._omega_dot()
-        if fused.usable(positions, velocities, forces, masses):   # two passes, the same bits (fused.py)
+        if fast:
             fused.press_kick(velocities, forces, masses, self._press_factors(), self.omega_dot, 0.5 * self.dt,
-                             self.pstyle == "tri", 0.5 * self.dt * FORCE_TO_ACCEL)
-            m1 = self._remap_cell()
-            fused.remap_drift_remap(positions, velocities, m1, self.dt, self._remap_cell())
+                             self.pstyle == "tri", 0.5 * self.dt * FORCE_TO_ACCEL, chain)
+            m1 = self._remap_cell(publish=False)
+            fused.remap_drift_remap(positions, velocities, m1, self.dt, self._remap_cell(publish=False))
+            if self.cell is self._cell_seen:
+                self._publish(self._cell_rows)
             return
+        velocities.mul_(chain)
         self._v_press(velocities)
         velocities.add_(forces / masses[:, None], alpha=0.5 * self.dt * FORCE_TO_ACCEL)
         self._remap(positions)
@@ -429,7 +424,10 @@ class NPT:
             th.t_current = (self._mvv[0] + self._mvv[1] + self._mvv[2]) / (th.dof * KB)
             return True
         # as _measure with NoseHoover.measure (exact_mv2_sum's sums and the global atom count)
-        tot = self.sum_fn(torch.cat([words[:2], torch.tensor([n], dtype=torch.int64, device=dev)])).cpu().tolist()
+        if self.sum_fn is _identity:   # one process: no reduction, the count is this one
+            tot = [*words[:2].tolist(), n]
+        else:
+            tot = self.sum_fn(torch.cat([words[:2], torch.tensor([n], dtype=torch.int64, device=dev)])).cpu().tolist()
         th.dof = th.degrees_of_freedom(int(tot[2]))
         th.t_current = (tot[0] + tot[1] / _LO) / _HI / (th.dof * KB)
         return True

@@ -30,13 +30,14 @@ def _world_sum(t: torch.Tensor) -> torch.Tensor:
     return x.to(t.device)
 
 
-def sum_fn(comm=None) -> Callable[[torch.Tensor], torch.Tensor]:
+def sum_fn(comm=None) -> Callable[[torch.Tensor], torch.Tensor] | None:
     """The reduction thermostats use: ``comm.all_reduce(t, "sum")`` when a Comm is given, else
-    the job's process group (the one every Comm of this process uses)."""
+    the job's process group (the one every Comm of this process uses); None for one rank (the
+    integrators' own identity, which they recognise and skip)."""
     if comm is None:
         return _world_sum
     if comm.size == 1:
-        return lambda t: t
+        return None
     return lambda t: comm.all_reduce(t, "sum")
 
 
