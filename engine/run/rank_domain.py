@@ -60,6 +60,7 @@ class RankDomain:
         #: (3, 3) Å: the cell of that rebuild when it differs from the state's (a barostat)
         self.restart_cell: torch.Tensor | None = None
         self._work: torch.Tensor | None = None   # (rows, 3): the box check's per-atom array, kept
+        self._inverse: tuple | None = None       # (build cell, its version, h0^-1): _build_inverse()'s cache
         #: what the one-line error of a cell that shrank below the grid advises (a relaxation has no checkpoints)
         self.shrink_fix = "restart from the last checkpoint with fewer domains"
 
@@ -251,11 +252,18 @@ class RankDomain:
         if not nl.serves(s.positions):
             return None
         try:
-            t = matmul3(inv3(nl.build_cell.double().cpu().tolist()), s.cell.double().cpu().tolist())
+            t = matmul3(self._build_inverse(nl.build_cell), s.cell.double().cpu().tolist())
         except ZeroDivisionError:
             return None
         trigger = 0.5 * (nl.skin - strain_norm(t) * nl.radius)
         return (t, trigger) if math.isfinite(trigger) else None
+
+    def _build_inverse(self, cell: torch.Tensor) -> list[list[float]]:
+        """h0^-1 of the build's cell (lists of floats), once per build, not per step."""
+        kept = self._inverse
+        if kept is None or kept[0] is not cell or kept[1] != cell._version:
+            kept = self._inverse = (cell, cell._version, inv3(cell.double().cpu().tolist()))
+        return kept[2]
 
     def displacement(self, s: State) -> tuple[torch.Tensor | None, float]:
         """(this rank's largest displacement since the last build, 0-d Å; the largest one the
