@@ -298,7 +298,7 @@ class _Bins:
         self.rank[order] = torch.arange(n, dtype=torch.int32, device=device)
         # the query points in sorted order: all, the first part, or those among the others
         self.visit = self.order if nq == n else self.order[:nq] if split else self.order[self.order < nq].contiguous()
-        self.xs = xw[order].contiguous()
+        self.xs = torch.index_select(xw, 0, order)
         self.identity = False   # slot p holds point order[p]
 
     def _presorted(self, binning) -> None:

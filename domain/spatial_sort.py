@@ -70,7 +70,8 @@ def spatial_sort(positions: torch.Tensor, cell: torch.Tensor, pbc, radius: float
         return torch.zeros(0, dtype=torch.int64, device=positions.device), None
     nb, wrapped, img, bin_of = _binned(positions, cell, pbc, radius)
     order = _order(bin_of, nb, ids, id_bound)
-    return order, Binning(nb, wrapped[order].contiguous(), img[order].contiguous(), bin_of[order].contiguous())
+    take = lambda t: torch.index_select(t, 0, order)   # noqa: E731  (x[order]'s rows, 2-4x faster on the CPU)
+    return order, Binning(nb, take(wrapped), take(img), take(bin_of))
 
 
 def _order(bin_of: torch.Tensor, nb, ids: torch.Tensor | None, id_bound: int | None) -> torch.Tensor:

@@ -359,18 +359,23 @@ class LennardJones:
                      forces, energies, tot_e, tot_w) -> None:
         """Launch the half-list kernel. The launch is recorded (Warp's ``record_cmd``) and
         replayed while its inputs are the same tensors (their addresses and sizes, the
-        scalars): between rebuilds only the two fresh outputs are set, and the positions where
-        they are a new tensor of the same shape (every step under decomposition: the padded
-        points are made anew with their ghosts), instead of wrapping and packing 19 arguments
-        per step (a few tenths of a ms of Python per call)."""
+        scalars): each call sets only the two fresh outputs, the positions where they are a new
+        tensor (every step under decomposition: the padded points are made anew with their
+        ghosts) and a new build's list arrays, instead of wrapping and packing 19 arguments (a
+        few tenths of a ms of Python per call; after each build ~1 ms at 4,000 atoms, Warp's
+        overload lookup included)."""
         packed = getattr(nl, "packed", None)
         visit = self._visit_order(nl)
-        edge_t = (packed,) if packed is not None else (nl.neighbors, nl.shifts)
-        held = (x, cell, nl.offsets, *edge_t, types, table, visit, acc, virials, tot_e, tot_w)
+        # the list's arrays (new at every build) and their arguments: re-pointed, not recorded again
+        # (and the types, permuted with the atoms at a build)
+        listed = ((nl.offsets, packed, visit, types) if packed is not None
+                  else (nl.offsets, nl.neighbors, nl.shifts, visit, types))
+        at = (2, 5, 11, 6) if packed is not None else (2, 3, 4, 11, 6)
+        fixed = (cell, table, acc, virials, tot_e, tot_w)
         kernel = lk.LJ_HALF_KERNELS[(t == 1, pair_virial, packed is not None, *sums)]   # sums: (energy, virial)
-        # the positions' address is not in the key: a new one is set, not recorded again
-        key = (id(kernel), t, int(final), float(self.cutoff), x.dtype, tuple(x.shape),
-               tuple((a.data_ptr(), tuple(a.shape)) for a in held[1:]))
+        # neither the positions' address nor the list's arrays are in the key: those are set, not recorded
+        key = (id(kernel), t, int(final), float(self.cutoff), x.dtype, tuple(x.shape), nl.n_query,
+               tuple((a.data_ptr(), tuple(a.shape)) for a in fixed))
         kept = self._recorded
         if kept is None or kept[0] != key:
             edges = self._edge_arrays(nl, packed, x.device)
@@ -380,16 +385,22 @@ class LennardJones:
                                     as_array(visit), wp.from_torch(acc, dtype=_VEC4[x.dtype]), as_mat33(virials),
                                     int(final), as_vec3(forces), as_array(energies), as_array(tot_e),
                                     as_mat33(tot_w)])
-            kept = self._recorded = (key, cmd, held, [forces, energies])   # held: the addresses stay these tensors'
-        else:
-            cmd, last = kept[1], kept[3]
-            if kept[2][0].data_ptr() != x.data_ptr():
-                retarget(cmd, 0, x, kept[2][0])
-                kept = self._recorded = (key, cmd, held, last)
-            retarget(cmd, 15, forces, last[0])   # fresh outputs each call: re-pointed, not wrapped
-            retarget(cmd, 16, energies, last[1])
-            last[:] = [forces, energies]
-        kept[1].launch()
+            # held: the addresses stay these tensors' while the launch may run
+            self._recorded = (key, cmd, [x, *listed, *fixed], [forces, energies])
+            cmd.launch()
+            return
+        cmd, held, last = kept[1], kept[2], kept[3]
+        if held[0].data_ptr() != x.data_ptr():
+            retarget(cmd, 0, x, held[0])
+            held[0] = x
+        for k, a in enumerate(listed, 1):   # a new build's arrays (a packed list of another length: wrapped)
+            if a.data_ptr() != held[k].data_ptr() or a.shape != held[k].shape:
+                retarget(cmd, at[k - 1], a, held[k])
+                held[k] = a
+        retarget(cmd, 15, forces, last[0])   # fresh outputs each call: re-pointed, not wrapped
+        retarget(cmd, 16, energies, last[1])
+        last[:] = [forces, energies]
+        cmd.launch()
 
     def _kept_cell(self, cell: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """``cell`` (3, 3) Å copied into a tensor kept between calls: a barostat replaces the cell
