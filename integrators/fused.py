@@ -34,8 +34,7 @@ _kernels: dict = {}
 
 def usable(*tensors: torch.Tensor) -> bool:
     """True when the fused kernels serve these arrays: CPU, float64, contiguous, Warp present."""
-    if not ENABLED or not all(t.device.type == "cpu" and t.dtype == torch.float64 and t.is_contiguous()
-                              for t in tensors):
+    if not ENABLED or not all(t.is_cpu and t.dtype == torch.float64 and t.is_contiguous() for t in tensors):
         return False
     return _warp() is not None and bool(_get())
 

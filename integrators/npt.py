@@ -71,6 +71,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
+import numpy as np
 import torch
 
 from . import fused
@@ -135,6 +136,7 @@ class NPT:
         self._mvv: list[float] | None = None      # aniso, tri: the kinetic tensor carried (eV)
         self._scratch = Scratch()                 # per-atom work arrays, kept between steps
         self._cell_seen = self._cell_rows = self._vol = None   # _rows()'s cache of self.cell
+        self._part: torch.Tensor | None = None    # _fused_second's partial sums (a view of a scratch array)
 
     def degrees_of_freedom(self, n_atoms: int) -> int:
         return max(3 * n_atoms - 3, 1)
@@ -143,7 +145,7 @@ class NPT:
     def _rows(self) -> list[list[float]]:
         """``self.cell`` as Python floats (float64), read from the tensor once per new cell."""
         if self.cell is not self._cell_seen:
-            self._cell_rows = self.cell.double().cpu().tolist()
+            self._cell_rows = self.cell.tolist()   # float32's values are exact as Python floats
             self._cell_seen, self._vol = self.cell, abs(det3(self._cell_rows))
         return self._cell_rows
 
@@ -156,7 +158,7 @@ class NPT:
         kinetic energy ``mvv`` (eV): iso sum m v^2, else the tensor (xx yy zz xy xz yz)."""
         if self.virial is None:
             raise ValueError("integrator=npt needs the model's virial")
-        w = self.virial.detach().double().cpu().tolist()
+        w = self.virial.tolist()   # Python floats: float32's exactly, as .double() would give
         vol = self._volume()
         if self.pstyle == "iso":
             p = (mvv + w[0][0] + w[1][1] + w[2][2]) / 3.0 / vol
@@ -345,6 +347,10 @@ class NPT:
     def _publish(self, rows: list[list[float]]) -> None:
         """``self.cell`` made from ``rows`` (the cached ones stay _rows()'s where float64)."""
         old = self.cell
+        if old.dtype == torch.float64 and old.is_cpu:   # numpy's conversion: ~4 us against torch.tensor's ~10
+            self.cell = torch.from_numpy(np.array(rows, dtype=np.float64))
+            self._cell_seen = self.cell
+            return
         self.cell = torch.tensor(rows, dtype=old.dtype, device=old.device)
         if old.dtype == torch.float64:
             self._cell_seen = self.cell
@@ -414,10 +420,12 @@ class NPT:
         if not fused.usable(velocities, forces, masses) or not (tensor or th._columns):
             return False
         n, dev = velocities.shape[0], velocities.device
+        part = self._part
+        if part is None or part.shape[0] != fused.chunks(n) or part.device != dev:
+            part = self._part = self._scratch.get("half_part", (fused.chunks(n), 12), torch.int64, dev)
         words = fused.kick_press_measure(
             velocities, forces, masses, 0.5 * self.dt * FORCE_TO_ACCEL, self._press_factors(), self.omega_dot,
-            0.5 * self.dt, self.pstyle == "tri", tensor, (MVV_TO_EV * _HI, MVV_TO_EV, _HI, _LO),
-            self._scratch.get("half_part", (fused.chunks(n), 12), torch.int64, dev))
+            0.5 * self.dt, self.pstyle == "tri", tensor, (MVV_TO_EV * _HI, MVV_TO_EV, _HI, _LO), part)
         if tensor:   # as _measure with exact_kinetic_tensor
             tot = self.sum_fn(words).cpu().tolist()
             self._mvv = [(tot[k] + tot[6 + k] / _LO) / _HI for k in range(6)]
