@@ -75,6 +75,7 @@ def _get() -> dict:
 
         _kernels.update(v_press=k.v_press, remap=k.remap, kinetic_tensor=k.kinetic_tensor, mv2=k.mv2,
                         press_kick=k.press_kick, remap_drift_remap=k.remap_drift_remap,
+                        scale_kick_drift=k.scale_kick_drift,
                         kick_press_measure=k.kick_press_measure, strain_displacement=k.strain_displacement,
                         check_measure=k.check_measure)
     return _kernels
@@ -137,6 +138,16 @@ def press_kick(velocities: torch.Tensor, forces: torch.Tensor, masses: torch.Ten
     n = velocities.shape[0]
     _run("press_kick", _chunks(n), [velocities, forces, masses],
          (pre, *f[:3], od[3], od[4], od[5], -dthalf, int(tri), alpha, n))
+
+
+def scale_kick_drift(positions: torch.Tensor, velocities: torch.Tensor, forces: torch.Tensor, masses: torch.Tensor,
+                     pre: float, alpha: float, dt: float, drift: bool = True) -> None:
+    """A thermostat's or NVE's first half in one pass, in place: v *= pre (1.0: unchanged, exactly),
+    v += alpha F / m, then (``drift``) x += dt v; positions, velocities, forces (N, 3) Å, Å/fs, eV/Å,
+    masses (N,) amu, alpha = dt/2 FORCE_TO_ACCEL.  drift=False: the kick alone (``positions``
+    unread: the velocities may stand in)."""
+    n = velocities.shape[0]
+    _run("scale_kick_drift", _chunks(n), [positions, velocities, forces, masses], (pre, alpha, dt, int(drift), n))
 
 
 def _remap_args(m) -> tuple:

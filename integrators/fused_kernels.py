@@ -183,6 +183,24 @@ def press_kick(v: rows, f: rows, m: wp.array(dtype=f64), p: wp.array(dtype=f64))
 
 
 @wp.kernel(enable_backward=False)
+def scale_kick_drift(x: rows, v: rows, f: rows, m: wp.array(dtype=f64), p: wp.array(dtype=f64)):
+    # nose_hoover.py's and velocity_verlet.py's first half: v *= pre (the chain's factor; 1 exactly
+    # for verlet), v += alpha F / m, then (drift != 0) x += dt v (positions.add_(velocities, alpha=dt): fma)
+    # p: pre, alpha, dt, drift, n
+    lo, hi = span(wp.tid(), int(p[4]))
+    pre = p[0]
+    alpha = p[1]
+    dt = p[2]
+    drift = int(p[3])
+    for i in range(lo, hi):
+        w = kick(v[i] * pre, f[i], m[i], alpha)
+        v[i] = w
+        if drift != 0:
+            a = x[i]
+            x[i] = wp.vec3d(fma(dt, w[0], a[0]), fma(dt, w[1], a[1]), fma(dt, w[2], a[2]))
+
+
+@wp.kernel(enable_backward=False)
 def remap_drift_remap(x: rows, v: rows, p: wp.array(dtype=f64)):
     # first_half: remap, x += dt v (positions.add_(velocities, alpha=dt): fma), remap
     # p: r1 (3), s1 (3), dt, r2 (3), s2 (3), iso, n

@@ -36,6 +36,7 @@ from . import fused
 from .units import FORCE_TO_ACCEL, KB, MVV_TO_EV
 
 _HI, _LO = 2.0 ** 32, 2.0 ** 31
+_UNIT, _UNIT6 = [1.0] * 3, [0.0] * 6   # the NPT pass's factors and strain rates where there is no barostat
 
 
 def _identity(t: torch.Tensor) -> torch.Tensor:
@@ -235,15 +236,37 @@ class NoseHoover:
         """NHC(dt/2), half kick, drift; in place."""
         if self.t_current is None:
             self._setup(velocities, masses)
+        if fused.usable(positions, velocities, forces, masses):   # one pass, the same bits (fused.py)
+            fused.scale_kick_drift(positions, velocities, forces, masses, self.nhc_factor(),
+                                   0.5 * self.dt * FORCE_TO_ACCEL, self.dt)
+            return
         self._nhc(velocities)
         velocities.add_(forces / masses[:, None], alpha=0.5 * self.dt * FORCE_TO_ACCEL)
         positions.add_(velocities, alpha=self.dt)
 
     def second_half(self, velocities: torch.Tensor, forces: torch.Tensor, masses: torch.Tensor) -> None:
         """Half kick, the temperature of the kicked velocities, NHC(dt/2); in place."""
-        velocities.add_(forces / masses[:, None], alpha=0.5 * self.dt * FORCE_TO_ACCEL)
-        self.measure(velocities, masses)
+        if not self._fused_second(velocities, forces, masses):
+            velocities.add_(forces / masses[:, None], alpha=0.5 * self.dt * FORCE_TO_ACCEL)
+            self.measure(velocities, masses)
         self._nhc(velocities)
+
+    def _fused_second(self, velocities, forces, masses) -> bool:
+        """The kick and the measurement in one pass (fused.py's NPT pass with unit factors: x 1.0
+        is exact), the same words as :meth:`measure`'s column sums; False where the torch path
+        runs (not the CPU in float64, or a rank whose m v^2 keeps torch's row sum)."""
+        if not self._columns or not fused.usable(velocities, forces, masses):   # _columns: set at set-up
+            return False
+        n = velocities.shape[0]
+        part = self._scratch.get("half_part", (fused.chunks(n), 12), torch.int64, velocities.device)
+        words = fused.kick_press_measure(velocities, forces, masses, 0.5 * self.dt * FORCE_TO_ACCEL, _UNIT, _UNIT6,
+                                         0.0, False, False, (MVV_TO_EV * _HI, MVV_TO_EV, _HI, _LO), part)
+        if self.sum_fn is _identity:   # one process: no reduction, the count is this one
+            tot = [*words[:2].tolist(), n]
+        else:
+            tot = self.sum_fn(torch.cat([words[:2], torch.tensor([n], dtype=torch.int64)])).cpu().tolist()
+        self.measured((tot[0] + tot[1] / _LO) / _HI, int(tot[2]))
+        return True
 
     def conserved_energy(self) -> float:
         """The chain's energy (eV): sum Q eta_dot^2 / 2 + dof kT eta[0] + kT sum eta[1:]

@@ -106,3 +106,36 @@ def test_retarget_points_a_recorded_launch_at_new_tensors():
         fn(cmd, 2, strided, out2)
         cmd.launch()
         assert torch.equal(strided, 2.0 * x2 + y)
+
+
+@pytest.mark.parametrize("name", ["verlet", "nose-hoover"])
+def test_fused_nve_and_nvt_steps_give_the_torch_bits(name, monkeypatch):
+    """Velocity Verlet's and the Nosé-Hoover chain's half steps through the one-pass kernels
+    (integrators/fused.py: scaling, kick and drift; kick and m v^2's words) against their torch
+    expressions, bit for bit over three steps: velocities over four decades, several chunks and a
+    partial one, forces that change between the halves."""
+    from shardmd.integrators import fused
+    from shardmd.integrators.nose_hoover import NoseHoover
+    from shardmd.integrators.velocity_verlet import VelocityVerlet
+
+    if not fused.usable(torch.zeros(1, 3, dtype=torch.float64)):
+        pytest.skip("Warp is not available: the torch code runs")
+    g = torch.Generator().manual_seed(11)
+    n = 2 * fused.CHUNK + 29
+    v = torch.randn(n, 3, dtype=torch.float64, generator=g) * 10.0 ** torch.empty(n, 1).uniform_(-4, 0, generator=g)
+    masses = torch.rand(n, dtype=torch.float64, generator=g) * 100.0 + 1.0
+    x = torch.rand(n, 3, dtype=torch.float64, generator=g) * 40.0 - 5.0
+    f = torch.randn(n, 3, dtype=torch.float64, generator=g)
+
+    def steps(enabled: bool):
+        monkeypatch.setattr(fused, "ENABLED", enabled)
+        it = VelocityVerlet(2.0) if name == "verlet" else NoseHoover(2.0, 100.0, 100.0)
+        vv, xx = v.clone(), x.clone()
+        for step in range(3):
+            it.first_half(xx, vv, f * (step + 1), masses, torch.arange(n), step)
+            it.second_half(vv, f.roll(step + 1, 0), masses)
+        chain = [] if name == "verlet" else [it.t_current, *it.eta, *it.eta_dot, *it.eta_dotdot]
+        return vv, xx, torch.tensor(chain, dtype=torch.float64)
+
+    for a, b in zip(steps(True), steps(False)):
+        assert torch.equal(a, b), name
