@@ -136,6 +136,7 @@ class NPT:
         self._mvv: list[float] | None = None      # aniso, tri: the kinetic tensor carried (eV)
         self._scratch = Scratch()                 # per-atom work arrays, kept between steps
         self._cell_seen = self._cell_rows = self._vol = None   # _rows()'s cache of self.cell
+        self._cell_version = -1                   # and that tensor's version counter (in-place writes)
         self._part: torch.Tensor | None = None    # _fused_second's partial sums (a view of a scratch array)
 
     def degrees_of_freedom(self, n_atoms: int) -> int:
@@ -144,9 +145,10 @@ class NPT:
     # -- pressure -----------------------------------------------------------------------
     def _rows(self) -> list[list[float]]:
         """``self.cell`` as Python floats (float64), read from the tensor once per new cell."""
-        if self.cell is not self._cell_seen:
+        if self.cell is not self._cell_seen or self.cell._version != self._cell_version:
             self._cell_rows = self.cell.tolist()   # float32's values are exact as Python floats
             self._cell_seen, self._vol = self.cell, abs(det3(self._cell_rows))
+            self._cell_version = self.cell._version
         return self._cell_rows
 
     def _volume(self) -> float:
@@ -349,11 +351,11 @@ class NPT:
         old = self.cell
         if old.dtype == torch.float64 and old.is_cpu:   # numpy's conversion: ~4 us against torch.tensor's ~10
             self.cell = torch.from_numpy(np.array(rows, dtype=np.float64))
-            self._cell_seen = self.cell
+            self._cell_seen, self._cell_version = self.cell, self.cell._version
             return
         self.cell = torch.tensor(rows, dtype=old.dtype, device=old.device)
         if old.dtype == torch.float64:
-            self._cell_seen = self.cell
+            self._cell_seen, self._cell_version = self.cell, self.cell._version
 
     @staticmethod
     def _apply_remap(positions: torch.Tensor, m: float | list[list[float]]) -> None:

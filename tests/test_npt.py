@@ -414,6 +414,23 @@ def test_fused_passes_give_the_torch_bits(seed, monkeypatch):
             assert torch.equal(a, b), couple
 
 
+def test_cell_read_again_after_a_write_in_place():
+    """NPT keeps the cell's rows as Python floats between steps (read once per new cell): a cell
+    written in place, or replaced, is read again (its volume and the next remap follow it)."""
+    from shardmd.integrators.npt import NPT
+
+    npt = NPT(2.0, 100.0, 0.0, 100.0, 1000.0)
+    npt.cell = torch.diag(torch.tensor([40.0, 38.0, 41.0], dtype=torch.float64))
+    assert npt._volume() == 40.0 * 38.0 * 41.0
+    npt.cell.mul_(2.0)
+    assert npt._volume() == 8 * 40.0 * 38.0 * 41.0
+    npt.cell = torch.diag(torch.tensor([10.0, 10.0, 10.0], dtype=torch.float64))
+    assert npt._volume() == 1000.0
+    npt.omega_dot = [1e-4, 1e-4, 1e-4, 0.0, 0.0, 0.0]
+    m = npt._remap_cell()
+    assert npt.cell[0, 0].item() == 10.0 * m and npt._volume() == pytest.approx(float(torch.det(npt.cell)), rel=1e-14)
+
+
 def test_fused_box_check_matches_the_torch_norm():
     """integrators/fused.py's one-pass box check (max |x - x0 T|) against torch's mm + norm + amax on
     random rows (several chunks), a tilted T and a diagonal one: equal to 1e-14 relative; a NaN row
