@@ -84,10 +84,7 @@ def exact_mv2_sum(velocities: torch.Tensor, masses: torch.Tensor, sum_fn: Callab
     n, dev = v.shape[0], v.device
     if columns and fused.usable(v, masses):   # the columns path in one pass (integrators/fused.py)
         part = scratch.get("mv2_part", (fused.chunks(n), 2), torch.int64, dev)
-        local = torch.cat([fused.mv2_words(v, masses, MVV_TO_EV, _HI, _LO, part),
-                           torch.tensor([n], dtype=torch.int64, device=dev)])
-        tot = sum_fn(local).cpu().tolist()
-        return (tot[0] + tot[1] / _LO) / _HI, int(tot[2])
+        return mv2_total(fused.mv2_words(v, masses, MVV_TO_EV, _HI, _LO, part), n, sum_fn)
     vv = torch.mul(v, v, out=scratch.get("vv", (n, 3), torch.float64, dev))
     x = scratch.get("x", (n,), torch.float64, dev)
     if columns:
@@ -101,6 +98,16 @@ def exact_mv2_sum(velocities: torch.Tensor, masses: torch.Tensor, sum_fn: Callab
     words[1].copy_(x.sub_(hi).mul_(_LO).round_())   # round half to even, as torch.round
     local = torch.cat([words.sum(1), torch.tensor([n], dtype=torch.int64, device=dev)])
     tot = sum_fn(local).cpu().tolist()
+    return (tot[0] + tot[1] / _LO) / _HI, int(tot[2])
+
+
+def mv2_total(words: torch.Tensor, n: int, sum_fn: Callable) -> tuple[float, int]:
+    """(sum over all ranks of m v^2 in eV, global atom count) from this rank's hi and lo words
+    (``words[:2]``, int64) of ``n`` atoms: :func:`exact_mv2_sum`'s reduction, none on one process."""
+    if sum_fn is _identity:
+        tot = [*words[:2].tolist(), n]
+    else:
+        tot = sum_fn(torch.cat([words[:2], torch.tensor([n], dtype=torch.int64, device=words.device)])).cpu().tolist()
     return (tot[0] + tot[1] / _LO) / _HI, int(tot[2])
 
 
@@ -261,11 +268,7 @@ class NoseHoover:
         part = self._scratch.get("half_part", (fused.chunks(n), 12), torch.int64, velocities.device)
         words = fused.kick_press_measure(velocities, forces, masses, 0.5 * self.dt * FORCE_TO_ACCEL, _UNIT, _UNIT6,
                                          0.0, False, False, (MVV_TO_EV * _HI, MVV_TO_EV, _HI, _LO), part)
-        if self.sum_fn is _identity:   # one process: no reduction, the count is this one
-            tot = [*words[:2].tolist(), n]
-        else:
-            tot = self.sum_fn(torch.cat([words[:2], torch.tensor([n], dtype=torch.int64)])).cpu().tolist()
-        self.measured((tot[0] + tot[1] / _LO) / _HI, int(tot[2]))
+        self.measured(*mv2_total(words, n, self.sum_fn))
         return True
 
     def conserved_energy(self) -> float:

@@ -77,7 +77,7 @@ import torch
 from . import fused
 from .kinetic_tensor import exact_kinetic_tensor
 from .mat3 import det3
-from .nose_hoover import _HI, _LO, NoseHoover, Scratch, _identity, chain_inward, chain_outward
+from .nose_hoover import _HI, _LO, NoseHoover, Scratch, _identity, chain_inward, chain_outward, mv2_total
 from .npt_box import remap_rows
 from .units import FORCE_TO_ACCEL, KB, MVV_TO_EV
 
@@ -351,9 +351,8 @@ class NPT:
         old = self.cell
         if old.dtype == torch.float64 and old.is_cpu:   # numpy's conversion: ~4 us against torch.tensor's ~10
             self.cell = torch.from_numpy(np.array(rows, dtype=np.float64))
-            self._cell_seen, self._cell_version = self.cell, self.cell._version
-            return
-        self.cell = torch.tensor(rows, dtype=old.dtype, device=old.device)
+        else:
+            self.cell = torch.tensor(rows, dtype=old.dtype, device=old.device)
         if old.dtype == torch.float64:
             self._cell_seen, self._cell_version = self.cell, self.cell._version
 
@@ -433,13 +432,7 @@ class NPT:
             self._mvv = [(tot[k] + tot[6 + k] / _LO) / _HI for k in range(6)]
             th.t_current = (self._mvv[0] + self._mvv[1] + self._mvv[2]) / (th.dof * KB)
             return True
-        # as _measure with NoseHoover.measure (exact_mv2_sum's sums and the global atom count)
-        if self.sum_fn is _identity:   # one process: no reduction, the count is this one
-            tot = [*words[:2].tolist(), n]
-        else:
-            tot = self.sum_fn(torch.cat([words[:2], torch.tensor([n], dtype=torch.int64, device=dev)])).cpu().tolist()
-        th.dof = th.degrees_of_freedom(int(tot[2]))
-        th.t_current = (tot[0] + tot[1] / _LO) / _HI / (th.dof * KB)
+        th.measured(*mv2_total(words, n, self.sum_fn))   # as _measure with NoseHoover.measure
         return True
 
     def conserved_energy(self) -> float:
