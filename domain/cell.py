@@ -49,6 +49,17 @@ def wrap(positions: torch.Tensor, cell: torch.Tensor, pbc: torch.Tensor, images:
     """
     if positions.shape[0] == 0 or not bool(pbc.any()):
         return positions, images
+    if (positions.device.type == "cpu" and positions.dtype in (torch.float32, torch.float64)
+            and cell.dtype == positions.dtype and images.dtype == torch.int32):
+        from .cell_kernels import fold  # Warp, loaded where first needed
+
+        return fold(positions, cell.contiguous(), inverse_transpose(cell), tuple(bool(p) for p in pbc.tolist()), images)
+    return wrap_torch(positions, cell, pbc, images)
+
+
+def wrap_torch(positions: torch.Tensor, cell: torch.Tensor, pbc: torch.Tensor, images: torch.Tensor):
+    """:func:`wrap` in torch operations (any device; a GPU's path): the same folds as the CPU's
+    kernel (domain/cell_kernels.py), the fractional coordinates from a linear solve."""
     f = to_fractional(positions, cell)
     shift = torch.floor(f) * pbc.to(f.dtype)
     new_pos = positions - shift @ cell
@@ -59,6 +70,20 @@ def wrap(positions: torch.Tensor, cell: torch.Tensor, pbc: torch.Tensor, images:
         new_pos = new_pos - extra @ cell
         shift = shift + extra
     return new_pos, images + shift.to(images.dtype)
+
+
+_inverse_kept: tuple | None = None
+
+
+def inverse_transpose(cell: torch.Tensor) -> torch.Tensor:
+    """(3, 3) ``(cell^T)^-1``, contiguous: fractional coordinates are ``f = hinv @ x``. Kept for
+    the last cell tensor asked about (its identity and version counter): a neighbour build asks
+    three times (the fold, the binning, the search's pruning) for the same cell."""
+    global _inverse_kept
+    kept = _inverse_kept
+    if kept is None or kept[0] is not cell or kept[1] != cell._version:
+        kept = _inverse_kept = (cell, cell._version, torch.linalg.inv(cell.T).contiguous())
+    return kept[2]
 
 
 def unwrap(positions: torch.Tensor, cell: torch.Tensor, images: torch.Tensor) -> torch.Tensor:

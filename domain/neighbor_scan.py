@@ -11,10 +11,12 @@ import math
 import torch
 
 from . import neighbor_kernels as nk
+from .cell import inverse_transpose
 from .grid_shape import perpendicular_widths_of
-from .warp_setup import as_array, as_mat33, init_warp, launch_generic, scalar_type, vec3_type
+from .warp_setup import KeptLaunch, init_warp, scalar_type, vec3_type
 
 wp = init_warp()
+_SCAN_SERIAL = KeptLaunch(nk.scan_serial)   # its launch, replayed (the arrays re-pointed at each build's)
 
 
 def _candidates(b, pbc, nq: int) -> torch.Tensor:
@@ -66,15 +68,15 @@ def prune_args(cell: torch.Tensor, b, cutoff: float, max_img: int) -> list:
     margin = 64 * eps * ((max_img + 2) * sum(norms) + cutoff)
     dots = [abs(sum(rows[i][k] * rows[j][k] for k in range(3))) for i, j in ((0, 1), (0, 2), (1, 2))]
     orthogonal = all(d <= 1e-12 * norms[i] * norms[j] for d, (i, j) in zip(dots, ((0, 1), (0, 2), (1, 2))))
-    hinv = torch.linalg.inv(cell.T).contiguous()
     vec, scalar = vec3_type(b.dtype), scalar_type(b.dtype)
-    return [as_mat33(hinv[None]), vec(*[widths[k] / b.nb[k] for k in range(3)]), scalar(cutoff + margin),
+    return [inverse_transpose(cell)[None], vec(*[widths[k] / b.nb[k] for k in range(3)]), scalar(cutoff + margin),
             int(orthogonal)]
 
 
 def scan_serial(b, inputs: list, prune: list, pbc_t, nq: int, capacity) -> tuple[torch.Tensor, torch.Tensor]:
     """(offsets (nq + 1,), packed edges (E,)) from ``scan_serial``: one pass, or two when the
-    edges outnumber the reserve (the second with exactly their count)."""
+    edges outnumber the reserve (the second with exactly their count). ``inputs`` and ``prune``:
+    the kernel's arguments, arrays as torch tensors."""
     device = b.xs.device
     # candidates: counted when no reserve is given, or when a cheap bound (the fullest bin's
     # points in every bin scanned) does not rule out more than the int32 counts hold
@@ -90,8 +92,7 @@ def scan_serial(b, inputs: list, prune: list, pbc_t, nq: int, capacity) -> tuple
     cap = max(int(capacity), 1)
     for _ in range(2):
         packed = torch.empty(cap, dtype=torch.int64, device=device)
-        launch_generic(nk.scan_serial, b.dtype, 1, "cpu",
-                       inputs + [as_array(offsets), as_array(packed), as_array(words)] + prune)
+        _SCAN_SERIAL(b.dtype, 1, "cpu", inputs + [offsets, packed, words] + prune)
         n_edges = int(offsets[-1])
         if n_edges <= cap:
             break

@@ -20,11 +20,22 @@ import math
 import torch
 
 from . import neighbor_kernels as nk
-from .cell import perpendicular_widths, regularise_open_axes
+from .cell import inverse_transpose, perpendicular_widths, regularise_open_axes
 from .neighbor_scan import candidate_words, prune_args, scan_serial
-from .warp_setup import as_array, as_mat33, as_vec3, as_vec3i, init_warp, launch_generic, scalar_type, wp_device
+from .warp_setup import (
+    KeptLaunch,
+    as_array,
+    as_vec3,
+    as_vec3i,
+    as_views,
+    init_warp,
+    launch_generic,
+    scalar_type,
+    wp_device,
+)
 
 wp = init_warp()
+_BIN_POINTS = KeptLaunch(nk.bin_points)   # the CPU's binning launch, replayed
 
 
 class NeighborList:
@@ -176,15 +187,17 @@ def bin_points(positions: torch.Tensor, cell: torch.Tensor, pbc: tuple[bool, boo
     ``(b0 * nb1 + b1) * nb2 + b2`` (clamped to the grid on open axes)."""
     n, device = int(positions.shape[0]), positions.device
     cell = cell.to(dtype=positions.dtype, device=device).contiguous()
-    hinv = torch.linalg.inv(cell.T).contiguous()
     x = positions.contiguous()
     xw = torch.empty_like(x)
     img = torch.empty(n, 3, dtype=torch.int32, device=device)
     bin_of = torch.empty(n, dtype=torch.int32, device=device)
     if n:
-        launch_generic(nk.bin_points, x.dtype, n, wp_device(positions),
-                       [as_vec3(x), as_mat33(hinv[None]), as_mat33(cell[None]), wp.vec3i(*[int(p) for p in pbc]),
-                        wp.vec3i(*nb), as_vec3(xw), as_vec3i(img), as_array(bin_of)])
+        args = [x, inverse_transpose(cell)[None], cell[None], wp.vec3i(*[int(p) for p in pbc]), wp.vec3i(*nb), xw, img,
+                bin_of]
+        if device.type == "cpu":
+            _BIN_POINTS(x.dtype, n, "cpu", args)
+        else:
+            launch_generic(nk.bin_points, x.dtype, n, wp_device(positions), as_views(args))
     return xw, img, bin_of
 
 
@@ -328,13 +341,13 @@ def _scan(b: _Bins, cell, pbc_t, cutoff, half, nq, capacity) -> NeighborList:
     def made(offsets, **edges) -> NeighborList:
         return NeighborList(offsets=offsets, cutoff=float(cutoff), n_points=n, half=half, order=b.visit, **edges)
 
-    bins = [as_array(b.rank), as_array(b.start), as_array(b.bin_of), as_vec3i(b.img), as_mat33(cell[None]),
-            wp.vec3i(*[int(p) for p in pbc_t]), wp.vec3i(*b.nb), wp.vec3i(*b.reach),
-            scalar_type(b.dtype)(float(cutoff) ** 2)]
+    bins = [b.rank, b.start, b.bin_of, b.img, cell[None], wp.vec3i(*[int(p) for p in pbc_t]), wp.vec3i(*b.nb),
+            wp.vec3i(*b.reach), scalar_type(b.dtype)(float(cutoff) ** 2)]   # tensors: viewed at the launch
     if device.type == "cpu" and ONE_PASS_ON_CPU and packable(max_img := int(b.img.abs().max())):
         prune = prune_args(cell, b, cutoff, max_img)
-        offsets, packed = scan_serial(b, [as_vec3(b.xs), *bins, half_mode], prune, pbc_t, nq, capacity)
+        offsets, packed = scan_serial(b, [b.xs, *bins, half_mode], prune, pbc_t, nq, capacity)
         return made(offsets, packed=packed)
+    bins = as_views(bins)
     word_start, n_words, max_img = candidate_words(b, pbc_t, nq)
     i32 = dict(dtype=torch.int32, device=device)
     mask, counts, offsets = torch.empty(max(n_words, 1), **i32), torch.zeros(nq, **i32), torch.zeros(nq + 1, **i32)
