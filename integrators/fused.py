@@ -198,9 +198,11 @@ def check_measure(x: torch.Tensor, x0: torch.Tensor, t: list[list[float]], v: to
     """(max over the rows of |x - x0 T|^2 (Å^2), max of |v|^2 ((Å/fs)^2)), each NaN if any of
     its terms is: the list's check (:func:`strain_displacement`, T = I for a fixed cell) and the
     health measure's speed (engine/run/health.py) in one pass and one read; x, x0, v (N, 3), t
-    (3, 3) rows, ``out`` a kept (>= chunks, 3) float64 work array (two columns used)."""
+    (3, 3) rows, ``out`` a kept contiguous float64 work array of at least 2 :func:`chunks` elements
+    (one of exactly (chunks, 2) is used as it is)."""
     n = x.shape[0]
-    part = out.view(-1)[: 2 * _chunks(n)].view(-1, 2)
+    c = _chunks(n)
+    part = out if out.shape == (c, 2) else out.view(-1)[: 2 * c].view(-1, 2)
     _run("check_measure", part.shape[0], [x, x0, v, part], (*t[0], *t[1], *t[2], float("nan"), n))
     m = (part[0] if part.shape[0] == 1 else part.amax(0)).tolist()
     return m[0], m[1]

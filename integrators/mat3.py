@@ -20,4 +20,7 @@ def inv3(a) -> list[list[float]]:
 
 
 def matmul3(a, b) -> list[list[float]]:
-    return [[sum(a[i][k] * b[k][j] for k in range(3)) for j in range(3)] for i in range(3)]
+    """a b, each entry summed as ``sum`` would: ((0.0 + p0) + p1) + p2 (the same bits, -0.0 included),
+    written out: the barostat and the list's check call it every step."""
+    b0, b1, b2 = b
+    return [[0.0 + r[0] * b0[j] + r[1] * b1[j] + r[2] * b2[j] for j in range(3)] for r in a]

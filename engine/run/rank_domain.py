@@ -61,6 +61,7 @@ class RankDomain:
         self.restart_cell: torch.Tensor | None = None
         self._work: torch.Tensor | None = None   # (rows, 3): the box check's per-atom array, kept
         self._inverse: tuple | None = None       # (build cell, its version, h0^-1): _build_inverse()'s cache
+        self._check_part: torch.Tensor | None = None   # (chunks, 2): the fused check's per-chunk maxima, kept
         #: what the one-line error of a cell that shrank below the grid advises (a relaxation has no checkpoints)
         self.shrink_fix = "restart from the last checkpoint with fewer domains"
 
@@ -236,7 +237,10 @@ class RankDomain:
         if strain is None:
             return None
         t, trigger = strain
-        d2, v2 = fused.check_measure(x, nl.reference, IDENTITY if t is None else t, v, self._work_rows(x))
+        part = self._check_part
+        if part is None or part.shape[0] != fused.chunks(x.shape[0]):
+            part = self._check_part = torch.empty(fused.chunks(x.shape[0]), 2, dtype=torch.float64)
+        d2, v2 = fused.check_measure(x, nl.reference, IDENTITY if t is None else t, v, part)
         d, h = math.sqrt(d2), math.sqrt(v2) * dt
         if not (math.isfinite(d) and math.isfinite(h)):
             h = math.inf
@@ -252,7 +256,7 @@ class RankDomain:
         if not nl.serves(s.positions):
             return None
         try:
-            t = matmul3(self._build_inverse(nl.build_cell), s.cell.double().cpu().tolist())
+            t = matmul3(self._build_inverse(nl.build_cell), _rows(s.cell))
         except ZeroDivisionError:
             return None
         trigger = 0.5 * (nl.skin - strain_norm(t) * nl.radius)
@@ -262,7 +266,7 @@ class RankDomain:
         """h0^-1 of the build's cell (lists of floats), once per build, not per step."""
         kept = self._inverse
         if kept is None or kept[0] is not cell or kept[1] != cell._version:
-            kept = self._inverse = (cell, cell._version, inv3(cell.double().cpu().tolist()))
+            kept = self._inverse = (cell, cell._version, inv3(_rows(cell)))
         return kept[2]
 
     def displacement(self, s: State) -> tuple[torch.Tensor | None, float]:
@@ -336,13 +340,20 @@ class RankDomain:
 IDENTITY = [[1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, 1.0]]
 
 
+def _rows(cell: torch.Tensor) -> list[list[float]]:
+    """A (3, 3) tensor's rows as Python floats (``tolist`` of float64 gives ``.double()``'s floats)."""
+    return cell.tolist() if cell.dtype == torch.float64 and cell.is_cpu else cell.double().cpu().tolist()
+
+
 def strain_norm(t: list[list[float]]) -> float:
     """An upper bound on ||T - I||, the spectral norm, for a 3 x 3 ``t`` (lists of floats):
     sqrt(||A||_1 ||A||_inf) with A = T - I (largest column and row sums of |A|); exact when A is
     diagonal (iso and aniso on an orthogonal cell)."""
-    a = [[t[i][j] - (1.0 if i == j else 0.0) for j in range(3)] for i in range(3)]
-    col = max(abs(a[0][j]) + abs(a[1][j]) + abs(a[2][j]) for j in range(3))
-    row = max(abs(a[i][0]) + abs(a[i][1]) + abs(a[i][2]) for i in range(3))
+    (a00, a01, a02), (a10, a11, a12), (a20, a21, a22) = t
+    a00, a11, a22 = abs(a00 - 1.0), abs(a11 - 1.0), abs(a22 - 1.0)
+    a01, a02, a10, a12, a20, a21 = abs(a01), abs(a02), abs(a10), abs(a12), abs(a20), abs(a21)
+    col = max(a00 + a10 + a20, a01 + a11 + a21, a02 + a12 + a22)
+    row = max(a00 + a01 + a02, a10 + a11 + a12, a20 + a21 + a22)
     return math.sqrt(col * row)
 
 
