@@ -259,8 +259,10 @@ class DistributedModel:
         """The declared per-system inputs given in ``extras``: (n_systems, *F) tensors, passed
         as they are (the caller gives every rank the same values)."""
         out = {}
+        if not extras:   # the common call: nothing given, nothing to check
+            return out
         for name in self.system_inputs:
-            x = (extras or {}).get(name)
+            x = extras.get(name)
             if x is None:
                 continue
             x = plain(x)
@@ -273,8 +275,10 @@ class DistributedModel:
     def _point_inputs(self, ctx: DomainContext, extras, sharded: bool) -> dict:
         """The declared per-point inputs: halo storage (n_padded, *F) with ghost rows copied
         from their owners; sharded storage the owned rows."""
+        if not extras:   # the common call: nothing given, nothing to check
+            return {}
         declared = self.point_inputs
-        extras = {k: v for k, v in dict(extras or {}).items() if v is not None and k not in self.system_inputs}
+        extras = {k: v for k, v in dict(extras).items() if v is not None and k not in self.system_inputs}
         unknown = set(extras) - set(declared)
         if unknown:
             raise ValueError(f"extras {sorted(unknown)} are not per-point inputs of {type(self.model).__name__} "

@@ -177,12 +177,24 @@ class LennardJonesOp:
         return {"energy": e, "forces": f, "virial": w, "energies": es}
 
 
+_EMPTY: dict = {}
+
+
+def _empty_arrays(offsets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(0,) and (0, 3) int32 on ``offsets``' device, made once per device (nothing reads or
+    writes an empty array: sharing them between calls is safe, and two fewer tensors a step)."""
+    kept = _EMPTY.get(offsets.device)
+    if kept is None:
+        kept = _EMPTY[offsets.device] = (offsets.new_zeros(0), offsets.new_zeros(0, 3))
+    return kept
+
+
 def _list_args(nl, handle: int) -> tuple:
     """The op's arguments after ``numbers``, in its order: the list's, the model's ``handle``, the
     list's half flag and order."""
     packed = getattr(nl, "packed", None)
     if packed is not None and packed.shape[0]:   # the kernel reads these alone: never unpack
-        neighbors, shifts = nl.offsets.new_zeros(0), nl.offsets.new_zeros(0, 3)
+        neighbors, shifts = _empty_arrays(nl.offsets)
     else:
         packed = nl.offsets.new_zeros(0, dtype=torch.int64)
         neighbors, shifts = nl.neighbors, nl.shifts
