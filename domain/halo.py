@@ -99,6 +99,9 @@ def build_halo(comm: Comm, grid: DomainGrid, cell: torch.Tensor, pbc, positions:
     n_owned = int(positions.shape[0])
     dtype, device = positions.dtype, positions.device
     pos = positions.detach()
+    if not split_axes(grid):   # one domain: no ghosts (its search applies the periodicity itself)
+        none = torch.zeros(0, 3, dtype=torch.int32, device=device)
+        return HaloPlan(n_owned=n_owned, ghost_shift=none), pos[n_owned:].clone(), labels[n_owned:].clone()
     shift = torch.zeros(n_owned, 3, dtype=torch.int32, device=device)
     lab = labels
     widths = perpendicular_widths(cell)
