@@ -154,8 +154,10 @@ class RankDomain:
     def _check_grid(self, cell: torch.Tensor) -> None:
         """A cell that changed (a barostat): the grid must still fit it (every split domain at
         least the ghost width thick); refused in one line, collectively, when the box shrank."""
-        widths = perpendicular_widths(cell).tolist()
         shape = self.grid.shape
+        if all(k == 1 for k in shape):   # one domain: nothing to fit
+            return
+        widths = perpendicular_widths(cell).tolist()
         thin = [widths[k] / shape[k] for k in range(3) if shape[k] > 1]
         if thin and min(thin) < self.ghost_width:
             raise CollectiveError(
