@@ -182,36 +182,47 @@ def _same_value(a, b) -> bool:
 
 
 class KeptLaunch:
-    """One call site's launches of a kernel generic over the float type, recorded once (Warp's
-    ``record_cmd``) and replayed: a later call re-points the array arguments whose tensor is
-    new (~1 us each, :func:`retarget`; wrapped again only when its shape changed), sets the
-    values that changed and the launch size, instead of wrapping every tensor (``from_torch``,
-    ~10-20 us each) and packing every argument again; ~0.2-0.4 ms a call for a neighbour
-    build's kernels on the CPU, several a build. Inputs: as :func:`launch_generic`'s, with
-    every array argument given as its torch tensor (viewed by its shape: :func:`as_view`).
-    The tensors of the last call are held (their addresses stay valid until the next)."""
+    """One call site's CPU launches of a kernel generic over the float type, recorded once
+    (Warp's ``record_cmd``) and replayed: a later call re-points the array arguments whose
+    tensor has another address (~1 us each: the packed array struct copied with the new
+    address; wrapped again only when the shape or strides changed), sets the values that
+    changed and the launch size, instead of wrapping every tensor (``from_torch``, ~10-20 us
+    each) and packing every argument again; ~0.2-0.4 ms a call for a neighbour build's
+    kernels, several a build. Inputs: as :func:`launch_generic`'s, with every array argument
+    given as its torch tensor (viewed by its shape: :func:`as_view`).
+
+    No tensor is held between calls (a module's launch would otherwise keep the last build's
+    arrays, its edge list among them, alive after its simulation is gone): each argument's
+    address, shape, strides and dtype are kept, and a CPU launch has finished when the call
+    returns. A new tensor at the old address with the old layout needs nothing set: the
+    packed pointer is its own."""
 
     def __init__(self, kernel):
         self.kernel = kernel
         self.cmd = None
-        self.held: list = []
+        self.held: list = []   # per argument: (address, shape, strides, dtype) of a tensor, else the value
         self.sig = None
         self.dim = None
 
     def __call__(self, dtype: torch.dtype, dim: int, device: str, inputs: list) -> None:
-        sig = (dtype, device, tuple(torch.is_tensor(a) for a in inputs))
+        if device != "cpu":
+            raise ValueError(f"KeptLaunch replays CPU launches only (got device {device!r})")
+        inputs = [a.contiguous() if torch.is_tensor(a) else a for a in inputs]   # a strided input: copied
+        sig = (dtype, tuple(torch.is_tensor(a) for a in inputs))
         cmd = self.cmd
         if cmd is None or sig != self.sig:
             wp = init_warp()
-            inputs = [a.contiguous() if torch.is_tensor(a) else a for a in inputs]
             wrapped = as_views(inputs)
             key = (self.kernel, dtype)
             concrete = _overloads.get(key)
             if concrete is None:
                 concrete = _overloads[key] = self.kernel.add_overload(self.kernel.infer_argument_types(wrapped))
-            self.cmd = wp.launch(concrete, dim=dim, device=device, inputs=wrapped, record_cmd=True)
-            self.held, self.sig, self.dim = list(inputs), sig, dim
-            self.cmd.launch()
+            cmd = self.cmd = wp.launch(concrete, dim=dim, device=device, inputs=wrapped, record_cmd=True)
+            self.held, self.sig, self.dim = [_layout(a) if torch.is_tensor(a) else a for a in inputs], sig, dim
+            cmd.launch()
+            for i, a in enumerate(inputs):
+                if torch.is_tensor(a):
+                    _bare(cmd, i)
             return
         if dim != self.dim:
             cmd.set_dim(dim)
@@ -219,13 +230,33 @@ class KeptLaunch:
         held = self.held
         for i, a in enumerate(inputs):
             h = held[i]
-            if a is h:
-                continue
             if torch.is_tensor(a):
-                a = a.contiguous()   # an input copied where strided, as the first call's view
-                if a.data_ptr() != h.data_ptr() or a.shape != h.shape or a.stride() != h.stride():
-                    retarget(cmd, i, a, h)
-            elif not _same_value(a, h):
+                lay = _layout(a)
+                if lay == h:
+                    continue
+                set_ctype = getattr(cmd, "set_param_at_index_from_ctype", None)   # (not in older Warp)
+                if lay[1:] == h[1:] and set_ctype is not None:   # the same layout elsewhere: the new address
+                    packed = cmd.params[i + 1]
+                    c = type(packed).from_buffer_copy(packed)
+                    c.data = lay[0]
+                    set_ctype(i, c)
+                else:
+                    cmd.set_param_at_index(i, as_view(a))
+                    _bare(cmd, i)
+                held[i] = lay
+            elif a is not h and not _same_value(a, h):
                 cmd.set_param_at_index(i, a)
-            held[i] = a
-        cmd.launch()
+                held[i] = a
+        cmd.launch()   # ``inputs`` (this call's tensors, copies included) alive until it returns
+
+
+def _bare(cmd, i: int) -> None:
+    """Argument i of a recorded launch as its packed struct alone: the launch keeps the Warp
+    array it was given (for Warp's graph capture), and that array references its tensor."""
+    set_ctype = getattr(cmd, "set_param_at_index_from_ctype", None)
+    if set_ctype is not None:
+        set_ctype(i, type(cmd.params[i + 1]).from_buffer_copy(cmd.params[i + 1]))
+
+
+def _layout(t: torch.Tensor) -> tuple:
+    return (t.data_ptr(), tuple(t.shape), t.stride(), t.dtype)

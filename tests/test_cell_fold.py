@@ -101,3 +101,20 @@ def test_the_kept_launch_follows_new_arrays_sizes_and_axes():
             xt, it = wrap_torch(x, cell, pbc, images)
             assert torch.equal(im, it)
             assert float((xw - xt).abs().max()) < 1e-12
+
+
+def test_the_kept_launch_keeps_no_tensor_alive():
+    """The recorded launch remembers addresses and layouts, not tensors: the points of the last
+    call are freed with their owner (a module-level launch holding a build's arrays would keep
+    them, an edge list among them, after the simulation is gone)."""
+    import gc
+    import weakref
+
+    cell = torch.tensor(CELLS["orthorhombic"], dtype=torch.float64)
+    x = _points(cell, 2000, 5)
+    images = torch.zeros(2000, 3, dtype=torch.int32)
+    xw, im = wrap(x, cell, torch.tensor([True] * 3), images)
+    refs = [weakref.ref(t) for t in (x, images, xw, im)]
+    del x, images, xw, im
+    gc.collect()
+    assert all(r() is None for r in refs)
