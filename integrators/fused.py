@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import torch
 
-from .fused_common import CHUNK, retarget
+from .fused_common import CHUNK, bare, retarget
 from .fused_common import warp as _warp
 
 ENABLED = True  # False: always the torch code (tests compare the two)
@@ -57,15 +57,24 @@ def _run(name: str, chunks: int, tensors: list, scalars: tuple) -> None:
         p = torch.empty(len(scalars), dtype=torch.float64)
         inputs = [wp.from_torch(a, dtype=kernel.adj.args[i].type.dtype) for i, a in enumerate(tensors)]
         cmd = wp.launch(kernel, dim=chunks, device="cpu", inputs=[*inputs, wp.from_torch(p)], record_cmd=True)
-        kept = _recorded[name] = [cmd, list(tensors), p.numpy(), p, chunks]   # the tensors kept alive: their addresses
+        # no tensor kept (a module's launch would keep the last run's arrays alive): their layouts,
+        # and the recorded arrays (which reference the tensors) replaced by their bare structs
+        kept = _recorded[name] = [cmd, [_layout(a) for a in tensors], p.numpy(), p, chunks]
+        for i in range(len(tensors)):
+            bare(cmd, i)
     cmd, held, pn = kept[0], kept[1], kept[2]
     for i, a in enumerate(tensors):
         h = held[i]
-        if a.data_ptr() != h.data_ptr() or a.shape != h.shape:
-            retarget(cmd, i, a, h)
-            held[i] = a
+        if a.data_ptr() != h[0] or a.shape != h[1]:
+            lay = _layout(a)
+            retarget(cmd, i, a, same_layout=lay[1:] == h[1:])
+            held[i] = lay
     pn[:] = scalars
-    cmd.launch()
+    cmd.launch()   # a CPU launch: done when it returns, while the caller still holds the tensors
+
+
+def _layout(t: torch.Tensor) -> tuple:
+    return (t.data_ptr(), t.shape, t.stride(), t.dtype)
 
 
 def _get() -> dict:

@@ -26,17 +26,26 @@ def warp():
     return _wp or None
 
 
-def retarget(cmd, index: int, t, like) -> None:
-    """Point array argument ``index`` of a recorded launch at tensor ``t`` where it pointed at
-    ``like`` (same shape, dtype and strides): the packed struct copied with ``t``'s address,
-    not ``t`` wrapped and packed again. The same as shardmd.domain.warp_setup.retarget (its
-    docstring says why), which this layer may not import."""
+def retarget(cmd, index: int, t, same_layout: bool) -> None:
+    """Point array argument ``index`` of a recorded launch at tensor ``t``: where it has the
+    layout (shape, dtype and strides) of the array there before (``same_layout``), the packed
+    struct copied with ``t``'s address, not ``t`` wrapped and packed again. The same as
+    shardmd.domain.warp_setup's re-pointing (its docstrings say why), which this layer may not
+    import. The launch keeps no reference to ``t``."""
     set_ctype = getattr(cmd, "set_param_at_index_from_ctype", None)
-    if set_ctype is None or t.shape != like.shape or t.dtype != like.dtype or t.stride() != like.stride():
+    if set_ctype is None or not same_layout:
         cmd.set_param_at_index(index, warp().from_torch(t, dtype=cmd.kernel.adj.args[index].type.dtype))
+        bare(cmd, index)
         return
     packed = cmd.params[index + 1]
     c = type(packed).from_buffer_copy(packed)
     c.data = t.data_ptr()
     set_ctype(index, c)
 
+
+def bare(cmd, index: int) -> None:
+    """Argument ``index`` of a recorded launch as its packed struct alone: the launch keeps the
+    Warp array it was given (for Warp's graph capture), and that array references its tensor."""
+    set_ctype = getattr(cmd, "set_param_at_index_from_ctype", None)
+    if set_ctype is not None:
+        set_ctype(index, type(cmd.params[index + 1]).from_buffer_copy(cmd.params[index + 1]))
