@@ -36,13 +36,17 @@ def fold_points(
     s = wp.vec3i(0, 0, 0)
     for _ in range(2):   # the second fold: round-off can leave a folded point at f == 1.0
         f = hinv[0] * y
-        e = wp.vec3i(0, 0, 0)
+        e = type(f)()
         for k in range(3):
             if pbc[k] != 0:
-                e[k] = int(wp.floor(f[k]))
-        if e[0] != 0 or e[1] != 0 or e[2] != 0:
-            y = y - (type(f[0])(e[0]) * h[0] + type(f[0])(e[1]) * h[1] + type(f[0])(e[2]) * h[2])
-            s = s + e
+                e[k] = wp.floor(f[k])
+        # the cells crossed as floats: a point flung beyond the int32 range (a run blowing up) is
+        # folded back as torch's fold does (then overlaps, and the run's non-finite check stops it)
+        # instead of keeping the saturated integer's nonsense; NaN stays NaN
+        zero = type(f[0])(0.0)
+        if e[0] != zero or e[1] != zero or e[2] != zero:   # (NaN != 0: folded, stays NaN)
+            y = y - (e[0] * h[0] + e[1] * h[1] + e[2] * h[2])
+            s = s + wp.vec3i(int(e[0]), int(e[1]), int(e[2]))
     xw[i] = y
     images_out[i] = images[i] + s
 

@@ -118,3 +118,16 @@ def test_the_kept_launch_keeps_no_tensor_alive():
     del x, images, xw, im
     gc.collect()
     assert all(r() is None for r in refs)
+
+
+def test_points_flung_beyond_the_int32_range_fold_back_and_nan_stays_nan():
+    """A blowing-up run flings atoms ~1e14 cells away: they are folded back near the cell, as
+    torch's fold does (they then overlap and the run's non-finite check stops it), never left
+    where the int32 cell count saturates; a NaN position stays NaN, never a finite number."""
+    L = 7.3
+    cell = torch.eye(3, dtype=torch.float64) * L
+    x = torch.tensor([[1e15, 2.0, 3.0], [-3e14, 1.0, 1.0], [float("nan"), 1.0, 1.0], [2.0, 2.0, 2.0]],
+                     dtype=torch.float64)
+    xw, _ = wrap(x, cell, torch.tensor([True] * 3), torch.zeros(4, 3, dtype=torch.int32))
+    assert float(xw[:2].abs().max()) < 2 * L and torch.equal(xw[3], x[3])
+    assert bool(torch.isnan(xw[2, 0]))
