@@ -119,9 +119,16 @@ def retarget(cmd, index: int, t: torch.Tensor, like: torch.Tensor) -> None:
     pack, ~10-20 us; a small CPU step re-points a few arrays a step). ``t`` must have ``like``'s
     shape, dtype and strides (then the struct's other fields are ``t``'s), else it is wrapped;
     the caller keeps ``t`` alive while the launch may run, as it did ``like``."""
-    set_ctype = getattr(cmd, "set_param_at_index_from_ctype", None)
-    if set_ctype is None or t.shape != like.shape or t.dtype != like.dtype or t.stride() != like.stride():
+    _repoint(cmd, index, t, t.shape == like.shape and t.dtype == like.dtype and t.stride() == like.stride())
+
+
+def _repoint(cmd, index: int, t: torch.Tensor, same_layout: bool) -> None:
+    """:func:`retarget` told whether ``t`` has the layout of the array there before; either way
+    the launch keeps no reference to ``t`` (:func:`_bare`)."""
+    set_ctype = getattr(cmd, "set_param_at_index_from_ctype", None)   # (not in older Warp)
+    if set_ctype is None or not same_layout:
         cmd.set_param_at_index(index, _wrap_like(cmd, index, t))
+        _bare(cmd, index)
         return
     packed = cmd.params[index + 1]
     c = type(packed).from_buffer_copy(packed)
@@ -143,12 +150,16 @@ def launch_generic(kernel, dtype: torch.dtype, dim: int, device: str, inputs: li
     ``dtype`` resolved once: Warp infers a generic kernel's argument types and looks the
     overload up at every launch (~50-100 us of Python on the CPU, a sizeable part of a small
     system's neighbour build). The inputs' types must follow from ``dtype`` alone."""
-    wp = init_warp()
+    init_warp().launch(_concrete(kernel, dtype, inputs), dim=dim, device=device, inputs=inputs)
+
+
+def _concrete(kernel, dtype: torch.dtype, inputs: list):
+    """The overload of generic ``kernel`` for ``dtype``, inferred from ``inputs`` (Warp values) once."""
     key = (kernel, dtype)
     concrete = _overloads.get(key)
     if concrete is None:
         concrete = _overloads[key] = kernel.add_overload(kernel.infer_argument_types(inputs))
-    wp.launch(concrete, dim=dim, device=device, inputs=inputs)
+    return concrete
 
 
 def as_view(t: torch.Tensor):
@@ -211,13 +222,9 @@ class KeptLaunch:
         sig = (dtype, tuple(torch.is_tensor(a) for a in inputs))
         cmd = self.cmd
         if cmd is None or sig != self.sig:
-            wp = init_warp()
             wrapped = as_views(inputs)
-            key = (self.kernel, dtype)
-            concrete = _overloads.get(key)
-            if concrete is None:
-                concrete = _overloads[key] = self.kernel.add_overload(self.kernel.infer_argument_types(wrapped))
-            cmd = self.cmd = wp.launch(concrete, dim=dim, device=device, inputs=wrapped, record_cmd=True)
+            cmd = self.cmd = init_warp().launch(_concrete(self.kernel, dtype, wrapped), dim=dim, device=device,
+                                                inputs=wrapped, record_cmd=True)
             self.held, self.sig, self.dim = [_layout(a) if torch.is_tensor(a) else a for a in inputs], sig, dim
             cmd.launch()
             for i, a in enumerate(inputs):
@@ -232,18 +239,9 @@ class KeptLaunch:
             h = held[i]
             if torch.is_tensor(a):
                 lay = _layout(a)
-                if lay == h:
-                    continue
-                set_ctype = getattr(cmd, "set_param_at_index_from_ctype", None)   # (not in older Warp)
-                if lay[1:] == h[1:] and set_ctype is not None:   # the same layout elsewhere: the new address
-                    packed = cmd.params[i + 1]
-                    c = type(packed).from_buffer_copy(packed)
-                    c.data = lay[0]
-                    set_ctype(i, c)
-                else:
-                    cmd.set_param_at_index(i, as_view(a))
-                    _bare(cmd, i)
-                held[i] = lay
+                if lay != h:
+                    _repoint(cmd, i, a, same_layout=lay[1:] == h[1:])
+                    held[i] = lay
             elif a is not h and not _same_value(a, h):
                 cmd.set_param_at_index(i, a)
                 held[i] = a
