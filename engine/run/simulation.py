@@ -29,6 +29,7 @@ from shardmd.engine.launch.stop import EXIT_STOPPED, StopRequest
 from shardmd.engine.run import compile_choice, health, measure, model_inputs, output, stages
 from shardmd.engine.run import restart as restart_mod
 from shardmd.engine.run.constraints import constrain
+from shardmd.engine.run.heap import frozen_heap
 from shardmd.engine.run.integrator_setup import make_integrator
 from shardmd.engine.run.loop_summary import loop_summary
 from shardmd.engine.run.rank_domain import RankDomain
@@ -406,23 +407,10 @@ class Simulation:
             builds0 = self.nl.n_builds
             r.start(s.step)
             t_run = time.perf_counter()
-            stopping = False
             self._last_step, self._step0 = last, s.step
             self._lazy_energy = True
-            while s.step < last:
-                if not self.step():   # rolled back: the loop replays from the restored step
-                    continue
-                stopping = self.neighbors.stop_agreed(self.stop.requested)
-                self._report(force_traj=stopping, force_thermo=(s.step == last or stopping))
-                r.progress_update(s.step, last, self.integrator.dt, self.n_global)
-                if stopping:
-                    self.checkpoint()
-                    r.line(f"Stopped by {self.stop.signal_name or 'a signal on another rank'} at step "
-                           f"{s.step}; checkpoint written; continue with restart=auto")
-                    self.exit_code = EXIT_STOPPED
-                    break
-                if self._ckpt_every and s.step % self._ckpt_every == 0 and s.step < last:
-                    self.checkpoint()
+            with frozen_heap():   # the set-up's objects out of the collector's scans (engine/run/heap.py)
+                stopping = self._loop(last)
             wall = time.perf_counter() - t_run  # the loop's rate excludes the final output
             timed = {**self.timers, **self.domain.timers}   # and so does its time split
             self._lazy_energy = False
@@ -438,6 +426,25 @@ class Simulation:
         finally:
             self._lazy_energy = False
             self.close()
+
+    def _loop(self, last: int) -> bool:
+        """Steps until ``last`` or an agreed stop (then checkpointed); True when stopped."""
+        s, r = self.state, self.reporter
+        while s.step < last:
+            if not self.step():   # rolled back: the loop replays from the restored step
+                continue
+            stopping = self.neighbors.stop_agreed(self.stop.requested)
+            self._report(force_traj=stopping, force_thermo=(s.step == last or stopping))
+            r.progress_update(s.step, last, self.integrator.dt, self.n_global)
+            if stopping:
+                self.checkpoint()
+                r.line(f"Stopped by {self.stop.signal_name or 'a signal on another rank'} at step "
+                       f"{s.step}; checkpoint written; continue with restart=auto")
+                self.exit_code = EXIT_STOPPED
+                return True
+            if self._ckpt_every and s.step % self._ckpt_every == 0 and s.step < last:
+                self.checkpoint()
+        return False
 
     def _summary(self, wall: float, builds: int, timed: dict) -> None:
         lines, self.summary = loop_summary(self, wall, builds, timed)
