@@ -78,15 +78,17 @@ def _layout(t: torch.Tensor) -> tuple:
 
 
 def _get() -> dict:
-    """The kernels (integrators/fused_kernels.py; Warp compiles them once into its cache)."""
+    """The kernels (integrators/fused_kernels.py, the hot ones integrators/fused_native.py; Warp
+    compiles them once into its cache)."""
     if not _kernels:
         from . import fused_kernels as k
+        from . import fused_native as c
 
         _kernels.update(v_press=k.v_press, remap=k.remap, kinetic_tensor=k.kinetic_tensor, mv2=k.mv2,
-                        press_kick=k.press_kick, remap_drift_remap=k.remap_drift_remap,
-                        scale_kick_drift=k.scale_kick_drift,
-                        kick_press_measure=k.kick_press_measure, strain_displacement=k.strain_displacement,
-                        check_measure=k.check_measure)
+                        strain_displacement=k.strain_displacement,
+                        press_kick=c.press_kick, remap_drift_remap=c.remap_drift_remap,
+                        scale_kick_drift=c.scale_kick_drift, kick_press_measure=c.kick_press_measure,
+                        check_measure=c.check_measure, scale=c.scale)
     return _kernels
 
 
@@ -147,6 +149,12 @@ def press_kick(velocities: torch.Tensor, forces: torch.Tensor, masses: torch.Ten
     n = velocities.shape[0]
     _run("press_kick", _chunks(n), [velocities, forces, masses],
          (pre, *f[:3], od[3], od[4], od[5], -dthalf, int(tri), alpha, n))
+
+
+def scale(velocities: torch.Tensor, factor: float) -> None:
+    """velocities *= factor in place ((N, 3) Å/fs): the thermostat chain's scaling, torch's ``mul_``'s bits."""
+    n = velocities.shape[0]
+    _run("scale", _chunks(n), [velocities], (factor, n))
 
 
 def scale_kick_drift(positions: torch.Tensor, velocities: torch.Tensor, forces: torch.Tensor, masses: torch.Tensor,
