@@ -34,9 +34,15 @@ _kernels: dict = {}
 
 def usable(*tensors: torch.Tensor) -> bool:
     """True when the fused kernels serve these arrays: CPU, float64, contiguous, Warp present."""
-    if not ENABLED or not all(t.is_cpu and t.dtype == torch.float64 and t.is_contiguous() for t in tensors):
+    if not ENABLED:
         return False
-    return _warp() is not None and bool(_get())
+    for t in tensors:   # a loop, not all() over a generator: called a few times a step
+        if t.dtype is not _F64 or not t.is_cpu or not t.is_contiguous():
+            return False
+    return bool(_kernels) or (_warp() is not None and bool(_get()))
+
+
+_F64 = torch.float64
 
 
 #: kernel name -> [recorded launch, the tensors it points at, its scalars' array (numpy view, tensor), chunks]
@@ -221,5 +227,8 @@ def check_measure(x: torch.Tensor, x0: torch.Tensor, t: list[list[float]], v: to
     c = _chunks(n)
     part = out if out.shape == (c, 2) else out.view(-1)[: 2 * c].view(-1, 2)
     _run("check_measure", part.shape[0], [x, x0, v, part], (*t[0], *t[1], *t[2], float("nan"), n))
-    m = (part[0] if part.shape[0] == 1 else part.amax(0)).tolist()
-    return m[0], m[1]
+    pn = part.numpy()   # read as numpy: a torch call after a kernel costs its cold dispatch (~10 us)
+    if c == 1:
+        return float(pn[0, 0]), float(pn[0, 1])
+    m = pn.max(0)   # NaN if any is, as torch's amax
+    return float(m[0]), float(m[1])

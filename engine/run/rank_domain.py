@@ -60,7 +60,7 @@ class RankDomain:
         #: (3, 3) Å: the cell of that rebuild when it differs from the state's (a barostat)
         self.restart_cell: torch.Tensor | None = None
         self._work: torch.Tensor | None = None   # (rows, 3): the box check's per-atom array, kept
-        self._inverse: tuple | None = None       # (build cell, its version, h0^-1): _build_inverse()'s cache
+        self._inverse: list | None = None        # [build cell, its version, h0^-1, its rows]: _build_cache()
         self._check_part: torch.Tensor | None = None   # (chunks, 2): the fused check's per-chunk maxima, kept
         #: what the one-line error of a cell that shrank below the grid advises (a relaxation has no checkpoints)
         self.shrink_fix = "restart from the last checkpoint with fewer domains"
@@ -253,12 +253,17 @@ class RankDomain:
         cell's deformation since the build, T = h0^-1 h, with its smaller trigger; None when the
         list cannot serve these atoms (a rebuild is due). Why: :meth:`displacement`."""
         nl = self.nl
-        if not nl.box_check or not nl.cell_changed(s.cell):
+        rows = _rows(s.cell) if nl.box_check and nl.build_cell is not None and s.cell.is_cpu else None
+        if rows is not None:   # the build's cell compared as floats (torch.equal: ~10 us a step in the loop)
+            changed = rows != self._build_cache(nl.build_cell)[3]
+        else:
+            changed = nl.box_check and nl.cell_changed(s.cell)
+        if not changed:
             return None if nl.stale(s.positions, s.cell) else (None, 0.5 * nl.skin)
         if not nl.serves(s.positions):
             return None
         try:
-            t = matmul3(self._build_inverse(nl.build_cell), _rows(s.cell))
+            t = matmul3(self._build_inverse(nl.build_cell), rows or _rows(s.cell))
         except ZeroDivisionError:
             return None
         trigger = 0.5 * (nl.skin - strain_norm(t) * nl.radius)
@@ -266,10 +271,17 @@ class RankDomain:
 
     def _build_inverse(self, cell: torch.Tensor) -> list[list[float]]:
         """h0^-1 of the build's cell (lists of floats), once per build, not per step."""
+        kept = self._build_cache(cell)
+        if kept[2] is None:
+            kept[2] = inv3(kept[3])
+        return kept[2]
+
+    def _build_cache(self, cell: torch.Tensor) -> list:
+        """[cell, its version, h0^-1 (None until asked), its rows]: the build's cell read once per build."""
         kept = self._inverse
         if kept is None or kept[0] is not cell or kept[1] != cell._version:
-            kept = self._inverse = (cell, cell._version, inv3(_rows(cell)))
-        return kept[2]
+            kept = self._inverse = [cell, cell._version, None, _rows(cell)]
+        return kept
 
     def displacement(self, s: State) -> tuple[torch.Tensor | None, float]:
         """(this rank's largest displacement since the last build, 0-d Å; the largest one the
