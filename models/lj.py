@@ -336,7 +336,8 @@ class LennardJones:
         tot_e, tot_w = self._totals(dtype, device)
         virials = self._virial_buffer(nq if not final else 1, dtype, device)
         if nq:
-            self._launch_half(positions.contiguous(), self._kept_cell(cell, dtype), nl, types, table, t, acc,
+            x = positions if positions.is_contiguous() else positions.contiguous()   # no dispatch where it is
+            self._launch_half(x, self._kept_cell(cell, dtype), nl, types, table, t, acc,
                               virials, final, pair_virial, (energy, virial), forces, energies, tot_e, tot_w)
         if not final:   # copies (clone: never a view of acc, even with no rows; the op's outputs may not alias)
             forces = acc[:, :3].clone(memory_format=torch.contiguous_format)

@@ -212,7 +212,8 @@ class Simulation:
             raise UserError(f"the model returned {sorted(out)}, without {'energy' if 'energy' not in out else 'forces'}"
                             "; return both, or declare model_config autograd_outputs={'forces': 'energy'} "
                             "(docs/byo.md)")
-        s.forces = out["forces"].to(s.dtype)
+        f = out["forces"]
+        s.forces = f if f.dtype == s.dtype else f.to(s.dtype)
         if self._barostat:   # npt's pressure: the global virial of these forces
             if out.get("virial") is None:
                 raise UserError(f"integrator=npt needs the model's virial (the pressure) and model "
