@@ -92,9 +92,8 @@ def _get() -> dict:
 
         _kernels.update(v_press=k.v_press, remap=k.remap, kinetic_tensor=k.kinetic_tensor, mv2=k.mv2,
                         strain_displacement=k.strain_displacement,
-                        press_kick=c.press_kick, remap_drift_remap=c.remap_drift_remap,
                         scale_kick_drift=c.scale_kick_drift, kick_press_measure=c.kick_press_measure,
-                        check_measure=c.check_measure, scale=c.scale)
+                        check_measure=c.check_measure, scale=c.scale, press_kick_drift=c.press_kick_drift)
     return _kernels
 
 
@@ -147,16 +146,6 @@ def chunks(n: int) -> int:
 
 
 # -- whole half steps of npt.py ------------------------------------------------------------------
-def press_kick(velocities: torch.Tensor, forces: torch.Tensor, masses: torch.Tensor, f: list[float],
-               od: list[float], dthalf: float, tri: bool, alpha: float, pre: float = 1.0) -> None:
-    """npt.py's first half on the velocities, in place: the thermostat chain's scaling (v *= pre),
-    ``_v_press`` (factors f, omega_dot od, dthalf fs), then v += alpha F / m (alpha = dt/2
-    FORCE_TO_ACCEL).  (N, 3) Å/fs, eV/Å; (N,) amu."""
-    n = velocities.shape[0]
-    _run("press_kick", _chunks(n), [velocities, forces, masses],
-         (pre, *f[:3], od[3], od[4], od[5], -dthalf, int(tri), alpha, n))
-
-
 def scale(velocities: torch.Tensor, factor: float) -> None:
     """velocities *= factor in place ((N, 3) Å/fs): the thermostat chain's scaling, torch's ``mul_``'s bits."""
     n = velocities.shape[0]
@@ -180,13 +169,19 @@ def _remap_args(m) -> tuple:
     return (m[0][0], m[1][1], m[2][2], m[1][0], m[2][0], m[2][1]), 0
 
 
-def remap_drift_remap(positions: torch.Tensor, velocities: torch.Tensor, m1, dt: float, m2) -> None:
-    """npt.py's remap (m1), x += dt v, remap (m2) in one pass, in place on positions (N, 3) Å;
-    m1, m2: iso's scale factor (float) or the lower-triangular matrix (rows) of x' = x m."""
+def press_kick_drift(positions: torch.Tensor, velocities: torch.Tensor, forces: torch.Tensor, masses: torch.Tensor,
+                     f: list[float], od: list[float], dthalf: float, tri: bool, alpha: float, pre: float, m1,
+                     dt: float, m2) -> None:
+    """npt.py's whole first half on the atoms in one pass, in place: the thermostat chain's scaling
+    (v *= pre), ``_v_press`` (factors f, omega_dot od, dthalf fs) and v += alpha F / m (alpha = dt/2
+    FORCE_TO_ACCEL) on each row's velocity, then its position remapped (m1), drifted (x += dt v)
+    and remapped (m2); m1, m2: iso's scale factor (float) or the lower-triangular matrix (rows) of
+    x' = x m.  (N, 3) Å, Å/fs, eV/Å; (N,) amu."""
     a1, iso = _remap_args(m1)
     a2, _ = _remap_args(m2)
-    n = positions.shape[0]
-    _run("remap_drift_remap", _chunks(n), [positions, velocities], (*a1, dt, *a2, iso, n))
+    n = velocities.shape[0]
+    _run("press_kick_drift", _chunks(n), [positions, velocities, forces, masses],
+         (pre, *f[:3], od[3], od[4], od[5], -dthalf, int(tri), alpha, *a1, dt, *a2, iso, n))
 
 
 def kick_press_measure(velocities: torch.Tensor, forces: torch.Tensor, masses: torch.Tensor, alpha: float,

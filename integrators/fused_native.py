@@ -56,32 +56,6 @@ def _snippet(body: str, n: int) -> str:
     return _ROWS.format(n=n, chunk=_chunk()) + body
 
 
-# -- press_kick: first half's velocities (npt.py) ------------------------------------------------------------
-_PRESS_KICK = _snippet("""
-    const double pre = pp[0], f0 = pp[1], f1 = pp[2], f2 = pp[3], od0 = pp[4], od1 = pp[5], od2 = pp[6];
-    const double mdthalf = pp[7], alpha = pp[9];
-    const int tri = (int)pp[8];
-    double* pv = (double*)v.data; const double* pf = (const double*)f.data; const double* pm = m.data;
-    for (int i = lo; i < hi; ++i) {
-        const double mi = pm[i];
-        double x = pv[3 * i] * pre, y = pv[3 * i + 1] * pre, z = pv[3 * i + 2] * pre;
-""" + _PRESS + _KICK.format() + """
-        pv[3 * i] = x; pv[3 * i + 1] = y; pv[3 * i + 2] = z;
-    }
-""", 10)
-
-
-@wp.func_native(_PRESS_KICK)
-def _press_kick(v: rows, f: rows, m: wp.array(dtype=f64), pp: wp.array(dtype=f64), t: int):
-    ...
-
-
-@wp.kernel(enable_backward=False)
-def press_kick(v: rows, f: rows, m: wp.array(dtype=f64), p: wp.array(dtype=f64)):
-    # p: pre, fac (3), od yz xz xy (3), -dthalf, tri, alpha, n
-    _press_kick(v, f, m, p, wp.tid())
-
-
 # -- scale_kick_drift: NVE's and Nosé-Hoover's first half (and second: drift 0) ---------------------------
 _SCALE_KICK_DRIFT = _snippet("""
     const double pre = pp[0], alpha = pp[1], dt = pp[2];
@@ -112,7 +86,6 @@ def scale_kick_drift(x: rows, v: rows, f: rows, m: wp.array(dtype=f64), p: wp.ar
     _scale_kick_drift(x, v, f, m, p, wp.tid())
 
 
-# -- remap_drift_remap: first half's positions (npt.py) ------------------------------------------------------
 # x' = x m: iso the scale r0; else x.mul_(m00).add_(y, alpha=m10).add_(z, alpha=m20); y.mul_(m11).add_(z,
 # alpha=m21); z.mul_(m22) (x first: it reads the old y, z)
 _REMAP = """
@@ -122,30 +95,43 @@ _REMAP = """
             a = y * {r}1; y = fma({s}2, z, a); z = z * {r}2;
         }}
 """
-_REMAP_DRIFT_REMAP = _snippet("""
-    const double r10 = pp[0], r11 = pp[1], r12 = pp[2], s10 = pp[3], s11 = pp[4], s12 = pp[5], dt = pp[6];
-    const double r20 = pp[7], r21 = pp[8], r22 = pp[9], s20 = pp[10], s21 = pp[11], s22 = pp[12];
-    const int iso = (int)pp[13];
-    double* px = (double*)xr.data; const double* pv = (const double*)v.data;
+
+
+# -- press_kick_drift: the whole first half of npt.py in one pass --------------------------------------------
+# the chain's scaling (v *= pre), _v_press, the half kick; then remap, x += dt v, remap (x' = x m below)
+_PRESS_KICK_DRIFT = _snippet("""
+    const double pre = pp[0], f0 = pp[1], f1 = pp[2], f2 = pp[3], od0 = pp[4], od1 = pp[5], od2 = pp[6];
+    const double mdthalf = pp[7], alpha = pp[9];
+    const int tri = (int)pp[8];
+    const double r10 = pp[10], r11 = pp[11], r12 = pp[12], s10 = pp[13], s11 = pp[14], s12 = pp[15], dt = pp[16];
+    const double r20 = pp[17], r21 = pp[18], r22 = pp[19], s20 = pp[20], s21 = pp[21], s22 = pp[22];
+    const int iso = (int)pp[23];
+    double* px = (double*)xr.data; double* pv = (double*)v.data;
+    const double* pf = (const double*)f.data; const double* pm = m.data;
     for (int i = lo; i < hi; ++i) {
-        double x = px[3 * i], y = px[3 * i + 1], z = px[3 * i + 2];
+        const double mi = pm[i];
+        double x = pv[3 * i] * pre, y = pv[3 * i + 1] * pre, z = pv[3 * i + 2] * pre;
+""" + _PRESS + _KICK.format() + """
+        pv[3 * i] = x; pv[3 * i + 1] = y; pv[3 * i + 2] = z;
+        const double vx = x, vy = y, vz = z;
+        x = px[3 * i]; y = px[3 * i + 1]; z = px[3 * i + 2];
 """ + _REMAP.format(r="r1", s="s1") + """
-        x = fma(dt, pv[3 * i], x); y = fma(dt, pv[3 * i + 1], y); z = fma(dt, pv[3 * i + 2], z);
+        x = fma(dt, vx, x); y = fma(dt, vy, y); z = fma(dt, vz, z);
 """ + _REMAP.format(r="r2", s="s2") + """
         px[3 * i] = x; px[3 * i + 1] = y; px[3 * i + 2] = z;
     }
-""", 14)
+""", 24)
 
 
-@wp.func_native(_REMAP_DRIFT_REMAP)
-def _remap_drift_remap(xr: rows, v: rows, pp: wp.array(dtype=f64), t: int):
+@wp.func_native(_PRESS_KICK_DRIFT)
+def _press_kick_drift(xr: rows, v: rows, f: rows, m: wp.array(dtype=f64), pp: wp.array(dtype=f64), t: int):
     ...
 
 
 @wp.kernel(enable_backward=False)
-def remap_drift_remap(x: rows, v: rows, p: wp.array(dtype=f64)):
-    # p: r1 (3), s1 (3), dt, r2 (3), s2 (3), iso, n
-    _remap_drift_remap(x, v, p, wp.tid())
+def press_kick_drift(x: rows, v: rows, f: rows, m: wp.array(dtype=f64), p: wp.array(dtype=f64)):
+    # p: pre, fac (3), od yz xz xy (3), -dthalf, tri, alpha, r1 (3), s1 (3), dt, r2 (3), s2 (3), iso, n
+    _press_kick_drift(x, v, f, m, p, wp.tid())
 
 
 # -- kick_press_measure: second half's velocities and the words of what it measures (npt.py) ---------------

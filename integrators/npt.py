@@ -384,16 +384,17 @@ class NPT:
             self._setup(velocities, masses)
         self._nhc_press()
         fast = fused.usable(positions, velocities, forces, masses)   # two passes, the same bits (fused.py)
-        chain = self._chain_factor()   # the velocities scaled by it below (in press_kick where fast)
+        chain = self._chain_factor()   # the velocities scaled by it below (in press_kick_drift where fast)
         # fix_nh measures the kinetic energy again here; the chain scaled every velocity by one
         # factor, so it is the carried one scaled by factor^2 (the same to round-off, no reduction)
         self._pressure(th.dof * KB * th.t_current if self.pstyle == "iso" else self._mvv)
         self._omega_dot()
-        if fast:
-            fused.press_kick(velocities, forces, masses, self._press_factors(), self.omega_dot, 0.5 * self.dt,
-                             self.pstyle == "tri", 0.5 * self.dt * FORCE_TO_ACCEL, chain)
+        if fast:   # the cell's two remaps first (scalars alone), then the atoms in one pass
+            factors = self._press_factors()
             m1 = self._remap_cell(publish=False)
-            fused.remap_drift_remap(positions, velocities, m1, self.dt, self._remap_cell(publish=False))
+            m2 = self._remap_cell(publish=False)
+            fused.press_kick_drift(positions, velocities, forces, masses, factors, self.omega_dot, 0.5 * self.dt,
+                                   self.pstyle == "tri", 0.5 * self.dt * FORCE_TO_ACCEL, chain, m1, self.dt, m2)
             if self.cell is self._cell_seen:
                 self._publish(self._cell_rows)
             return
