@@ -383,7 +383,7 @@ class NPT:
         if th.t_current is None or self.n_atoms is None:
             self._setup(velocities, masses)
         self._nhc_press()
-        fast = fused.usable(positions, velocities, forces, masses)   # two passes, the same bits (fused.py)
+        fast = fused.usable(positions, velocities, forces, masses)   # one pass, the same bits (fused.py)
         chain = self._chain_factor()   # the velocities scaled by it below (in press_kick_drift where fast)
         # fix_nh measures the kinetic energy again here; the chain scaled every velocity by one
         # factor, so it is the carried one scaled by factor^2 (the same to round-off, no reduction)
