@@ -30,6 +30,7 @@ from .fused_common import warp as _warp
 ENABLED = True  # False: always the torch code (tests compare the two)
 
 _kernels: dict = {}
+_F64 = torch.float64   # usable()'s test, one module lookup less a call
 
 
 def usable(*tensors: torch.Tensor) -> bool:
@@ -40,9 +41,6 @@ def usable(*tensors: torch.Tensor) -> bool:
         if t.dtype is not _F64 or not t.is_cpu or not t.is_contiguous():
             return False
     return bool(_kernels) or (_warp() is not None and bool(_get()))
-
-
-_F64 = torch.float64
 
 
 #: kernel name -> [recorded launch, the tensors it points at, its scalars' array (numpy view, tensor), chunks]

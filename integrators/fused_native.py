@@ -16,7 +16,7 @@ array ``p`` (the last argument; integers held exactly), as fused_kernels.py's.
 """
 from __future__ import annotations
 
-from .fused_common import warp
+from .fused_common import CHUNK, warp
 
 wp = warp()
 f64 = wp.float64
@@ -38,35 +38,34 @@ _PRESS = """
 """
 # velocities.add_(forces / masses[:, None], alpha=alpha): the quotient rounded, then fma
 _KICK = """
-        {{ double q = pf[3 * i] / mi; x = fma(alpha, q, x); }}
-        {{ double q = pf[3 * i + 1] / mi; y = fma(alpha, q, y); }}
-        {{ double q = pf[3 * i + 2] / mi; z = fma(alpha, q, z); }}
+        { double q = pf[3 * i] / mi; x = fma(alpha, q, x); }
+        { double q = pf[3 * i + 1] / mi; y = fma(alpha, q, y); }
+        { double q = pf[3 * i + 2] / mi; z = fma(alpha, q, z); }
+"""
+# a visit of each row: the arrays as raw rows, the atom's mass and velocity (x, y, z) times {pre}
+_VISIT = """
+    double* pv = (double*)v.data; const double* pf = (const double*)f.data; const double* pm = m.data;
+    for (int i = lo; i < hi; ++i) {{
+        const double mi = pm[i];
+        double x = pv[3 * i]{pre}, y = pv[3 * i + 1]{pre}, z = pv[3 * i + 2]{pre};
+"""
+_STORE_V = """
+        pv[3 * i] = x; pv[3 * i + 1] = y; pv[3 * i + 2] = z;
 """
 # the fixed-point words of c: floor, and the rest rounded half to even (torch.round)
 _WORDS = ("{{ double h_ = wp::floor({c}); double r_ = {c} - h_; r_ = r_ * ls; "
           "{hi} += (wp::int64)h_; {lo} += (wp::int64)wp::rint(r_); }}")
 
 
-def _chunk() -> int:
-    from .fused_common import CHUNK
-    return CHUNK
-
-
 def _snippet(body: str, n: int) -> str:
-    return _ROWS.format(n=n, chunk=_chunk()) + body
+    return _ROWS.format(n=n, chunk=CHUNK) + body
 
 
 # -- scale_kick_drift: NVE's and Nosé-Hoover's first half (and second: drift 0) ---------------------------
 _SCALE_KICK_DRIFT = _snippet("""
     const double pre = pp[0], alpha = pp[1], dt = pp[2];
     const int drift = (int)pp[3];
-    double* px = (double*)xr.data; double* pv = (double*)v.data;
-    const double* pf = (const double*)f.data; const double* pm = m.data;
-    for (int i = lo; i < hi; ++i) {
-        const double mi = pm[i];
-        double x = pv[3 * i] * pre, y = pv[3 * i + 1] * pre, z = pv[3 * i + 2] * pre;
-""" + _KICK.format() + """
-        pv[3 * i] = x; pv[3 * i + 1] = y; pv[3 * i + 2] = z;
+    double* px = (double*)xr.data;""" + _VISIT.format(pre=" * pre") + _KICK + _STORE_V + """
         if (drift != 0) {
             px[3 * i] = fma(dt, x, px[3 * i]); px[3 * i + 1] = fma(dt, y, px[3 * i + 1]);
             px[3 * i + 2] = fma(dt, z, px[3 * i + 2]);
@@ -106,13 +105,7 @@ _PRESS_KICK_DRIFT = _snippet("""
     const double r10 = pp[10], r11 = pp[11], r12 = pp[12], s10 = pp[13], s11 = pp[14], s12 = pp[15], dt = pp[16];
     const double r20 = pp[17], r21 = pp[18], r22 = pp[19], s20 = pp[20], s21 = pp[21], s22 = pp[22];
     const int iso = (int)pp[23];
-    double* px = (double*)xr.data; double* pv = (double*)v.data;
-    const double* pf = (const double*)f.data; const double* pm = m.data;
-    for (int i = lo; i < hi; ++i) {
-        const double mi = pm[i];
-        double x = pv[3 * i] * pre, y = pv[3 * i + 1] * pre, z = pv[3 * i + 2] * pre;
-""" + _PRESS + _KICK.format() + """
-        pv[3 * i] = x; pv[3 * i + 1] = y; pv[3 * i + 2] = z;
+    double* px = (double*)xr.data;""" + _VISIT.format(pre=" * pre") + _PRESS + _KICK + _STORE_V + """
         const double vx = x, vy = y, vz = z;
         x = px[3 * i]; y = px[3 * i + 1]; z = px[3 * i + 2];
 """ + _REMAP.format(r="r1", s="s1") + """
@@ -139,13 +132,7 @@ _KICK_PRESS_MEASURE = _snippet("""
     const double alpha = pp[0], f0 = pp[1], f1 = pp[2], f2 = pp[3], od0 = pp[4], od1 = pp[5], od2 = pp[6];
     const double mdthalf = pp[7], mscale = pp[10], scale = pp[11], hs = pp[12], ls = pp[13];
     const int tri = (int)pp[8], tensor = (int)pp[9];
-    double* pv = (double*)v.data; const double* pf = (const double*)f.data; const double* pm = m.data;
-    wp::int64 s[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
-    for (int i = lo; i < hi; ++i) {
-        const double mi = pm[i];
-        double x = pv[3 * i], y = pv[3 * i + 1], z = pv[3 * i + 2];
-""" + _KICK.format() + _PRESS + """
-        pv[3 * i] = x; pv[3 * i + 1] = y; pv[3 * i + 2] = z;
+    wp::int64 s[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};""" + _VISIT.format(pre="") + _KICK + _PRESS + _STORE_V + """
         if (tensor != 0) {   // the words of (v_a v_b) (m mscale): xx yy zz xy xz yz, hi 0-5, lo 6-11
             const double w = mi * mscale;
             double c;
